@@ -1,0 +1,252 @@
+r"""Gram-space matrix manifolds on geoopt's ``Manifold`` interface.
+
+A Gram-space manifold is fixed by a self-adjoint entrywise projector $P$ (a symmetric 0/1 mask)
+acting on symmetric $n \times n$ matrices:
+
+$$\mathcal M_P = \{ W \in \mathbb R^{m \times n} : P(W^\top W - I) = 0 \}.$$
+
+**Orientation.** A ``torch.nn.Linear`` weight is ``(out, in)``. As in the paper's code, the
+constraint acts on the *smaller* Gram matrix: on $W^\top W$ (columns) when $m \ge n$ and on
+$W W^\top$ (rows) when $W$ is wide. Internally a wide matrix is transposed to its tall form $T$,
+every formula below is applied to $T$, and results are transposed back. Leading (batch)
+dimensions are allowed everywhere.
+
+**Tangent space** at $W$ (tall form): $T_W = \{A : P(W^\top A + A^\top W) = 0\}$, the kernel of
+the constraint map $L_W(A) = P(W^\top A + A^\top W)$, whose adjoint under the Frobenius inner
+product is $L_W^*(\Lambda) = W P(\Lambda + \Lambda^\top)$.
+
+**Orthogonal tangent projection**: $\operatorname{proju}(W, U) = U - W S$, with $S = P(S)$
+symmetric solving $P(GS + SG) = L_W(U)$, $G = W^\top W$ (that is
+$U - L_W^*(L_W L_W^*)^{-1} L_W U$).
+
+**Retraction** (generic): $R(X) = X (I + S)$ with $S = P(S)$ symmetric solving
+$P\big((I+S) X^\top X (I+S) - I\big) = 0$ by Newton's method from $S = 0$. On the manifold
+$S = 0$, so points are returned unchanged; along a tangent $X = W + tU$ the residual is $O(t^2)$,
+so $S = O(t^2)$ and the retraction is first order. Stiefel is contained in every $\mathcal M_P$.
+
+A subclass defines a manifold by implementing :meth:`GramManifold.project_gram` only; the
+generic solves cost $O(k^3)$ for $k$ masked Gram entries, fine for small $n$ and as a
+reference. Override ``proju``/``projx``/``retr`` with closed forms for speed, as the built-in
+manifolds do.
+"""
+from __future__ import annotations
+
+import abc
+
+import geoopt
+import torch
+
+from .polar import polar
+
+__all__ = ["GramManifold", "to_tall", "from_tall"]
+
+_SUPPORTED_DTYPES = (torch.float32, torch.float64)
+# Default tolerances of the on-manifold / on-tangent checks, per dtype. float32 rounding of a
+# Gram product of O(1) entries is ~n * 6e-8; 1e-5 leaves room for n up to a few hundred.
+_CHECK_ATOL = {torch.float32: 1e-5, torch.float64: 1e-10}
+# Newton stops when the constraint residual is below this (relative to the Gram scale).
+_NEWTON_TOL = {torch.float32: 2e-6, torch.float64: 1e-13}
+
+
+def is_wide(x: torch.Tensor) -> bool:
+    """True when the last two dims are (m, n) with m < n: the constraint then acts on rows."""
+    return x.shape[-2] < x.shape[-1]
+
+
+def to_tall(x: torch.Tensor, like: torch.Tensor | None = None) -> torch.Tensor:
+    """Tall form: ``x`` transposed when ``like`` (default ``x``) is wide, else ``x`` itself."""
+    return x.mT if is_wide(x if like is None else like) else x
+
+
+def from_tall(t: torch.Tensor, like: torch.Tensor) -> torch.Tensor:
+    """Inverse of :func:`to_tall` for the orientation of ``like``."""
+    return t.mT if is_wide(like) else t
+
+
+def _sym(M: torch.Tensor) -> torch.Tensor:
+    return 0.5 * (M + M.mT)
+
+
+class GramManifold(geoopt.Manifold, metaclass=abc.ABCMeta):
+    r"""Base class of $\{W : P(W^\top W - I) = 0\}$; subclasses implement :meth:`project_gram`.
+
+    Args:
+        polar_method: how retractions compute polar factors: ``"auto"`` (exact SVD on CPU,
+            12 float32 Polar Express steps on accelerators), ``"svd"`` or ``"polar_express"``.
+        max_newton_steps: iteration cap of the generic Newton retraction.
+    """
+
+    name = "Gram"
+    ndim = 2
+    reversible = False
+
+    def __init__(self, polar_method: str = "auto", max_newton_steps: int = 30):
+        super().__init__()
+        self.polar_method = polar_method
+        self.max_newton_steps = max_newton_steps
+
+    # ------------------------------------------------------------------ the extension point
+    @abc.abstractmethod
+    def project_gram(self, M: torch.Tensor) -> torch.Tensor:
+        r"""Apply the entrywise projector $P$ to a (batched) symmetric $n \times n$ tensor."""
+
+    # ------------------------------------------------------------------ Gram-space maps
+    def gram(self, W: torch.Tensor) -> torch.Tensor:
+        r"""The constrained Gram matrix $T^\top T$ of the tall form $T$ of ``W``: ``(..., n, n)``."""
+        T = to_tall(W)
+        return T.mT @ T
+
+    def gram_mask(self, n: int, like: torch.Tensor) -> torch.Tensor:
+        """The 0/1 mask of $P$ for size ``n``: ``project_gram`` of the all-ones matrix."""
+        return self.project_gram(torch.ones(n, n, dtype=like.dtype, device=like.device))
+
+    def constraint_residual(self, W: torch.Tensor) -> torch.Tensor:
+        r"""$P(W^\top W - I)$ in tall form: zero exactly on the manifold."""
+        G = self.gram(W)
+        eye = torch.eye(G.shape[-1], dtype=G.dtype, device=G.device)
+        return self.project_gram(G - eye)
+
+    def tangent_constraint(self, W: torch.Tensor, A: torch.Tensor) -> torch.Tensor:
+        r"""Constraint map $L_W(A) = P(W^\top A + A^\top W)$ (tall form), ``(..., n, n)``."""
+        M = to_tall(W).mT @ to_tall(A, like=W)
+        return self.project_gram(M + M.mT)
+
+    def tangent_constraint_adjoint(self, W: torch.Tensor, Lam: torch.Tensor) -> torch.Tensor:
+        r"""Adjoint map $L_W^*(\Lambda) = W P(\Lambda + \Lambda^\top)$, shaped like ``W``."""
+        return from_tall(to_tall(W) @ self.project_gram(Lam + Lam.mT), like=W)
+
+    # ------------------------------------------------------------------ generic solves
+    def _solve_masked(self, K: torch.Tensor, R: torch.Tensor) -> torch.Tensor:
+        r"""Solve $\mathrm{mask} \odot (K E + E K^\top) = R$ for $E$ supported on the mask.
+
+        A dense solve over the $k$ masked entries: $M_{ab} = K_{i_a i_b}\delta_{j_a j_b} +
+        \delta_{i_a i_b} K_{j_a j_b}$ for entry pairs $a = (i_a, j_a)$, $b = (i_b, j_b)$.
+        """
+        n = K.shape[-1]
+        mask = self.gram_mask(n, K)
+        idx = mask.reshape(-1).nonzero().squeeze(-1)
+        out = torch.zeros_like(R).reshape(*R.shape[:-2], n * n)
+        if idx.numel() == 0:
+            return out.reshape(R.shape)
+        i, j = idx // n, idx % n
+        same_i = (i[:, None] == i[None, :]).to(K.dtype)
+        same_j = (j[:, None] == j[None, :]).to(K.dtype)
+        M = K[..., i[:, None], i[None, :]] * same_j + same_i * K[..., j[:, None], j[None, :]]
+        rhs = R.reshape(*R.shape[:-2], n * n)[..., idx]
+        out[..., idx] = torch.linalg.solve(M, rhs.unsqueeze(-1)).squeeze(-1)
+        return out.reshape(R.shape)
+
+    def _newton_correction(self, X: torch.Tensor) -> torch.Tensor:
+        r"""Generic retraction $X(I+S)$ with $P((I+S)X^\top X(I+S) - I) = 0$ (Newton in $S$)."""
+        T = to_tall(X)
+        G = T.mT @ T
+        n = G.shape[-1]
+        eye = torch.eye(n, dtype=G.dtype, device=G.device)
+        C = eye.expand_as(G).clone()
+        tol = _NEWTON_TOL[G.dtype] * max(1.0, float(G.diagonal(dim1=-2, dim2=-1).abs().max()))
+        for _ in range(self.max_newton_steps):
+            F = self.project_gram(C @ G @ C - eye)
+            if float(F.abs().max()) <= tol:
+                return from_tall(T @ C, like=X)
+            C = C - _sym(self._solve_masked(C @ G, F))
+        raise RuntimeError(
+            f"{type(self).__name__}: generic Newton retraction did not converge in "
+            f"{self.max_newton_steps} steps (point too far from the manifold); take a smaller step "
+            "or override projx/retr with a closed form"
+        )
+
+    # ------------------------------------------------------------------ validation
+    def _validate(self, x: torch.Tensor, name: str = "x") -> None:
+        if x.dim() < 2:
+            raise ValueError(f"{type(self).__name__} needs (..., m, n) matrices; got {name} of shape {tuple(x.shape)}")
+        if x.dtype not in _SUPPORTED_DTYPES:
+            raise TypeError(
+                f"{type(self).__name__} operations need float32 or float64; got {name} of dtype {x.dtype} "
+                "(keep parameters in float32 and autocast the forward pass, or call .float())"
+            )
+        if not bool(torch.isfinite(x).all()):
+            raise ValueError(f"{type(self).__name__}: {name} has non-finite entries (NaN or Inf)")
+
+    # ------------------------------------------------------------------ geoopt interface
+    def inner(self, x, u, v=None, *, keepdim=False):
+        r"""Euclidean (Frobenius) metric $\langle u, v \rangle = \operatorname{tr}(u^\top v)$."""
+        v = u if v is None else v
+        return (u * v).sum(dim=(-2, -1), keepdim=keepdim)
+
+    def proju(self, x: torch.Tensor, u: torch.Tensor) -> torch.Tensor:
+        r"""Orthogonal projection onto $T_x$: $u - x S$, $P(GS + SG) = L_x(u)$ (generic solve)."""
+        S = _sym(self._solve_masked(self.gram(x), self.tangent_constraint(x, u)))
+        return u - from_tall(to_tall(x) @ S, like=x)
+
+    def egrad2rgrad(self, x: torch.Tensor, u: torch.Tensor) -> torch.Tensor:
+        """Riemannian gradient of the embedded metric: the tangent projection of ``u``."""
+        return self.proju(x, u)
+
+    def projx(self, x: torch.Tensor) -> torch.Tensor:
+        r"""A point of $\mathcal M_P$ near ``x`` (generic: $x(I+S)$ by Newton; fixes points on it)."""
+        self._validate(x)
+        return self._newton_correction(x)
+
+    def retr(self, x: torch.Tensor, u: torch.Tensor) -> torch.Tensor:
+        r"""Retraction $R_x(u) = \operatorname{projx}(x + u)$: first order, fixes $R_x(0) = x$."""
+        self._validate(u, "u")
+        return self.projx(x + u)
+
+    def expmap(self, x: torch.Tensor, u: torch.Tensor) -> torch.Tensor:
+        """Equal to :meth:`retr` (a first-order approximation of the exponential map)."""
+        return self.retr(x, u)
+
+    def transp(self, x: torch.Tensor, y: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+        """Vector transport by projection: ``proju(y, v)``."""
+        return self.proju(y, v)
+
+    def random(self, *size, dtype=None, device=None, generator: torch.Generator | None = None):
+        r"""A random point: the polar factor of a Gaussian, columns rescaled, then retracted.
+
+        Generic points of $\mathcal M_P$ come from $\operatorname{projx}(Q D)$ ($Q$ polar of a
+        Gaussian, $D$ diagonal with log-normal entries) moved along a random tangent direction.
+        """
+        size = size[0] if len(size) == 1 and isinstance(size[0], (tuple, list, torch.Size)) else size
+        dtype = dtype or torch.get_default_dtype()
+        Q = polar(torch.randn(*size, dtype=dtype, device=device, generator=generator), "svd")
+        k = min(size[-2], size[-1])
+        d = torch.exp(0.3 * torch.randn(*size[:-2], 1, k, dtype=dtype, device=device, generator=generator))
+        x = self.projx(from_tall(to_tall(Q) * d, like=Q))
+        u = self.proju(x, 0.2 * torch.randn(*size, dtype=dtype, device=device, generator=generator))
+        return self.retr(x, u)
+
+    def origin(self, *size, dtype=None, device=None, seed=42):
+        """A deterministic point: the rectangular identity (on every Gram-space manifold)."""
+        size = size[0] if len(size) == 1 and isinstance(size[0], (tuple, list, torch.Size)) else size
+        eye = torch.eye(size[-2], size[-1], dtype=dtype or torch.get_default_dtype(), device=device)
+        return eye.expand(*size).clone()
+
+    # ------------------------------------------------------------------ checks
+    def _scaled_residual(self, x: torch.Tensor) -> torch.Tensor:
+        r"""$|P(G - I)_{ij}| / \max(1, \sqrt{G_{ii} G_{jj}})$: scale-aware constraint violation."""
+        G = self.gram(x)
+        d = G.diagonal(dim1=-2, dim2=-1).clamp_min(0).sqrt()
+        scale = torch.clamp(d[..., :, None] * d[..., None, :], min=1.0)
+        return self.constraint_residual(x).abs() / scale
+
+    def _check_point_on_manifold(self, x, *, atol=None, rtol=None):
+        if x.dim() < 2:
+            return False, f"expected (..., m, n) matrices, got shape {tuple(x.shape)}"
+        if not bool(torch.isfinite(x).all()):
+            return False, "point has non-finite entries"
+        atol = _CHECK_ATOL.get(x.dtype, 1e-5) if atol is None else atol
+        err = float(self._scaled_residual(x).max()) if x.numel() else 0.0
+        if err > atol:
+            return False, f"`P(W^T W - I)` is {err:.3g} (scaled), above atol={atol:g}"
+        return True, None
+
+    def _check_vector_on_tangent(self, x, u, *, atol=None, rtol=None):
+        atol = _CHECK_ATOL.get(x.dtype, 1e-5) if atol is None else atol
+        scale = float(x.norm(dim=(-2, -1)).max() * u.norm(dim=(-2, -1)).max()) if u.numel() else 0.0
+        err = float(self.tangent_constraint(x, u).abs().max()) if u.numel() else 0.0
+        if err > atol * max(1.0, scale):
+            return False, f"`P(W^T U + U^T W)` is {err:.3g}, above atol={atol:g} (x scale {scale:.3g})"
+        return True, None
+
+    def extra_repr(self) -> str:
+        return f"polar_method={self.polar_method!r}"

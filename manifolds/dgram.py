@@ -1,0 +1,80 @@
+r"""The DGram manifold: mutually orthogonal columns with free norms.
+
+$$\mathrm{DGram}(m, n) = \{ W : \operatorname{Off}(W^\top W) = 0 \}, \qquad P = \operatorname{Off}$$
+
+($\operatorname{Off}$ zeroes the diagonal). Writing $W^\top W = \operatorname{diag}(d)$, the
+singular values of $W$ are the column norms $\sqrt{d_i}$: orthogonal structure without a bound on
+scale. It is a manifold where every $d_i > 0$ (full column rank); points with a zero column are
+**refused** (``check_point`` fails, ``projx``/``retr`` raise ``ValueError``), because there the
+tangent projection below divides by $d_i + d_j = 0$.
+
+Tangent space $T_W = \{A : \operatorname{Off}(W^\top A + A^\top W) = 0\}$. Orthogonal projection
+$U - W S$ with $S_{ii} = 0$ and
+$$S_{ij} = \frac{(W^\top U + U^\top W)_{ij}}{d_i + d_j}, \quad i \ne j.$$
+
+Retraction: $R(X) = Q \operatorname{diag}(\operatorname{diag}(Q^\top X))$, $Q = \operatorname{msign}(X)$.
+Since $Q^\top X = (X^\top X)^{1/2}$ is positive definite, the new column norms are
+$\operatorname{diag}((X^\top X)^{1/2}) > 0$. On DGram, $W = Q D$ and $R(W) = W$ exactly; unlike the
+published SVD-based map, columns keep their own norms (no sorting) and nothing jumps when two
+norms cross.
+"""
+from __future__ import annotations
+
+import torch
+
+from .base import GramManifold, _SUPPORTED_DTYPES, from_tall, to_tall
+from .polar import polar
+
+__all__ = ["DGram"]
+
+
+def _off(M: torch.Tensor) -> torch.Tensor:
+    return M - torch.diag_embed(M.diagonal(dim1=-2, dim2=-1))
+
+
+class DGram(GramManifold):
+    r"""$\operatorname{Off}(W^\top W) = 0$ with nonzero columns (rows for wide $W$)."""
+
+    name = "DGram"
+
+    def project_gram(self, M: torch.Tensor) -> torch.Tensor:
+        return _off(M)
+
+    def column_norms(self, x: torch.Tensor) -> torch.Tensor:
+        """Norms of the constrained columns (rows of a wide ``x``): its singular values on DGram."""
+        return to_tall(x).norm(dim=-2)
+
+    def proju(self, x: torch.Tensor, u: torch.Tensor) -> torch.Tensor:
+        r"""$U - W S$, $S_{ij} = (W^\top U + U^\top W)_{ij} / (d_i + d_j)$ off the diagonal."""
+        T = to_tall(x)
+        d = (T * T).sum(dim=-2)
+        S = self.tangent_constraint(x, u) / (d[..., :, None] + d[..., None, :])
+        return u - from_tall(T @ S, like=x)
+
+    def projx(self, x: torch.Tensor) -> torch.Tensor:
+        r"""$Q \operatorname{diag}(\operatorname{diag}(Q^\top X))$ with $Q = \operatorname{msign}(X)$."""
+        self._validate(x)
+        T = to_tall(x)
+        Q = polar(T, self.polar_method)
+        norms = (Q * T).sum(dim=-2, keepdim=True)
+        tiny = torch.finfo(x.dtype).eps * T.shape[-1] * norms.abs().amax(dim=-1, keepdim=True)
+        if bool((norms <= tiny).any()):
+            raise ValueError(
+                "DGram needs full column rank: the input has a (near-)zero column after projection; "
+                "DGram points must have nonzero columns"
+            )
+        return from_tall(Q * norms, like=x)
+
+    def _check_point_on_manifold(self, x, *, atol=None, rtol=None):
+        ok, reason = super()._check_point_on_manifold(x, atol=atol, rtol=rtol)
+        if ok and x.dtype in _SUPPORTED_DTYPES and x.numel() and bool((self.column_norms(x) == 0).any()):
+            return False, "DGram point has a zero column (not a manifold point)"
+        return ok, reason
+
+    def random(self, *size, dtype=None, device=None, generator=None):
+        """Polar factor of a Gaussian with log-normal column norms ``exp(N(0, 0.5^2))``."""
+        size = size[0] if len(size) == 1 and isinstance(size[0], (tuple, list, torch.Size)) else size
+        Q = polar(torch.randn(*size, dtype=dtype, device=device, generator=generator), "svd")
+        T = to_tall(Q)
+        d = torch.exp(0.5 * torch.randn(*T.shape[:-2], 1, T.shape[-1], dtype=T.dtype, device=device, generator=generator))
+        return from_tall(T * d, like=Q)

@@ -1,0 +1,42 @@
+r"""The Stiefel manifold: orthonormal columns.
+
+$$\mathrm{St}(m, n) = \{ W \in \mathbb R^{m \times n} : W^\top W = I \}, \qquad P = \mathrm{id}.$$
+
+All singular values equal 1 (spectral control). Tangent space
+$T_W = \{A : W^\top A + A^\top W = 0\}$; orthogonal projection
+$\operatorname{proju}(W, U) = U - W \operatorname{sym}(W^\top U)$; retraction by the polar factor
+$R(X) = X (X^\top X)^{-1/2} = \operatorname{msign}(X)$, the nearest point of the manifold.
+Wide matrices are constrained on their rows ($W W^\top = I$).
+"""
+from __future__ import annotations
+
+import torch
+
+from .base import GramManifold, _sym, from_tall, to_tall
+from .polar import polar
+
+__all__ = ["Stiefel"]
+
+
+class Stiefel(GramManifold):
+    r"""$W^\top W = I$ (rows for wide $W$)."""
+
+    name = "Stiefel"
+
+    def project_gram(self, M: torch.Tensor) -> torch.Tensor:
+        return M
+
+    def proju(self, x: torch.Tensor, u: torch.Tensor) -> torch.Tensor:
+        r"""$U - W \operatorname{sym}(W^\top U)$."""
+        T = to_tall(x)
+        return u - from_tall(T @ _sym(T.mT @ to_tall(u, like=x)), like=x)
+
+    def projx(self, x: torch.Tensor) -> torch.Tensor:
+        r"""Polar factor $X (X^\top X)^{-1/2}$."""
+        self._validate(x)
+        return polar(x, self.polar_method)
+
+    def random(self, *size, dtype=None, device=None, generator=None):
+        """Polar factor of a Gaussian matrix (Haar-distributed)."""
+        size = size[0] if len(size) == 1 and isinstance(size[0], (tuple, list, torch.Size)) else size
+        return polar(torch.randn(*size, dtype=dtype, device=device, generator=generator), "svd")

@@ -1,0 +1,10 @@
+#!/usr/bin/env bash
+# The project's whole check, from nothing: environment, unit + property tests, notebooks, docs.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+bash scripts/setup_env.sh
+export OMP_NUM_THREADS=${OMP_NUM_THREADS:-1}
+export HYPOTHESIS_PROFILE=${HYPOTHESIS_PROFILE:-ci}
+.venv/bin/python -m pytest tests --nbmake --nbmake-kernel=python3 --nbmake-timeout=600 notebooks "$@"
+.venv/bin/mkdocs build --strict --quiet
+echo "docs: mkdocs build --strict passed"
