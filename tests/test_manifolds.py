@@ -1,0 +1,193 @@
+"""Manifold-specific behaviour beyond the generic contract: msign accuracy, errors, geoopt interop."""
+import geoopt
+import pytest
+import torch
+
+from manifolds import DGram, Euclidean, Oblique, Stiefel, get_manifold, msign, polar
+
+ALL = [Stiefel(), DGram(), Oblique(), Euclidean()]
+
+
+def _gaussian(*shape, seed=0, dtype=torch.float64):
+    return torch.randn(*shape, dtype=dtype, generator=torch.Generator().manual_seed(seed))
+
+
+# ----------------------------------------------------------------------------- msign accuracy
+def test_msign_svd_is_exact():
+    X = _gaussian(64, 16)
+    s = torch.linalg.svdvals(msign(X, "svd"))
+    assert (s - 1).abs().max() < 1e-13
+
+
+@pytest.mark.parametrize("shape", [(96, 24), (24, 96), (3, 20, 20)])
+def test_polar_express_float32_converges(shape):
+    # 12 steps: 7 optimal ones bring sigma/|X|_F >= 1e-3 into [0.99, 1.01], the cubic-order
+    # (15/8, -10/8, 3/8) tail then squares the error away: float32 round-off level.
+    X = _gaussian(*shape, seed=1, dtype=torch.float32)
+    s = torch.linalg.svdvals(msign(X, "polar_express", steps=12).double())
+    assert (s - 1).abs().max() < 1e-4
+    ref = msign(X.double(), "svd")
+    assert (msign(X, "polar_express", steps=12).double() - ref).abs().max() < 1e-4
+
+
+def test_polar_express_five_steps_is_a_direction_not_a_retraction():
+    # Muon's 5-step variant: singular values only roughly 1 (well-conditioned Gaussian input).
+    X = _gaussian(256, 64, seed=2, dtype=torch.float32)
+    s = torch.linalg.svdvals(msign(X, "polar_express", steps=5))
+    assert 0.6 < float(s.min()) and float(s.max()) < 1.25
+    assert float((s - 1).abs().max()) > 1e-3  # not accurate enough for a retraction
+
+
+def test_polar_express_bf16_runs_and_returns_input_dtype():
+    X = _gaussian(64, 32, seed=3, dtype=torch.float32)
+    Y = msign(X, "polar_express", steps=5, compute_dtype=torch.bfloat16)
+    assert Y.dtype == torch.float32
+    s = torch.linalg.svdvals(Y)
+    assert 0.5 < float(s.min()) and float(s.max()) < 1.3
+
+
+def test_newton_schulz_converges():
+    X = _gaussian(40, 10, seed=4)
+    s = torch.linalg.svdvals(msign(X, "newton_schulz", steps=40))
+    assert (s - 1).abs().max() < 1e-10
+
+
+def test_msign_zero_matrix_is_zero():
+    assert torch.equal(msign(torch.zeros(5, 3), "polar_express"), torch.zeros(5, 3))
+
+
+def test_msign_errors():
+    with pytest.raises(ValueError, match="valid: svd, polar_express, newton_schulz"):
+        msign(torch.ones(3, 3), "qr")
+    with pytest.raises(ValueError, match="at least 2 dims"):
+        msign(torch.ones(3))
+
+
+def test_polar_matches_svd_on_cpu():
+    X = _gaussian(30, 7, seed=5)
+    assert torch.allclose(polar(X), msign(X, "svd"), atol=1e-14)
+
+
+# ----------------------------------------------------------------------------- DGram retraction
+def _published_dgram_retraction(X):
+    U, S, Vh = torch.linalg.svd(X, full_matrices=False)
+    return (U @ Vh) * S[..., None, :]
+
+
+def test_dgram_retraction_fixes_points_but_published_one_moves_them():
+    W = DGram().random(64, 16, dtype=torch.float64, generator=torch.Generator().manual_seed(0))
+    assert (DGram().retr(W, torch.zeros_like(W)) - W).abs().max() < 1e-12
+    moved = float((_published_dgram_retraction(W) - W).abs().max())
+    assert moved > 0.1, moved
+
+
+def test_dgram_retraction_is_first_order_where_column_norms_cross():
+    # At W = Q (equal column norms) move along the tangent U = Q diag(0, 1): W + tU = Q diag(1, 1 + t)
+    # is already on DGram. Ours returns it (error 0); the published map hands the larger singular
+    # value to the first column, an O(t) error: it is not a retraction there.
+    Q = Stiefel().random(10, 2, dtype=torch.float64, generator=torch.Generator().manual_seed(1))
+    U = Q * torch.tensor([0.0, 1.0], dtype=torch.float64)
+    for t in (1e-2, 1e-3):
+        X = Q + t * U
+        assert (DGram().retr(Q, t * U) - X).abs().max() < 1e-13
+        assert (_published_dgram_retraction(X) - X).norm() > 0.5 * t
+
+
+def test_dgram_singular_values_are_column_norms_after_retraction():
+    X = _gaussian(20, 6, seed=3)
+    Y = DGram().projx(X)
+    s = torch.linalg.svdvals(Y)
+    assert torch.allclose(s, Y.norm(dim=0).sort(descending=True).values, atol=1e-12)
+
+
+# ----------------------------------------------------------------------------- bad input
+@pytest.mark.parametrize("manifold", ALL, ids=lambda m: type(m).__name__)
+def test_bfloat16_is_refused(manifold):
+    with pytest.raises(TypeError, match="float32 or float64"):
+        manifold.projx(torch.ones(4, 3, dtype=torch.bfloat16))
+
+
+@pytest.mark.parametrize("manifold", ALL, ids=lambda m: type(m).__name__)
+def test_non_finite_is_refused(manifold):
+    x = manifold.random(5, 3)
+    bad = x.clone()
+    bad[0, 0] = float("nan")
+    with pytest.raises(ValueError, match="non-finite"):
+        manifold.projx(bad)
+    with pytest.raises(ValueError, match="non-finite"):
+        manifold.retr(x, bad)
+    assert not manifold.check_point_on_manifold(bad)
+
+
+@pytest.mark.parametrize("manifold", ALL, ids=lambda m: type(m).__name__)
+def test_vector_shape_is_refused(manifold):
+    with pytest.raises(ValueError, match=r"\(\.\.\., m, n\)"):
+        manifold.projx(torch.ones(4))
+
+
+def test_dgram_zero_column_is_refused():
+    W = torch.zeros(6, 3, dtype=torch.float64)
+    W[0, 0], W[1, 1] = 1.0, 2.0  # third column zero: orthogonal, but not a manifold point
+    ok, reason = DGram().check_point_on_manifold(W, explain=True)
+    assert not ok and "zero column" in reason
+    with pytest.raises(ValueError, match="full column rank"):
+        DGram().projx(W)
+
+
+def test_oblique_zero_column_is_refused():
+    with pytest.raises(ValueError, match="zero column"):
+        Oblique().projx(torch.zeros(4, 2))
+
+
+def test_get_manifold_names():
+    assert isinstance(get_manifold("DGram"), DGram)
+    with pytest.raises(ValueError, match="valid: stiefel, dgram, oblique, euclidean"):
+        get_manifold("sphere")
+
+
+# ----------------------------------------------------------------------------- orientation
+def test_wide_matrices_constrain_rows():
+    W = Stiefel().random(4, 9, dtype=torch.float64)
+    assert torch.allclose(W @ W.mT, torch.eye(4, dtype=torch.float64), atol=1e-12)
+    D = DGram().random(3, 8, dtype=torch.float64)
+    G = D @ D.mT
+    assert (G - torch.diag_embed(G.diagonal())).abs().max() < 1e-12
+
+
+def test_origin_is_on_every_manifold():
+    for m in ALL:
+        for shape in [(5, 3), (3, 5), (2, 4, 4)]:
+            assert m.check_point_on_manifold(m.origin(*shape))
+
+
+# ----------------------------------------------------------------------------- geoopt interop
+@pytest.mark.parametrize("manifold", [Stiefel(), DGram(), Oblique()], ids=lambda m: type(m).__name__)
+def test_riemannian_adam_stays_on_manifold_and_descends(manifold):
+    torch.manual_seed(0)
+    target = torch.randn(12, 5)
+    W = geoopt.ManifoldParameter(manifold.random(12, 5), manifold=manifold)
+    opt = geoopt.optim.RiemannianAdam([W], lr=2e-2)
+    loss0 = float(((W.detach() - target) ** 2).sum())
+    for _ in range(300):
+        opt.zero_grad()
+        loss = ((W - target) ** 2).sum()
+        loss.backward()
+        opt.step()
+    assert manifold.check_point_on_manifold(W.detach(), atol=1e-5)
+    assert float(((W.detach() - target) ** 2).sum()) < 0.7 * loss0
+
+
+def test_riemannian_sgd_on_stiefel_finds_minor_eigenspace():
+    # min tr(W^T C W) on St(8, 3) = sum of the 3 smallest eigenvalues of C.
+    torch.manual_seed(1)
+    A = torch.randn(8, 8, dtype=torch.float64)
+    C = A @ A.mT
+    W = geoopt.ManifoldParameter(Stiefel().random(8, 3, dtype=torch.float64), manifold=Stiefel())
+    opt = geoopt.optim.RiemannianSGD([W], lr=0.5 / float(torch.linalg.eigvalsh(C).max()), momentum=0.9)
+    for _ in range(1500):
+        opt.zero_grad()
+        torch.trace(W.mT @ C @ W).backward()
+        opt.step()
+    best = float(torch.linalg.eigvalsh(C)[:3].sum())
+    Wd = W.detach()
+    assert abs(float(torch.trace(Wd.mT @ C @ Wd)) - best) < 1e-6 * max(1.0, abs(best))
