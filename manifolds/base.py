@@ -222,8 +222,9 @@ class GramManifold(geoopt.Manifold, metaclass=abc.ABCMeta):
         return eye.expand(*size).clone()
 
     # ------------------------------------------------------------------ checks
-    def _scaled_residual(self, x: torch.Tensor) -> torch.Tensor:
-        r"""$|P(G - I)_{ij}| / \max(1, \sqrt{G_{ii} G_{jj}})$: scale-aware constraint violation."""
+    def constraint_violation(self, x: torch.Tensor) -> torch.Tensor:
+        r"""Entrywise $|P(G - I)_{ij}| / \max(1, \sqrt{G_{ii} G_{jj}})$: a scale-aware distance from
+        the manifold (0 on it; for DGram, the cosines between constrained columns)."""
         G = self.gram(x)
         d = G.diagonal(dim1=-2, dim2=-1).clamp_min(0).sqrt()
         scale = torch.clamp(d[..., :, None] * d[..., None, :], min=1.0)
@@ -235,7 +236,7 @@ class GramManifold(geoopt.Manifold, metaclass=abc.ABCMeta):
         if not bool(torch.isfinite(x).all()):
             return False, "point has non-finite entries"
         atol = _CHECK_ATOL.get(x.dtype, 1e-5) if atol is None else atol
-        err = float(self._scaled_residual(x).max()) if x.numel() else 0.0
+        err = float(self.constraint_violation(x).max()) if x.numel() else 0.0
         if err > atol:
             return False, f"`P(W^T W - I)` is {err:.3g} (scaled), above atol={atol:g}"
         return True, None

@@ -1,0 +1,128 @@
+"""Typed training configuration: defaults per model size, TOML files and CLI overrides.
+
+Precedence: dataclass defaults < the model's defaults (:data:`MODEL_DEFAULTS`) < a TOML file
+< explicit overrides (CLI flags, keyword arguments). The ``gpt2`` defaults are the published
+ones (DESIGN.md section 4); the small models get CPU-sized schedules.
+"""
+from __future__ import annotations
+
+import dataclasses
+import tomllib
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Mapping
+
+__all__ = ["TrainConfig", "MODEL_DEFAULTS", "load_toml", "make_config"]
+
+
+@dataclass
+class TrainConfig:
+    """Everything a training run needs; saved as ``config.json`` in the run folder."""
+
+    # model and data
+    model: str = "mini"                 # a name from geomtrain.model.MODEL_CONFIGS
+    data_dir: str = "data/classics"     # prepared by `geomtrain prepare`
+    block_size: int | None = None       # context length; None = the model's
+    # manifold assignment
+    preset: str = "hetero"              # adamw | unconstrained | all-stiefel | all-dgram | hetero | hetero-inv
+    rules: list[str] = field(default_factory=list)  # "GLOB=TARGET", applied before the preset
+    # schedule (AdamW part)
+    max_iters: int = 300
+    batch_size: int = 16                # global sequences per micro-step (split over ranks)
+    grad_accum: int = 1
+    warmup_iters: int = 30
+    lr: float = 6e-4                    # AdamW peak lr; warmup then cosine to min_lr
+    min_lr: float = 6e-5
+    weight_decay: float = 0.1           # AdamW, on 2-D weights only
+    beta1: float = 0.9
+    beta2: float = 0.95
+    grad_clip: float = 1.0              # global norm; 0 disables
+    # Manifold Muon part (its lr follows the AdamW schedule: muon_lr * lr_t / lr)
+    muon_lr: float = 0.02
+    muon_momentum: float = 0.95
+    muon_nesterov: bool = True
+    muon_solver: str | None = None      # None = the optimizer's default solver
+    muon_weight_decay: float = 0.0      # decoupled, Euclidean (unconstrained) matrices only
+    # evaluation, diagnostics, robustness
+    eval_interval: int = 50
+    eval_iters: int = 10
+    diagnostics: bool = True
+    diag_batch_size: int = 4
+    divergence_margin: float = 1.0      # diverged when val loss > best val loss + margin (nats)
+    log_interval: int = 10
+    checkpoint_interval: int | None = None  # None = every evaluation
+    stop_after: int | None = None       # stop (as if interrupted) after this many steps
+    # system
+    seed: int = 1337
+    device: str = "auto"                # auto | cpu | cuda | cuda:N | mps
+    dtype: str = "float32"              # float32 | bfloat16 (autocast for the forward pass)
+    compile: bool = False               # torch.compile the model
+    out_dir: str = "runs/{model}-{preset}-s{seed}"
+    progress: bool = True               # tqdm progress bar
+
+    def resolved_out_dir(self) -> Path:
+        return Path(self.out_dir.format(model=self.model, preset=self.preset, seed=self.seed))
+
+    def to_dict(self) -> dict:
+        return dataclasses.asdict(self)
+
+    def validate(self) -> "TrainConfig":
+        """Raise ``ValueError`` (one line, naming the valid choices) on a bad value; return self."""
+        from manifolds import MANIFOLDS
+
+        from .assign import PRESETS, TARGETS, parse_rule
+        from .model import MODEL_CONFIGS
+
+        if self.model not in MODEL_CONFIGS:
+            raise ValueError(f"unknown model {self.model!r}; valid: {', '.join(MODEL_CONFIGS)}")
+        if self.preset not in PRESETS:
+            raise ValueError(f"unknown preset {self.preset!r}; valid: {', '.join(PRESETS)}")
+        for text in self.rules:
+            target = parse_rule(text).target.lower()
+            if target not in TARGETS:
+                raise ValueError(f"unknown manifold {target!r} in rule {text!r}; valid: {', '.join(list(MANIFOLDS) + ['adamw'])}")
+        if self.dtype not in ("float32", "bfloat16"):
+            raise ValueError(f"unknown dtype {self.dtype!r}; valid: float32, bfloat16")
+        for name in ("max_iters", "batch_size", "grad_accum", "eval_interval", "eval_iters", "log_interval", "diag_batch_size"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"{name} must be >= 1; got {getattr(self, name)}")
+        if self.warmup_iters < 0 or self.lr <= 0 or self.muon_lr < 0:
+            raise ValueError("warmup_iters must be >= 0, lr > 0 and muon_lr >= 0")
+        return self
+
+
+MODEL_DEFAULTS: dict[str, dict[str, Any]] = {
+    # Published: 50k iterations of 64 x 1024 tokens, warmup 1000, cosine to 6e-5; bf16 on GPU.
+    "gpt2": dict(max_iters=50_000, batch_size=64, warmup_iters=1000, eval_interval=1000, eval_iters=50,
+                 log_interval=50, dtype="bfloat16", diag_batch_size=2),
+    "mini": dict(max_iters=300, batch_size=16, warmup_iters=30, eval_interval=50, eval_iters=10),
+    "tiny": dict(max_iters=60, batch_size=8, warmup_iters=6, eval_interval=20, eval_iters=2, log_interval=5,
+                 diag_batch_size=2),
+}
+
+_FIELDS = {f.name: f for f in dataclasses.fields(TrainConfig)}
+
+
+def load_toml(path: str | Path) -> dict[str, Any]:
+    """Read overrides from a TOML file (top-level keys, or a ``[train]`` table)."""
+    with open(path, "rb") as fh:
+        data = tomllib.load(fh)
+    data = data.get("train", data)
+    unknown = sorted(set(data) - set(_FIELDS))
+    if unknown:
+        raise ValueError(f"unknown config key(s) {', '.join(unknown)} in {path}; valid: {', '.join(_FIELDS)}")
+    return data
+
+
+def make_config(overrides: Mapping[str, Any] | None = None, toml_path: str | Path | None = None) -> TrainConfig:
+    """Build a :class:`TrainConfig`: defaults, then the model's, then ``toml_path``, then ``overrides``."""
+    merged: dict[str, Any] = {}
+    if toml_path is not None:
+        merged.update(load_toml(toml_path))
+    merged.update({k: v for k, v in (overrides or {}).items() if v is not None})
+    unknown = sorted(set(merged) - set(_FIELDS))
+    if unknown:
+        raise ValueError(f"unknown config key(s) {', '.join(unknown)}; valid: {', '.join(_FIELDS)}")
+    model = merged.get("model", TrainConfig.model)
+    values = {**MODEL_DEFAULTS.get(model, {}), **merged}
+    return TrainConfig(**values).validate()

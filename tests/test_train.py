@@ -1,0 +1,175 @@
+"""The trainer: outputs, resume exactness, divergence handling, Ctrl-C, bad input."""
+import json
+import math
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import torch
+
+from geomtrain.cli import main as cli_main
+from geomtrain.config import make_config
+from geomtrain.data import prepare
+from geomtrain.train import load_checkpoint, lr_at, train
+
+
+@pytest.fixture(scope="session")
+def data_dir(tmp_path_factory):
+    out = tmp_path_factory.mktemp("data") / "classics"
+    prepare(out, dataset="classics")
+    return str(out)
+
+
+def _cfg(data_dir, out_dir, **kw):
+    base = dict(model="tiny", data_dir=data_dir, out_dir=str(out_dir), max_iters=8, batch_size=4,
+                warmup_iters=2, eval_interval=4, eval_iters=1, log_interval=1, progress=False, seed=3)
+    base.update(kw)
+    return make_config(base)
+
+
+def _records(run_dir, kind):
+    lines = (Path(run_dir) / "metrics.jsonl").read_text().splitlines()
+    return [r for r in map(json.loads, lines) if r["kind"] == kind]
+
+
+def test_lr_schedule_warmup_then_cosine():
+    cfg = make_config(dict(model="tiny", max_iters=100, warmup_iters=10, lr=1e-3, min_lr=1e-4))
+    assert lr_at(0, cfg) == pytest.approx(1e-4) and lr_at(9, cfg) == pytest.approx(1e-3)
+    assert lr_at(10, cfg) == pytest.approx(1e-3)
+    assert lr_at(55, cfg) == pytest.approx(0.5 * (1e-3 + 1e-4))
+    assert lr_at(100, cfg) == pytest.approx(1e-4)
+
+
+@pytest.mark.parametrize("preset", ["adamw", "hetero"])
+def test_run_writes_its_outputs(data_dir, tmp_path, preset):
+    status = train(_cfg(data_dir, tmp_path / preset, preset=preset), print_fn=lambda *a: None)
+    run = tmp_path / preset
+    assert status["status"] == "finished" and status["step"] == 8
+    for name in ("config.json", "env.json", "assignment.json", "assignment.txt", "metrics.jsonl",
+                 "diagnostics.jsonl", "ckpt.pt", "status.json"):
+        assert (run / name).exists(), name
+    env = json.loads((run / "env.json").read_text())
+    assert env["seed"] == 3 and env["torch"] == torch.__version__ and "commit" in env["git"]
+    assert json.loads((run / "config.json").read_text())["preset"] == preset
+    assert [r["step"] for r in _records(run, "eval")] == [4, 8]
+    assert len(_records(run, "train")) == 8
+    diag = [json.loads(line) for line in (run / "diagnostics.jsonl").read_text().splitlines()]
+    assert [d["step"] for d in diag] == [4, 8]
+    assert len(diag[-1]["attention"]) == 2
+    kinds = {m["kind"] for m in diag[-1]["matrices"]}
+    if preset == "hetero":
+        assert kinds == {"attn_in", "attn_q", "attn_k", "attn_out", "mlp_in", "mlp_out"}
+        stiefel = [m for m in diag[-1]["matrices"] if m["manifold"] == "stiefel" and "sigma_min" in m and m["kind"] in ("attn_in", "attn_out")]
+        assert all(abs(m["sigma_max"] - 1) < 1e-3 and abs(m["sigma_min"] - 1) < 1e-3 for m in stiefel)
+        assert all(m["grad_norm"] is not None and m["grad_norm"] > 0 for m in diag[-1]["matrices"])
+        assert "muon" in _records(run, "train")[-1]
+    else:
+        assert kinds == set()
+
+
+@pytest.mark.parametrize("preset", ["adamw", "hetero"])
+def test_resume_is_bit_exact(data_dir, tmp_path, preset):
+    full = train(_cfg(data_dir, tmp_path / "full", preset=preset), print_fn=lambda *a: None)
+    part = train(_cfg(data_dir, tmp_path / "part", preset=preset, stop_after=6), print_fn=lambda *a: None)
+    assert part["status"] == "interrupted" and part["step"] == 6
+    resumed = train(_cfg(data_dir, tmp_path / "part", preset=preset), resume=True, print_fn=lambda *a: None)
+    assert resumed["status"] == "finished" and full["status"] == "finished"
+    losses_full = [(r["step"], r["loss"]) for r in _records(tmp_path / "full", "train")]
+    losses_resumed = [(r["step"], r["loss"]) for r in _records(tmp_path / "part", "train")]
+    assert losses_full == losses_resumed  # exact equality, step by step
+    a = load_checkpoint(tmp_path / "full" / "ckpt.pt")
+    b = load_checkpoint(tmp_path / "part" / "ckpt.pt")
+    for name, tensor in a["model"].items():
+        assert torch.equal(tensor, b["model"][name]), name
+
+
+def test_divergence_on_val_loss_stops_and_keeps_last_good_checkpoint(data_dir, tmp_path):
+    # A huge AdamW lr blows the loss up; any val increase beyond the margin counts as divergence.
+    cfg = _cfg(data_dir, tmp_path / "div", preset="adamw", lr=5.0, min_lr=5.0, warmup_iters=0,
+               eval_interval=2, max_iters=40, divergence_margin=0.05)
+    status = train(cfg, print_fn=lambda *a: None)
+    assert status["status"] == "diverged" and status["diverged_step"] % 2 == 0
+    ckpt = load_checkpoint(tmp_path / "div" / "ckpt.pt")
+    assert ckpt["step"] < status["diverged_step"]
+    assert all(torch.isfinite(t).all() for t in ckpt["model"].values())
+
+
+def test_non_finite_loss_stops_before_any_update(data_dir, tmp_path, monkeypatch):
+    import geomtrain.model as gm
+
+    calls = {"n": 0}
+    original = gm.GPT.forward
+
+    def poisoned(self, idx, targets=None):
+        logits, loss = original(self, idx, targets)
+        if targets is not None and self.training:
+            calls["n"] += 1
+            if calls["n"] == 6:
+                loss = loss * float("nan")
+        return logits, loss
+
+    monkeypatch.setattr(gm.GPT, "forward", poisoned)
+    status = train(_cfg(data_dir, tmp_path / "nan", preset="hetero"), print_fn=lambda *a: None)
+    assert status["status"] == "diverged" and status["diverged_step"] == 5
+    assert "non-finite" in status["reason"]
+    ckpt = load_checkpoint(tmp_path / "nan" / "ckpt.pt")
+    assert ckpt["step"] == 4 and all(torch.isfinite(t).all() for t in ckpt["model"].values())
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["train", "--preset", "hetero2"], "invalid choice: 'hetero2'"),
+    (["train", "--rule", "*.mlp.*=sphere"], "valid: stiefel, dgram, oblique, euclidean, adamw"),
+    (["train", "--model", "huge"], "valid: gpt2, mini, tiny"),
+    (["train", "--dtype", "fp8"], "invalid choice: 'fp8'"),
+    (["prepare", "--dataset", "wiki"], "invalid choice: 'wiki'"),
+])
+def test_bad_input_exits_2_with_one_line(argv, message, capsys, tmp_path):
+    argv = argv + (["--out-dir", str(tmp_path / "x")] if argv[0] == "train" else [])
+    try:
+        code = cli_main(argv)
+    except SystemExit as exc:  # argparse errors
+        code = exc.code
+    err = capsys.readouterr().err
+    assert code == 2
+    assert message in err
+    assert not (tmp_path / "x").exists()
+
+
+def test_missing_data_is_a_clear_error(tmp_path, capsys):
+    code = cli_main(["train", "--model", "tiny", "--data-dir", str(tmp_path / "nothing"), "--out-dir", str(tmp_path / "r")])
+    assert code == 2 and "geomtrain prepare" in capsys.readouterr().err
+
+
+def test_toml_config_and_flag_precedence(tmp_path):
+    path = tmp_path / "c.toml"
+    path.write_text('model = "tiny"\nmax_iters = 7\nlr = 1e-3\n[unused]\n'.replace("[unused]\n", ""))
+    cfg = make_config({"lr": 2e-3}, toml_path=path)
+    assert cfg.max_iters == 7 and cfg.lr == 2e-3 and cfg.batch_size == 8  # tiny's default
+    path.write_text('bogus = 1\n')
+    with pytest.raises(ValueError, match="unknown config key"):
+        make_config({}, toml_path=path)
+
+
+def test_ctrl_c_saves_and_exits_cleanly(data_dir, tmp_path):
+    out = tmp_path / "int"
+    cmd = [sys.executable, "-m", "geomtrain", "train", "--model", "tiny", "--preset", "hetero", "--data-dir", data_dir,
+           "--out-dir", str(out), "--max-iters", "10000", "--batch-size", "4", "--eval-interval", "1000",
+           "--log-interval", "1", "--no-progress"]
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, env={**os.environ, "OMP_NUM_THREADS": "1"})
+    deadline = time.time() + 120
+    while time.time() < deadline:
+        metrics = out / "metrics.jsonl"
+        if metrics.exists() and len(metrics.read_text().splitlines()) >= 3:
+            break
+        time.sleep(0.2)
+    proc.send_signal(signal.SIGINT)
+    _, err = proc.communicate(timeout=120)
+    assert proc.returncode == 130, err.decode()[-2000:]
+    status = json.loads((out / "status.json").read_text())
+    assert status["status"] == "interrupted" and status["step"] >= 3
+    ckpt = load_checkpoint(out / "ckpt.pt")
+    assert ckpt["step"] == status["step"] and math.isfinite(ckpt["best_val"]) is False
