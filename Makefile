@@ -1,4 +1,4 @@
-.PHONY: test setup docs demo bench
+.PHONY: test setup docs demo
 
 setup:
 	bash scripts/setup_env.sh
@@ -8,3 +8,8 @@ test:
 
 docs: setup
 	.venv/bin/mkdocs build --strict
+
+# The main job: prepare the offline corpus and train the `hetero` preset on a small GPT (CPU, minutes).
+demo: setup
+	.venv/bin/geomtrain prepare
+	.venv/bin/geomtrain train --model mini --preset hetero --out-dir runs/demo-hetero

@@ -366,8 +366,11 @@ def distributed_from_env():
         dist.destroy_process_group()
 
 
-def train(cfg: TrainConfig, resume: bool = False, assignments=None, print_fn=print) -> dict:
-    """Run (or with ``resume=True`` continue) one training run; returns the final status dict."""
+def train(cfg: TrainConfig, resume: bool = False, assignments=None, print_fn=print, on_finish=None) -> dict:
+    """Run (or with ``resume=True`` continue) one training run; returns the final status dict.
+
+    ``assignments`` overrides the preset/rules (e.g. with custom ``GramManifold`` instances);
+    ``on_finish(model)`` is called with the trained model before returning."""
     run = _Run(cfg, resume=resume, assignments_override=assignments)
     out = run.out
     if run.master:
@@ -443,6 +446,8 @@ def train(cfg: TrainConfig, resume: bool = False, assignments=None, print_fn=pri
     else:
         status = run.write_status(status["status"], ms_per_step=ms,
                                   **{k: status[k] for k in ("diverged_step", "reason") if k in status})
+    if on_finish is not None:
+        on_finish(run.model)
     if run.master:
         print_fn(f"{status['status']} at step {status['step']}: val loss {run.last_val} (best {_finite_or_none(run.best_val)}); outputs in {out}")
     return status
