@@ -66,8 +66,10 @@ class TrainConfig:
     def to_dict(self) -> dict:
         return dataclasses.asdict(self)
 
-    def validate(self) -> "TrainConfig":
-        """Raise ``ValueError`` (one line, naming the valid choices) on a bad value; return self."""
+    def validate(self, custom_names: tuple[str, ...] = ()) -> "TrainConfig":
+        """Raise ``ValueError`` (one line, naming the valid choices) on a bad value; return self.
+
+        ``custom_names``: extra manifold names rules may use (passed to ``train(custom_manifolds=)``)."""
         from manifolds import MANIFOLDS
 
         from .assign import PRESETS, TARGETS, parse_rule
@@ -79,8 +81,9 @@ class TrainConfig:
             raise ValueError(f"unknown preset {self.preset!r}; valid: {', '.join(PRESETS)}")
         for text in self.rules:
             target = parse_rule(text).target.lower()
-            if target not in TARGETS:
-                raise ValueError(f"unknown manifold {target!r} in rule {text!r}; valid: {', '.join(list(MANIFOLDS) + ['adamw'])}")
+            if target not in TARGETS and target not in custom_names:
+                valid = list(MANIFOLDS) + ["adamw"] + list(custom_names)
+                raise ValueError(f"unknown manifold {target!r} in rule {text!r}; valid: {', '.join(valid)}")
         if self.dtype not in ("float32", "bfloat16"):
             raise ValueError(f"unknown dtype {self.dtype!r}; valid: float32, bfloat16")
         for name in ("max_iters", "batch_size", "grad_accum", "eval_interval", "eval_iters", "log_interval", "diag_batch_size"):
@@ -114,7 +117,11 @@ def load_toml(path: str | Path) -> dict[str, Any]:
     return data
 
 
-def make_config(overrides: Mapping[str, Any] | None = None, toml_path: str | Path | None = None) -> TrainConfig:
+def make_config(
+    overrides: Mapping[str, Any] | None = None,
+    toml_path: str | Path | None = None,
+    custom_names: tuple[str, ...] = (),
+) -> TrainConfig:
     """Build a :class:`TrainConfig`: defaults, then the model's, then ``toml_path``, then ``overrides``."""
     merged: dict[str, Any] = {}
     if toml_path is not None:
@@ -125,4 +132,4 @@ def make_config(overrides: Mapping[str, Any] | None = None, toml_path: str | Pat
         raise ValueError(f"unknown config key(s) {', '.join(unknown)}; valid: {', '.join(_FIELDS)}")
     model = merged.get("model", TrainConfig.model)
     values = {**MODEL_DEFAULTS.get(model, {}), **merged}
-    return TrainConfig(**values).validate()
+    return TrainConfig(**values).validate(tuple(n.lower() for n in custom_names))

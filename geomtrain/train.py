@@ -185,7 +185,7 @@ def threading_is_main() -> bool:
 class _Run:
     """State of one training run; :func:`train` drives it."""
 
-    def __init__(self, cfg: TrainConfig, resume: bool, assignments_override=None):
+    def __init__(self, cfg: TrainConfig, resume: bool, assignments_override=None, custom_manifolds=None):
         self.cfg = cfg
         self.ddp = dist.is_available() and dist.is_initialized()
         self.rank = dist.get_rank() if self.ddp else 0
@@ -216,7 +216,8 @@ class _Run:
         self.block = self.model_cfg.block_size
         self.model = GPT(self.model_cfg).to(self.device)
         named = list(self.model.named_parameters())
-        self.assignments = assignments_override or assign(named, preset=cfg.preset, rules=cfg.rules)
+        self.assignments = assignments_override or assign(named, preset=cfg.preset, rules=cfg.rules,
+                                                          custom_manifolds=custom_manifolds)
         with torch.no_grad():  # constrained matrices start on their manifold
             params = dict(named)
             for a in self.assignments:
@@ -366,12 +367,14 @@ def distributed_from_env():
         dist.destroy_process_group()
 
 
-def train(cfg: TrainConfig, resume: bool = False, assignments=None, print_fn=print, on_finish=None) -> dict:
+def train(cfg: TrainConfig, resume: bool = False, assignments=None, print_fn=print, on_finish=None,
+          custom_manifolds=None) -> dict:
     """Run (or with ``resume=True`` continue) one training run; returns the final status dict.
 
-    ``assignments`` overrides the preset/rules (e.g. with custom ``GramManifold`` instances);
-    ``on_finish(model)`` is called with the trained model before returning."""
-    run = _Run(cfg, resume=resume, assignments_override=assignments)
+    ``custom_manifolds`` maps extra names usable in ``cfg.rules`` to ``GramManifold`` instances;
+    ``assignments`` overrides preset and rules entirely; ``on_finish(model)`` is called with the
+    trained model before returning."""
+    run = _Run(cfg, resume=resume, assignments_override=assignments, custom_manifolds=custom_manifolds)
     out = run.out
     if run.master:
         out.mkdir(parents=True, exist_ok=True)
