@@ -15,7 +15,7 @@ biases) goes to AdamW. A **preset** fixes the manifold of each Muon matrix:
 
 **Custom rules** map parameter-name globs (``fnmatch``) to a target: a manifold name
 (``stiefel``, ``dgram``, ``oblique``, ``euclidean`` = Muon without constraint), ``adamw``, or
-from Python any :class:`manifolds.GramManifold` instance. The first matching rule wins; a
+from Python any `manifolds.GramManifold` instance. The first matching rule wins; a
 parameter no rule matches goes to AdamW. Only 2-D weights can take a manifold.
 """
 from __future__ import annotations
@@ -116,8 +116,8 @@ def assign(
 
     Args:
         named_parameters: e.g. ``model.named_parameters()``.
-        preset: a name from :data:`PRESETS`, or ``None`` for rules only.
-        rules: :class:`Rule` objects or ``"GLOB=TARGET"`` strings; they take precedence.
+        preset: a name from `PRESETS`, or ``None`` for rules only.
+        rules: `Rule` objects or ``"GLOB=TARGET"`` strings; they take precedence.
         custom_manifolds: extra ``name -> GramManifold`` targets usable by name in rules.
     """
     custom = {k.lower(): v for k, v in (custom_manifolds or {}).items()}

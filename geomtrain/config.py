@@ -1,6 +1,6 @@
 """Typed training configuration: defaults per model size, TOML files and CLI overrides.
 
-Precedence: dataclass defaults < the model's defaults (:data:`MODEL_DEFAULTS`) < a TOML file
+Precedence: dataclass defaults < the model's defaults (`MODEL_DEFAULTS`) < a TOML file
 < explicit overrides (CLI flags, keyword arguments). The ``gpt2`` defaults are the published
 ones (DESIGN.md section 4); the small models get CPU-sized schedules.
 """
@@ -122,7 +122,7 @@ def make_config(
     toml_path: str | Path | None = None,
     custom_names: tuple[str, ...] = (),
 ) -> TrainConfig:
-    """Build a :class:`TrainConfig`: defaults, then the model's, then ``toml_path``, then ``overrides``."""
+    """Build a `TrainConfig`: defaults, then the model's, then ``toml_path``, then ``overrides``."""
     merged: dict[str, Any] = {}
     if toml_path is not None:
         merged.update(load_toml(toml_path))

@@ -6,7 +6,7 @@ Per Muon-managed matrix ``W`` (tall form $T$; the Gram matrix $G = T^\top T$):
 - ``col_norm_min``, ``col_norm_max``, ``col_norm_cv``: constrained column norms and their
   coefficient of variation (std / mean), the scale freedom DGram adds;
 - ``gram_offdiag``: $\|\operatorname{Off}(G)\|_F / \|G\|_F$ (0 when columns are orthogonal);
-- ``manifold_distance``: max of :meth:`manifolds.GramManifold.constraint_violation` (0 on the manifold);
+- ``manifold_distance``: max of `manifolds.GramManifold.constraint_violation` (0 on the manifold);
 - ``grad_norm``: Frobenius norm of the gradient at the last step before the evaluation.
 
 For ``c_attn`` (rows ``[0:C]`` = $W_Q$, ``[C:2C]`` = $W_K$, ``[2C:3C]`` = $W_V$) the Q and K blocks
@@ -92,7 +92,7 @@ def softmax_row_stats(logits: torch.Tensor, probs: torch.Tensor) -> dict[str, fl
 
 @torch.no_grad()
 def attention_stats(model, idx: torch.Tensor) -> list[dict[str, float]]:
-    """:func:`softmax_row_stats` per layer of a GPT on the batch ``idx`` (eval mode, restored after)."""
+    """`softmax_row_stats` per layer of a GPT on the batch ``idx`` (eval mode, restored after)."""
     was_training = model.training
     model.eval()
     try:
@@ -111,7 +111,7 @@ def collect_diagnostics(
     """Everything recorded at one evaluation: ``{"matrices": [...], "attention": [...]}``.
 
     ``matrices`` has one entry per Muon-managed matrix (plus ``q``/``k`` entries for each
-    ``c_attn``) with ``name``, ``layer``, ``kind``, ``manifold`` and :func:`matrix_stats`.
+    ``c_attn``) with ``name``, ``layer``, ``kind``, ``manifold`` and `matrix_stats`.
     """
     params = dict(model.named_parameters())
     grad_norms = grad_norms or {}

@@ -19,7 +19,7 @@ the Conv1D transpose, Hugging Face GPT-2), so parameter names are::
 ``(out, in)``. ``model.named_parameters()`` lists the tied matrix once, as
 ``transformer.wte.weight``; ``state_dict()`` has both keys.
 
-Diagnostics: :meth:`GPT.attention_probe` reruns the model with explicit attention and returns
+Diagnostics: `GPT.attention_probe` reruns the model with explicit attention and returns
 every layer's attention logits and probabilities (see there).
 """
 
@@ -86,7 +86,7 @@ def model_config(name: str, **overrides) -> GPTConfig:
 def count_parameters(config: GPTConfig, non_embedding: bool = True) -> int:
     """Number of parameters of ``GPT(config)``, computed from the shapes (no model is built).
 
-    Same convention as :meth:`GPT.num_parameters`.
+    Same convention as `GPT.num_parameters`.
     """
     C, V, T, L, b = config.n_embd, config.vocab_size, config.block_size, config.n_layer, int(config.bias)
     ln = C * (1 + b)
@@ -162,7 +162,7 @@ class Block(nn.Module):
 
 @dataclass
 class AttentionProbe:
-    """Result of :meth:`GPT.attention_probe`.
+    """Result of `GPT.attention_probe`.
 
     ``logits[l]`` and ``probs[l]`` are layer ``l``'s (B, H, T, T) attention logits (after the
     1/sqrt(head_dim) scaling, before softmax; entries above the diagonal, i.e. future keys, are
@@ -252,7 +252,7 @@ class GPT(nn.Module):
     ) -> AttentionProbe:
         """Run the model with explicit attention and capture every layer's attention.
 
-        Returns an :class:`AttentionProbe` with per-layer ``logits`` (B, H, T, T), scaled
+        Returns an `AttentionProbe` with per-layer ``logits`` (B, H, T, T), scaled
         pre-softmax scores with ``-inf`` at masked (future) positions, and ``probs`` (B, H, T, T),
         plus the model ``output`` logits (equal to ``forward`` up to float rounding). Runs under
         ``torch.no_grad()`` in the model's current mode (call ``model.eval()`` to avoid dropout).
@@ -320,7 +320,7 @@ _HF_TRANSPOSED = ("attn.c_attn.weight", "attn.c_proj.weight", "mlp.c_fc.weight",
 
 
 def from_hf_gpt2_state_dict(sd: dict, n_head: int | None = None, config: GPTConfig | None = None) -> GPT:
-    """Build a :class:`GPT` from a Hugging Face ``GPT2LMHeadModel`` (or ``GPT2Model``) state dict.
+    """Build a `GPT` from a Hugging Face ``GPT2LMHeadModel`` (or ``GPT2Model``) state dict.
 
     HF stores these four matrices as Conv1D weights of shape (in, out); they are transposed to
     the Linear (out, in) layout. The shape is read off the tensors; ``n_head`` cannot be, so give

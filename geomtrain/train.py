@@ -7,11 +7,11 @@ The run folder holds:
 - ``assignment.json`` / ``assignment.txt``: parameter, shape, optimizer, manifold;
 - ``metrics.jsonl``: one JSON object a line, ``{"kind": "train", "step", "loss", "lr", "muon_lr",
   "ms_per_step", "tokens_per_s", "muon": {...}}`` and ``{"kind": "eval", "step", "val_loss"}``;
-- ``diagnostics.jsonl``: per evaluation, spectral and attention diagnostics (:mod:`geomtrain.diagnostics`);
+- ``diagnostics.jsonl``: per evaluation, spectral and attention diagnostics (`geomtrain.diagnostics`);
 - ``ckpt.pt``: the last good checkpoint (model, both optimizers, RNG states, step), written atomically;
 - ``status.json``: ``running | finished | diverged | interrupted`` with the step and losses.
 
-Batches are a pure function of ``(seed, step, rank)`` (:func:`geomtrain.data.get_batch`), so a
+Batches are a pure function of ``(seed, step, rank)`` (`geomtrain.data.get_batch`), so a
 resumed run sees exactly the batches the uninterrupted run would have seen and continues
 bit-exactly. Under ``torchrun`` the run is DDP (gloo on CPU, nccl on GPU); the global batch is
 split over ranks and rank 0 writes the outputs.
@@ -149,7 +149,7 @@ def _set_rng_state(state: dict) -> None:
 
 
 def load_checkpoint(path: str | Path, map_location="cpu") -> dict:
-    """Load a checkpoint written by :func:`train` (a plain dict of tensors and Python values)."""
+    """Load a checkpoint written by `train` (a plain dict of tensors and Python values)."""
     return torch.load(path, map_location=map_location, weights_only=False)
 
 
@@ -183,7 +183,7 @@ def threading_is_main() -> bool:
 
 # ----------------------------------------------------------------------------- the run
 class _Run:
-    """State of one training run; :func:`train` drives it."""
+    """State of one training run; `train` drives it."""
 
     def __init__(self, cfg: TrainConfig, resume: bool, assignments_override=None, custom_manifolds=None):
         self.cfg = cfg

@@ -6,7 +6,7 @@ from .base import GramManifold, from_tall, to_tall
 from .dgram import DGram
 from .euclidean import Euclidean
 from .oblique import Oblique
-from .polar import MSIGN_METHODS, msign, polar
+from .matrix_sign import MSIGN_METHODS, msign, polar
 from .stiefel import Stiefel
 
 MANIFOLDS = {"stiefel": Stiefel, "dgram": DGram, "oblique": Oblique, "euclidean": Euclidean}

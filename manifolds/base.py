@@ -24,7 +24,7 @@ $P\big((I+S) X^\top X (I+S) - I\big) = 0$ by Newton's method from $S = 0$. On th
 $S = 0$, so points are returned unchanged; along a tangent $X = W + tU$ the residual is $O(t^2)$,
 so $S = O(t^2)$ and the retraction is first order. Stiefel is contained in every $\mathcal M_P$.
 
-A subclass defines a manifold by implementing :meth:`GramManifold.project_gram` only; the
+A subclass defines a manifold by implementing `project_gram` only; the
 generic solves cost $O(k^3)$ for $k$ masked Gram entries, fine for small $n$ and as a
 reference. Override ``proju``/``projx``/``retr`` with closed forms for speed, as the built-in
 manifolds do.
@@ -36,7 +36,7 @@ import abc
 import geoopt
 import torch
 
-from .polar import polar
+from .matrix_sign import polar
 
 __all__ = ["GramManifold", "to_tall", "from_tall"]
 
@@ -59,7 +59,7 @@ def to_tall(x: torch.Tensor, like: torch.Tensor | None = None) -> torch.Tensor:
 
 
 def from_tall(t: torch.Tensor, like: torch.Tensor) -> torch.Tensor:
-    """Inverse of :func:`to_tall` for the orientation of ``like``."""
+    """Inverse of `to_tall` for the orientation of ``like``."""
     return t.mT if is_wide(like) else t
 
 
@@ -68,7 +68,7 @@ def _sym(M: torch.Tensor) -> torch.Tensor:
 
 
 class GramManifold(geoopt.Manifold, metaclass=abc.ABCMeta):
-    r"""Base class of $\{W : P(W^\top W - I) = 0\}$; subclasses implement :meth:`project_gram`.
+    r"""Base class of $\{W : P(W^\top W - I) = 0\}$; subclasses implement `project_gram`.
 
     Args:
         polar_method: how retractions compute polar factors: ``"auto"`` (exact SVD on CPU,
@@ -193,7 +193,7 @@ class GramManifold(geoopt.Manifold, metaclass=abc.ABCMeta):
         return self.projx(x + u)
 
     def expmap(self, x: torch.Tensor, u: torch.Tensor) -> torch.Tensor:
-        """Equal to :meth:`retr` (a first-order approximation of the exponential map)."""
+        """Equal to `retr` (a first-order approximation of the exponential map)."""
         return self.retr(x, u)
 
     def transp(self, x: torch.Tensor, y: torch.Tensor, v: torch.Tensor) -> torch.Tensor:

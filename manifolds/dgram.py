@@ -14,16 +14,17 @@ $$S_{ij} = \frac{(W^\top U + U^\top W)_{ij}}{d_i + d_j}, \quad i \ne j.$$
 
 Retraction: $R(X) = Q \operatorname{diag}(\operatorname{diag}(Q^\top X))$, $Q = \operatorname{msign}(X)$.
 Since $Q^\top X = (X^\top X)^{1/2}$ is positive definite, the new column norms are
-$\operatorname{diag}((X^\top X)^{1/2}) > 0$. On DGram, $W = Q D$ and $R(W) = W$ exactly; unlike the
-published SVD-based map, columns keep their own norms (no sorting) and nothing jumps when two
-norms cross.
+$\operatorname{diag}((X^\top X)^{1/2}) > 0$. On DGram, $W = Q D$ and $R(W) = W$ exactly. The published SVD-based map
+$(U V^\top) \operatorname{diag}(\sigma)$ hands the singular values to the columns in sorted
+order: it moves every DGram point whose column norms are not already decreasing, and where two
+norms cross it is only first order in one direction (it is not a retraction there).
 """
 from __future__ import annotations
 
 import torch
 
 from .base import GramManifold, _SUPPORTED_DTYPES, from_tall, to_tall
-from .polar import polar
+from .matrix_sign import polar
 
 __all__ = ["DGram"]
 

@@ -13,7 +13,7 @@ from __future__ import annotations
 import torch
 
 from .base import GramManifold, _sym, from_tall, to_tall
-from .polar import polar
+from .matrix_sign import polar
 
 __all__ = ["Stiefel"]
 

@@ -1,6 +1,6 @@
-r"""Contract kit: Hypothesis strategies and property checks for any :class:`GramManifold`.
+r"""Contract kit: Hypothesis strategies and property checks for any `GramManifold`.
 
-A researcher who subclasses :class:`~manifolds.GramManifold` gets every invariant checked with
+A researcher who subclasses `GramManifold` gets every invariant checked with
 one call::
 
     from manifolds.testing import check_manifold
@@ -15,7 +15,7 @@ or, inside pytest, one test per property::
 Each property draws a case (shape, dtype, seed) with Hypothesis, builds a point with
 ``manifold.random`` and tangent vectors with ``proju``, and asserts one identity.
 
-**Tolerances** (:data:`TOLERANCE`): float64 ``1e-9``, float32 ``2e-4``, relative to the scale
+**Tolerances** (`TOLERANCE`): float64 ``1e-9``, float32 ``2e-4``, relative to the scale
 of the quantities compared (``max(1, |x|)``). Justification: every property composes at most a
 few Gram products, one thin SVD or one small dense solve on matrices with $n \le 16$ columns
 whose condition number stays below $e^{3} \approx 20$ (column norms are drawn log-normal), so
@@ -68,7 +68,7 @@ class Case:
 
 
 def cases(manifold: GramManifold, shapes=DEFAULT_SHAPES, dtypes=DEFAULT_DTYPES) -> st.SearchStrategy:
-    """Hypothesis strategy of :class:`Case` for ``manifold`` over the given shapes and dtypes."""
+    """Hypothesis strategy of `Case` for ``manifold`` over the given shapes and dtypes."""
     return st.builds(
         Case, st.just(manifold), st.sampled_from(list(shapes)), st.sampled_from(list(dtypes)),
         st.integers(min_value=0, max_value=2**31 - 1),

@@ -52,8 +52,12 @@ def test_newton_schulz_converges():
     assert (s - 1).abs().max() < 1e-10
 
 
-def test_msign_zero_matrix_is_zero():
-    assert torch.equal(msign(torch.zeros(5, 3), "polar_express"), torch.zeros(5, 3))
+@pytest.mark.parametrize("method", ["svd", "polar_express", "newton_schulz"])
+def test_msign_zero_matrix_is_zero(method):
+    X = torch.zeros(2, 5, 3)
+    X[1] = _gaussian(5, 3, dtype=torch.float32)
+    Y = msign(X, method)
+    assert torch.equal(Y[0], torch.zeros(5, 3)) and float(Y[1].abs().max()) > 0.1
 
 
 def test_msign_errors():

@@ -9,7 +9,7 @@ retraction, and the steepest-descent direction of Muon. Three methods are provid
 
 | method            | how                                               | accuracy (singular values of the result)                       |
 |-------------------|---------------------------------------------------|-----------------------------------------------------------------|
-| ``"svd"``         | exact thin SVD, in float64 or float32             | within a few ulp of 1 (any conditioning, rank-deficient: arbitrary orthonormal completion) |
+| ``"svd"``         | exact thin SVD, in float64 or float32             | within ~10 ulp of 1 (float32: 1.4e-6 measured) (any conditioning, rank-deficient: arbitrary orthonormal completion) |
 | ``"polar_express"`` | odd quintic iteration with the optimal per-step coefficients of Amsel et al. (2025), then the fixed $(15/8, -10/8, 3/8)$ map | 5 steps (Muon's choice): $[0.86, 1.14]$-ish for $\sigma/\|X\|_F \ge 10^{-3}$; 12 steps in float32: $|\sigma-1| \lesssim 10^{-5}$ |
 | ``"newton_schulz"`` | classical cubic $X \leftarrow \tfrac32 X - \tfrac12 X X^\top X$ | quadratic convergence once $\sigma \in (0, \sqrt 3)$; slow for small $\sigma$ |
 
@@ -99,8 +99,10 @@ def msign(
     if method == "svd":
         if compute_dtype not in (torch.float32, torch.float64):
             compute_dtype = torch.float32
-        U, _, Vh = torch.linalg.svd(X.to(compute_dtype), full_matrices=False)
-        return (U @ Vh).to(out_dtype)
+        Xc = X.to(compute_dtype)
+        U, _, Vh = torch.linalg.svd(Xc, full_matrices=False)
+        is_zero = Xc.abs().amax(dim=(-2, -1), keepdim=True) == 0
+        return torch.where(is_zero, torch.zeros_like(Xc), U @ Vh).to(out_dtype)
 
     n_steps = _DEFAULT_STEPS[method] if steps is None else int(steps)
     if n_steps < 0:
