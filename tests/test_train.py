@@ -173,3 +173,13 @@ def test_ctrl_c_saves_and_exits_cleanly(data_dir, tmp_path):
     assert status["status"] == "interrupted" and status["step"] >= 3
     ckpt = load_checkpoint(out / "ckpt.pt")
     assert ckpt["step"] == status["step"] and math.isfinite(ckpt["best_val"]) is False
+
+
+def test_every_config_field_is_documented():
+    import dataclasses
+
+    from geomtrain.config import TrainConfig
+
+    text = (Path(__file__).parent.parent / "docs" / "training.md").read_text()
+    missing = [f.name for f in dataclasses.fields(TrainConfig) if f"`{f.name}`" not in text]
+    assert not missing, f"document these TrainConfig fields in docs/training.md: {missing}"
