@@ -59,7 +59,7 @@ def _add_train_flags(p: argparse.ArgumentParser) -> None:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    from .data import DATASETS
+    from .data import DATASETS, TOKENIZERS
     from .model import MODEL_CONFIGS
 
     parser = argparse.ArgumentParser(prog="geomtrain", description="Manifold Muon on GPT-2: data, training, sampling, benchmarks, the study.")
@@ -67,7 +67,9 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = sub.add_parser("prepare", help="tokenize a corpus into train/val token files with a manifest")
     p.add_argument("--dataset", choices=DATASETS, default="classics", help="corpus (default: classics = Shakespeare + King James Bible)")
-    p.add_argument("--out", default=None, help="output folder (default: data/<dataset>)")
+    p.add_argument("--tokenizer", choices=TOKENIZERS, default="gpt2",
+                   help="gpt2 (the original 50257-token BPE) or a byte-level BPE of 4k/8k/16k tokens trained on the train split")
+    p.add_argument("--out", default=None, help="output folder (default: data/<dataset> or data/<dataset>-<tokenizer>)")
     p.add_argument("--text-files", nargs="+", default=None, help="files or folders of .txt for --dataset text")
     p.add_argument("--force", action="store_true", help="rebuild even if the prepared files verify")
 
@@ -91,13 +93,13 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def _cmd_prepare(args) -> int:
-    from .data import prepare
+    from .data import default_data_dir, prepare
 
     if args.dataset == "text" and not args.text_files:
         raise CLIError("--dataset text needs --text-files FILE_OR_DIR ...")
-    manifest = prepare(args.out, dataset=args.dataset, force=args.force, text_files=args.text_files)
+    manifest = prepare(args.out, dataset=args.dataset, tokenizer=args.tokenizer, force=args.force, text_files=args.text_files)
     splits = manifest["splits"]
-    out = args.out or f"data/{args.dataset}"
+    out = args.out or default_data_dir(args.dataset, tokenizer=args.tokenizer)
     print(f"prepared {args.dataset} in {out}: train {splits['train']['tokens']:,} tokens, val {splits['val']['tokens']:,} tokens "
           f"({manifest['tokenizer']}, vocab {manifest['vocab_size']})")
     return 0
@@ -117,7 +119,7 @@ def _cmd_train(args) -> int:
 def _cmd_sample(args) -> int:
     import torch
 
-    from .data import get_tokenizer
+    from .data import load_tokenizer
     from .model import GPT, GPTConfig
     from .train import load_checkpoint
 
@@ -129,7 +131,7 @@ def _cmd_sample(args) -> int:
     model = GPT(GPTConfig(**ckpt["model_config"])).to(args.device)
     model.load_state_dict(ckpt["model"])
     model.eval()
-    tok = get_tokenizer("gpt2")
+    tok = load_tokenizer(ckpt["config"]["data_dir"])
     ids = tok.encode(args.prompt) or [tok.eot_token]
     idx = torch.tensor([ids], dtype=torch.long, device=args.device)
     gen = torch.Generator(device=args.device).manual_seed(args.seed)

