@@ -1,0 +1,76 @@
+"""Training speed per preset, measured side by side in one process.
+
+``measure_training_speed`` builds one run per preset (same model, data, batch and seed), does
+``warmup`` untimed steps, then times ``steps`` full training steps (forward, backward, clipping,
+AdamW and Manifold Muon) and reports the median ms per step, tokens per second and the ratios to
+``adamw`` and ``unconstrained``. Presets are interleaved round-robin, step by step, so slow drift
+of a shared machine affects all of them alike. ``geomtrain bench train`` prints the table.
+"""
+from __future__ import annotations
+
+import statistics
+import tempfile
+import time
+from typing import Sequence
+
+from .assign import PRESETS
+from .config import make_config
+
+__all__ = ["measure_training_speed", "format_speed_table"]
+
+
+def measure_training_speed(
+    model: str = "mini",
+    data_dir: str = "data/classics",
+    presets: Sequence[str] = PRESETS,
+    steps: int = 10,
+    warmup: int = 2,
+    batch_size: int | None = None,
+    device: str = "auto",
+    seed: int = 0,
+) -> list[dict]:
+    """Median step time of each preset; rows with ``preset``, ``ms_per_step``, ``tokens_per_s`` and ratios."""
+    from .train import _Run  # the trainer's own step, not a re-implementation
+
+    runs = {}
+    with tempfile.TemporaryDirectory() as tmp:
+        for preset in presets:
+            overrides = dict(model=model, data_dir=data_dir, preset=preset, out_dir=f"{tmp}/{preset}", seed=seed,
+                             max_iters=warmup + steps, warmup_iters=1, progress=False, diagnostics=False,
+                             eval_iters=1, device=device)
+            if batch_size is not None:
+                overrides["batch_size"] = batch_size
+            runs[preset] = _Run(make_config(overrides), resume=False)
+        times: dict[str, list[float]] = {p: [] for p in presets}
+        for i in range(warmup + steps):
+            for preset, run in runs.items():
+                run.set_lr()
+                t0 = time.perf_counter()
+                run.train_step()
+                if run.device.type == "cuda":
+                    import torch
+
+                    torch.cuda.synchronize()
+                dt = time.perf_counter() - t0
+                run.step += 1
+                if i >= warmup:
+                    times[preset].append(dt)
+    rows = []
+    for preset, run in runs.items():
+        ms = 1000 * statistics.median(times[preset])
+        tokens = run.cfg.batch_size * run.cfg.grad_accum * run.block
+        rows.append({"preset": preset, "ms_per_step": ms, "tokens_per_s": tokens / (ms / 1000)})
+    base = {r["preset"]: r["ms_per_step"] for r in rows}
+    for r in rows:
+        r["vs_adamw"] = r["ms_per_step"] / base["adamw"] if "adamw" in base else None
+        r["vs_unconstrained"] = r["ms_per_step"] / base["unconstrained"] if "unconstrained" in base else None
+    return rows
+
+
+def format_speed_table(rows: list[dict]) -> str:
+    """Markdown table of :func:`measure_training_speed` rows."""
+    lines = ["| preset | ms/step | tokens/s | x adamw | x unconstrained |", "|---|---|---|---|---|"]
+    for r in rows:
+        fmt = lambda v: "-" if v is None else f"{v:.2f}"  # noqa: E731
+        lines.append(f"| {r['preset']} | {r['ms_per_step']:.1f} | {r['tokens_per_s']:,.0f} | {fmt(r['vs_adamw'])} | {fmt(r['vs_unconstrained'])} |")
+    return "\n".join(lines)
