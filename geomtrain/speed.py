@@ -74,3 +74,32 @@ def format_speed_table(rows: list[dict]) -> str:
         fmt = lambda v: "-" if v is None else f"{v:.2f}"  # noqa: E731
         lines.append(f"| {r['preset']} | {r['ms_per_step']:.1f} | {r['tokens_per_s']:,.0f} | {fmt(r['vs_adamw'])} | {fmt(r['vs_unconstrained'])} |")
     return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> int:
+    """``geomtrain bench train``: print (and optionally save) the per-preset speed table."""
+    import argparse
+    import json
+
+    from .model import MODEL_CONFIGS
+
+    p = argparse.ArgumentParser(prog="geomtrain bench train", description=__doc__.split("\n")[0])
+    p.add_argument("--model", choices=tuple(MODEL_CONFIGS), default="mini")
+    p.add_argument("--data-dir", default="data/classics")
+    p.add_argument("--presets", default=",".join(PRESETS), help="comma-separated presets")
+    p.add_argument("--steps", type=int, default=10)
+    p.add_argument("--warmup", type=int, default=2)
+    p.add_argument("--batch-size", type=int, default=None)
+    p.add_argument("--device", default="auto")
+    p.add_argument("--out", default=None, help="write the rows as JSON here")
+    args = p.parse_args(argv)
+    presets = [s.strip() for s in args.presets.split(",") if s.strip()]
+    bad = [s for s in presets if s not in PRESETS]
+    if bad:
+        p.error(f"unknown preset {bad[0]!r}; valid: {', '.join(PRESETS)}")
+    rows = measure_training_speed(args.model, args.data_dir, presets, args.steps, args.warmup, args.batch_size, args.device)
+    print(format_speed_table(rows))
+    if args.out:
+        with open(args.out, "w") as fh:
+            json.dump({"model": args.model, "data_dir": args.data_dir, "steps": args.steps, "rows": rows}, fh, indent=2)
+    return 0
