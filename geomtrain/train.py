@@ -363,6 +363,9 @@ def distributed_from_env():
     try:
         yield
     finally:
+        import gc
+
+        gc.collect()  # nothing that touched the process group (DDP model, optimizer) may outlive it
         dist.barrier()
         dist.destroy_process_group()
 

@@ -1,0 +1,347 @@
+r"""`ManifoldMuon`: Muon whose update is the spectral steepest-descent direction on a manifold.
+
+Per matrix parameter $W$ with gradient $g$ (momentum $\beta$, learning rate $\eta$):
+
+$$b \leftarrow \beta b + (1-\beta) g,\qquad u = (1-\beta) g + \beta b \ \text{(Nesterov; else } u = b),$$
+$$\text{manifold: } W \leftarrow R_W(-\eta A),\quad A = \texttt{spectral\_direction}(W, u);\qquad
+\text{Euclidean: } W \leftarrow (1 - \eta\lambda) W - \eta\, s\, \operatorname{msign}(u).$$
+
+- **Manifold** of a parameter: the param-group key ``manifold`` (a `manifolds.GramManifold`), else
+  the manifold of a geoopt ``ManifoldParameter``, else Euclidean. ``geoopt.Euclidean`` counts
+  as Euclidean; any other non-Gram geoopt manifold is refused. It is resolved once, in
+  ``__init__``, never inside a compiled region: ``torch.compile`` the model, not ``step``
+  (inside compiled code ``isinstance(p, ManifoldParameter)`` is False and geoopt silently falls
+  back to Euclidean; here nothing is looked up at step time).
+- **Euclidean** is plain Muon: decoupled weight decay $\lambda$ (``weight_decay``) and Keller
+  Jordan's shape factor $s = \sqrt{\max(1, \text{rows}/\text{cols})}$ of the ``(out, in)``
+  weight (``shape_scale="muon"``; ``"none"`` gives $s = 1$). Tensors with more than two dims are
+  flattened to ``(shape[0], -1)``.
+- **On a manifold** the step has spectral norm $\eta$ before the retraction (no shape factor,
+  no weight decay: the constraint fixes the scale). Leading dims of a ``ManifoldParameter`` are
+  a batch of matrices.
+- **Batching**: same-shape, same-manifold, same-solver matrices are solved in one batched call.
+- **Warm start**: the dual variable of each matrix (``state["dual"]``) starts the next solve.
+- **Non-finite gradients**: that matrix's step is skipped (momentum and weights untouched),
+  counted and warned about once; an update that comes out non-finite is skipped the same way.
+  Weights never receive NaN/Inf.
+- **Distributed**: when ``torch.distributed`` is initialised with more than one rank, matrix
+  ``i`` (in parameter order, among those with a finite gradient) is solved on rank
+  ``i % world_size``; results (weights, dual variables, statistics) are broadcast from their
+  owner so every rank ends identical. Momentum is updated on every rank (gradients are assumed
+  identical across ranks, as after DDP's all-reduce).
+
+``optimizer.last_stats`` after each ``step()`` (plain Python numbers, JSON-ready):
+``n_matrices``, ``msign_calls`` (total polar evaluations), ``iterations_max``
+(most polar evaluations of one matrix), ``residual_max``/``residual_mean`` (RMS tangent residual
+of the directions), ``dual_gap_max`` (relative, where the solver knows it, else ``None``),
+``n_unconverged``, ``off_manifold_max`` (largest `constraint_violation` after the retraction),
+``n_skipped_nonfinite`` (this step) and ``n_skipped_nonfinite_total``.
+"""
+from __future__ import annotations
+
+import warnings
+from dataclasses import dataclass
+
+import geoopt
+import torch
+import torch.distributed as dist
+
+from manifolds import Euclidean, GramManifold, msign
+from manifolds.base import from_tall, to_tall
+
+from .direction import DEFAULT_SOLVER, SOLVER_OPTIONS, SOLVERS, mask_kind, spectral_direction
+
+__all__ = ["ManifoldMuon", "SHAPE_SCALES"]
+
+SHAPE_SCALES = ("muon", "none")
+_EUCLIDEAN = Euclidean()
+_STAT_FIELDS = ("msign_calls", "residual", "dual_gap", "converged", "off_manifold", "skipped", "has_dual")
+
+
+def _plain(t: torch.Tensor) -> torch.Tensor:
+    """``t`` detached, as a plain tensor (not a geoopt ManifoldParameter/ManifoldTensor)."""
+    return t.detach().as_subclass(torch.Tensor)
+
+
+@dataclass
+class _Item:
+    index: int
+    p: torch.Tensor
+    group: dict
+    manifold: GramManifold
+    update: torch.Tensor  # the (Nesterov) momentum, as a matrix (batch) view
+
+
+class ManifoldMuon(torch.optim.Optimizer):
+    r"""Manifold Muon (see the module docstring for the update rule and `last_stats`).
+
+    Args:
+        params: parameters or param groups; a group may set ``manifold`` (a
+            `manifolds.GramManifold` or ``None``) and any of the options below.
+        lr: learning rate $\eta$ (the spectral norm of a manifold step).
+        momentum: $\beta$.
+        nesterov: use the Nesterov form of the momentum.
+        weight_decay: decoupled weight decay of Euclidean matrices (ignored on manifolds).
+        solver: ``"gram_newton"`` (default), ``"tangent"`` or ``"published"``.
+        solver_options: options for `spectral_direction` (``tol``, ``max_iter``, ...).
+        warm_start: start each solve from the matrix's previous dual variable.
+        shape_scale: ``"muon"`` ($\sqrt{\max(1, \text{rows}/\text{cols})}$) or ``"none"``, for
+            Euclidean matrices.
+        msign_method, msign_steps, msign_dtype: the matrix sign of Euclidean matrices (default:
+            5 Polar Express steps in the parameter's dtype, as Muon).
+        manifold: the manifold of groups that do not set one (default ``None``: from a geoopt
+            ``ManifoldParameter``, else Euclidean).
+    """
+
+    def __init__(self, params, lr: float = 0.02, momentum: float = 0.95, nesterov: bool = True,
+                 weight_decay: float = 0.0, solver: str = DEFAULT_SOLVER, solver_options: dict | None = None,
+                 warm_start: bool = True, shape_scale: str = "muon", msign_method: str = "polar_express",
+                 msign_steps: int = 5, msign_dtype: torch.dtype | None = None, manifold: GramManifold | None = None):
+        if lr < 0 or not 0 <= momentum < 1 or weight_decay < 0:
+            raise ValueError(f"need lr >= 0, 0 <= momentum < 1, weight_decay >= 0; got {lr}, {momentum}, {weight_decay}")
+        defaults = dict(lr=lr, momentum=momentum, nesterov=nesterov, weight_decay=weight_decay, solver=solver,
+                        solver_options=dict(solver_options or {}), warm_start=warm_start, shape_scale=shape_scale,
+                        msign_method=msign_method, msign_steps=msign_steps, msign_dtype=msign_dtype, manifold=manifold)
+        super().__init__(params, defaults)
+        self._manifold_of: dict[int, GramManifold] = {}
+        for group in self.param_groups:
+            self._check_group(group)
+            for p in group["params"]:
+                self._manifold_of[id(p)] = self._resolve(group, p)
+        self.last_stats: dict = {}
+        self.n_skipped_nonfinite_total = 0
+        self._warned_nonfinite = False
+
+    # ------------------------------------------------------------------ setup
+    @staticmethod
+    def _check_group(group: dict) -> None:
+        if group["solver"] not in SOLVERS:
+            raise ValueError(f"unknown solver {group['solver']!r}; valid: {', '.join(SOLVERS)}")
+        if group["shape_scale"] not in SHAPE_SCALES:
+            raise ValueError(f"unknown shape_scale {group['shape_scale']!r}; valid: {', '.join(SHAPE_SCALES)}")
+        valid = [k for k in SOLVER_OPTIONS[group["solver"]] if k != "dual"]  # the optimizer owns warm starts
+        bad = set(group["solver_options"]) - set(valid)
+        if bad:
+            raise ValueError(f"unknown solver option(s) {', '.join(sorted(bad))} for {group['solver']!r}; "
+                             f"valid: {', '.join(valid)}")
+        m = group["manifold"]
+        if m is not None and not isinstance(m, GramManifold):
+            raise TypeError(f"param group manifold must be a manifolds.GramManifold or None; got {type(m).__name__}")
+
+    @staticmethod
+    def _resolve(group: dict, p: torch.Tensor) -> GramManifold:
+        m = group["manifold"]
+        if m is None and isinstance(p, geoopt.ManifoldParameter):
+            m = p.manifold
+            if isinstance(m, geoopt.Euclidean):
+                m = None
+            elif not isinstance(m, GramManifold):
+                raise TypeError(f"ManifoldMuon supports manifolds.GramManifold (Stiefel, DGram, Oblique, Euclidean "
+                                f"or a subclass); a parameter has geoopt manifold {type(m).__name__}")
+        m = _EUCLIDEAN if m is None else m
+        if p.dim() < 2:
+            raise ValueError(f"ManifoldMuon updates matrices; got a parameter of shape {tuple(p.shape)} "
+                             "(give biases and norms to AdamW)")
+        if mask_kind(m) != "euclidean" and p.dtype not in (torch.float32, torch.float64):
+            raise TypeError(f"manifold parameters must be float32 or float64; got {p.dtype}")
+        return m
+
+    def add_param_group(self, param_group: dict) -> None:
+        super().add_param_group(param_group)
+        if hasattr(self, "_manifold_of"):  # called after __init__
+            group = self.param_groups[-1]
+            self._check_group(group)
+            for p in group["params"]:
+                self._manifold_of[id(p)] = self._resolve(group, p)
+
+    # ------------------------------------------------------------------ step
+    @torch.no_grad()
+    def step(self, closure=None):
+        loss = None
+        if closure is not None:
+            with torch.enable_grad():
+                loss = closure()
+        items, skipped = [], 0
+        for group in self.param_groups:
+            beta = group["momentum"]
+            for p in group["params"]:
+                if p.grad is None:
+                    continue
+                if not bool(torch.isfinite(p.grad).all()):
+                    skipped += 1
+                    continue
+                state = self.state[p]
+                buf = state.get("momentum_buffer")
+                if buf is None:
+                    buf = state["momentum_buffer"] = torch.zeros(p.shape, dtype=p.dtype, device=p.device)
+                buf.lerp_(p.grad, 1 - beta)
+                u = p.grad.lerp(buf, beta) if group["nesterov"] else buf.clone()
+                if group["lr"] == 0:  # e.g. a warmup schedule at 0: momentum moves, weights do not
+                    continue
+                m = self._manifold_of[id(p)]
+                if mask_kind(m) == "euclidean":
+                    u = u.reshape(p.shape[0], -1)
+                items.append(_Item(len(items), p, group, m, u))
+
+        stats = torch.zeros(len(items), len(_STAT_FIELDS), dtype=torch.float64)
+        stats[:, _STAT_FIELDS.index("dual_gap")] = float("nan")
+        world, rank = (dist.get_world_size(), dist.get_rank()) if dist.is_available() and dist.is_initialized() else (1, 0)
+        mine = [it for it in items if it.index % world == rank]
+        for batch in self._batches(mine):
+            self._solve_and_apply(batch, stats)
+        if world > 1:
+            self._share(items, stats, world)
+        skipped += int(stats[:, _STAT_FIELDS.index("skipped")].sum())
+        if skipped:
+            self.n_skipped_nonfinite_total += skipped
+            if not self._warned_nonfinite:
+                self._warned_nonfinite = True
+                warnings.warn(f"ManifoldMuon: skipped {skipped} matrix update(s) with a non-finite gradient or "
+                              "update (counted in last_stats['n_skipped_nonfinite']; warned once)", RuntimeWarning,
+                              stacklevel=2)
+        self.last_stats = self._aggregate(stats, skipped)
+        return loss
+
+    @staticmethod
+    def _batch_key(it: _Item) -> tuple:
+        g, m = it.group, it.manifold
+        tall = to_tall(it.update).shape
+        mkey = (type(m), getattr(m, "polar_method", None)) if type(m).__module__.startswith("manifolds") else id(m)
+        return (mkey, tuple(tall[-2:]), it.p.dtype, it.p.device, g["solver"], repr(sorted(g["solver_options"].items())),
+                g["warm_start"], g["msign_method"], g["msign_steps"], g["msign_dtype"])
+
+    def _batches(self, items: list[_Item]) -> list[list[_Item]]:
+        out: dict[tuple, list[_Item]] = {}
+        for it in items:
+            out.setdefault(self._batch_key(it), []).append(it)
+        return list(out.values())
+
+    def _solve_and_apply(self, batch: list[_Item], stats: torch.Tensor) -> None:
+        g0, m = batch[0].group, batch[0].manifold
+        euclid = mask_kind(m) == "euclidean"
+        # solve in tall form, one batch of (k, m, n) matrices
+        U = torch.cat([to_tall(it.update).reshape(-1, *to_tall(it.update).shape[-2:]) for it in batch])
+        sizes = [to_tall(it.update).reshape(-1, *to_tall(it.update).shape[-2:]).shape[0] for it in batch]
+        col = {f: _STAT_FIELDS.index(f) for f in _STAT_FIELDS}
+        if euclid:
+            A = msign(U, g0["msign_method"], steps=g0["msign_steps"], compute_dtype=g0["msign_dtype"])
+            st = {"msign_calls": torch.ones(len(U)), "residual": torch.zeros(len(U)), "converged": torch.ones(len(U))}
+        else:
+            W = torch.cat([to_tall(_plain(it.p)).reshape(-1, *to_tall(it.p).shape[-2:]) for it in batch])
+            opts = {"msign": g0["msign_method"], "msign_steps": g0["msign_steps"], "msign_dtype": g0["msign_dtype"]}
+            opts = {k: v for k, v in opts.items() if k in SOLVER_OPTIONS[g0["solver"]] and g0["solver"] != "published"}
+            opts.update(g0["solver_options"])
+            duals = [self.state[it.p].get("dual") for it in batch]
+            if g0["warm_start"] and g0["solver"] == "gram_newton" and all(d is not None for d in duals):
+                opts["dual"] = torch.cat([d.reshape(-1, *d.shape[-2:]) for d in duals]).double()
+            A, st = spectral_direction(m, W, U, solver=g0["solver"], **opts)
+        start = 0
+        for it, k in zip(batch, sizes):
+            sl = slice(start, start + k)
+            start += k
+            row = stats[it.index]
+            for f in ("msign_calls", "residual", "dual_gap", "converged"):
+                if st.get(f) is not None:
+                    row[col[f]] = float(st[f][sl].double().max()) if f != "converged" else float(st[f][sl].double().min())
+            a = from_tall(A[sl].reshape(to_tall(it.update).shape), like=it.update)
+            lr = it.group["lr"]
+            if euclid:
+                rows, cols = it.update.shape[-2:]
+                scale = max(1.0, rows / cols) ** 0.5 if it.group["shape_scale"] == "muon" else 1.0
+                new = it.p.reshape(it.update.shape) * (1 - lr * it.group["weight_decay"]) - (lr * scale) * a.to(it.p.dtype)
+                new = new.reshape(it.p.shape)
+            elif bool(torch.isfinite(a).all()):
+                try:
+                    new = m.retr(_plain(it.p), -lr * a.to(it.p.dtype))
+                except (ValueError, RuntimeError):  # e.g. DGram refusing a zero column
+                    new = a.new_full(a.shape, float("nan"))
+            else:
+                new = a
+            if not bool(torch.isfinite(new).all()):
+                row[col["skipped"]] = 1
+            else:
+                it.p.copy_(new)
+                if not euclid:
+                    row[col["off_manifold"]] = float(m.constraint_violation(_plain(it.p)).max())
+                    if it.group["solver"] == "gram_newton" and it.group["warm_start"] and st.get("dual") is not None:
+                        d = st["dual"][sl]
+                        self.state[it.p]["dual"] = d.reshape(*to_tall(it.p).shape[:-2], *d.shape[-2:]).to(it.p.dtype)
+            row[col["has_dual"]] = float("dual" in self.state[it.p])
+
+    def _share(self, items: list[_Item], stats: torch.Tensor, world: int) -> None:
+        """Broadcast each matrix's new weights and dual variable from its owner; sum the stats."""
+        for it in items:
+            owner = it.index % world
+            dist.broadcast(it.p.data, src=owner)
+            if it.group["solver"] == "gram_newton" and it.group["warm_start"] and mask_kind(it.manifold) != "euclidean":
+                st = self.state[it.p]
+                if "dual" not in st:  # first step on a non-owner: allocate the buffer to receive into
+                    n = min(it.p.shape[-2:])
+                    st["dual"] = torch.zeros(*it.p.shape[:-2], n, n, dtype=it.p.dtype, device=it.p.device)
+                dist.broadcast(st["dual"], src=owner)
+        mine = torch.tensor([it.index % world == dist.get_rank() for it in items], dtype=torch.bool)
+        local = torch.where(mine[:, None], stats, torch.zeros_like(stats))
+        local = torch.nan_to_num(local, nan=-1.0)  # nan (unknown gap) travels as -1
+        buf = local.to(_comm_device())
+        dist.all_reduce(buf)
+        out = buf.cpu()
+        out[:, _STAT_FIELDS.index("dual_gap")] = torch.where(out[:, _STAT_FIELDS.index("dual_gap")] == -1,
+                                                             torch.nan, out[:, _STAT_FIELDS.index("dual_gap")])
+        stats.copy_(out)
+        for it in items:  # drop receive buffers where the owner kept no dual (skipped update)
+            if stats[it.index, _STAT_FIELDS.index("has_dual")] == 0:
+                self.state[it.p].pop("dual", None)
+
+    def _aggregate(self, stats: torch.Tensor, skipped: int) -> dict:
+        c = {f: stats[:, i] for i, f in enumerate(_STAT_FIELDS)}
+        n = stats.shape[0]
+        gaps = c["dual_gap"][~torch.isnan(c["dual_gap"])]
+        return {
+            "n_matrices": n,
+            "msign_calls": int(c["msign_calls"].sum()),
+            "iterations_max": int(c["msign_calls"].max()) if n else 0,
+            "residual_max": float(c["residual"].max()) if n else 0.0,
+            "residual_mean": float(c["residual"].mean()) if n else 0.0,
+            "dual_gap_max": float(gaps.max()) if gaps.numel() else None,
+            "n_unconverged": int((c["converged"] < 1).sum()),
+            "off_manifold_max": float(c["off_manifold"].max()) if n else 0.0,
+            "n_skipped_nonfinite": skipped,
+            "n_skipped_nonfinite_total": self.n_skipped_nonfinite_total,
+        }
+
+    # ------------------------------------------------------------------ state
+    def state_dict(self) -> dict:
+        """Like `torch.optim.Optimizer.state_dict`, with each group's manifold replaced by its class
+        name (so ``torch.load(weights_only=True)`` works) and the skip counter added."""
+        sd = super().state_dict()
+        for g in sd["param_groups"]:
+            m = g.get("manifold")
+            g["manifold"] = None if m is None else type(m).__name__
+            if g.get("msign_dtype") is not None:
+                g["msign_dtype"] = str(g["msign_dtype"])
+            g["solver_options"] = {k: (str(v) if isinstance(v, torch.dtype) else v) for k, v in g["solver_options"].items()}
+        sd["n_skipped_nonfinite_total"] = self.n_skipped_nonfinite_total
+        return sd
+
+    def load_state_dict(self, state_dict: dict) -> None:
+        """Restore momentum, dual variables and hyperparameters; manifolds stay those of this optimizer
+        (a saved group whose manifold class differs is refused)."""
+        state_dict = dict(state_dict)
+        total = state_dict.pop("n_skipped_nonfinite_total", 0)
+        groups = []
+        for saved, live in zip(state_dict["param_groups"], self.param_groups):
+            want = None if live["manifold"] is None else type(live["manifold"]).__name__
+            if saved.get("manifold") != want:
+                raise ValueError(f"state_dict param group has manifold {saved.get('manifold')!r}, this optimizer has {want!r}")
+            saved = dict(saved, manifold=live["manifold"], msign_dtype=live["msign_dtype"],
+                         solver_options={**saved.get("solver_options", {}),
+                                         **{k: v for k, v in live["solver_options"].items() if isinstance(v, torch.dtype)}})
+            groups.append(saved)
+        state_dict["param_groups"] = groups
+        super().load_state_dict(state_dict)
+        self.n_skipped_nonfinite_total = int(total)
+
+
+def _comm_device() -> torch.device:
+    backend = dist.get_backend() if dist.is_initialized() else "gloo"
+    return torch.device("cuda", torch.cuda.current_device()) if backend == "nccl" else torch.device("cpu")
