@@ -135,7 +135,7 @@ def _normalise(G: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
 
 # ---------------------------------------------------------------------------------------- entry
 def spectral_direction(manifold: GramManifold, W: torch.Tensor, G: torch.Tensor, *, solver: str = DEFAULT_SOLVER,
-                       **options) -> tuple[torch.Tensor, dict]:
+                       **options: object) -> tuple[torch.Tensor, dict]:
     r"""Unit-spectral-norm tangent direction maximising $\langle G, A\rangle$ at ``W``.
 
     Args:

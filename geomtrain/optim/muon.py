@@ -40,6 +40,7 @@ of the directions), ``dual_gap_max`` (relative, where the solver knows it, else 
 from __future__ import annotations
 
 import warnings
+from typing import Iterable
 from dataclasses import dataclass
 
 import geoopt
@@ -87,13 +88,14 @@ class ManifoldMuon(torch.optim.Optimizer):
         warm_start: start each solve from the matrix's previous dual variable.
         shape_scale: ``"muon"`` ($\sqrt{\max(1, \text{rows}/\text{cols})}$) or ``"none"``, for
             Euclidean matrices.
-        msign_method, msign_steps, msign_dtype: the matrix sign of Euclidean matrices (default:
-            5 Polar Express steps in the parameter's dtype, as Muon).
+        msign_method: the matrix sign of Euclidean matrices (default Polar Express, as Muon).
+        msign_steps: its iterations (default 5).
+        msign_dtype: its compute dtype (default: the parameter's).
         manifold: the manifold of groups that do not set one (default ``None``: from a geoopt
             ``ManifoldParameter``, else Euclidean).
     """
 
-    def __init__(self, params, lr: float = 0.02, momentum: float = 0.95, nesterov: bool = True,
+    def __init__(self, params: Iterable, lr: float = 0.02, momentum: float = 0.95, nesterov: bool = True,
                  weight_decay: float = 0.0, solver: str = DEFAULT_SOLVER, solver_options: dict | None = None,
                  warm_start: bool = True, shape_scale: str = "muon", msign_method: str = "polar_express",
                  msign_steps: int = 5, msign_dtype: torch.dtype | None = None, manifold: GramManifold | None = None):
