@@ -63,6 +63,11 @@ def from_tall(t: torch.Tensor, like: torch.Tensor) -> torch.Tensor:
     return t.mT if is_wide(like) else t
 
 
+def _size_tuple(size: tuple) -> tuple:
+    """``random(3, 4)`` and ``random((3, 4))`` both mean shape ``(3, 4)``."""
+    return tuple(size[0]) if len(size) == 1 and isinstance(size[0], (tuple, list, torch.Size)) else tuple(size)
+
+
 def _sym(M: torch.Tensor) -> torch.Tensor:
     return 0.5 * (M + M.mT)
 
@@ -206,7 +211,7 @@ class GramManifold(geoopt.Manifold, metaclass=abc.ABCMeta):
         Generic points of $\mathcal M_P$ come from $\operatorname{projx}(Q D)$ ($Q$ polar of a
         Gaussian, $D$ diagonal with log-normal entries) moved along a random tangent direction.
         """
-        size = size[0] if len(size) == 1 and isinstance(size[0], (tuple, list, torch.Size)) else size
+        size = _size_tuple(size)
         dtype = dtype or torch.get_default_dtype()
         Q = polar(torch.randn(*size, dtype=dtype, device=device, generator=generator), "svd")
         k = min(size[-2], size[-1])
@@ -217,7 +222,7 @@ class GramManifold(geoopt.Manifold, metaclass=abc.ABCMeta):
 
     def origin(self, *size, dtype=None, device=None, seed=42):
         """A deterministic point: the rectangular identity (on every Gram-space manifold)."""
-        size = size[0] if len(size) == 1 and isinstance(size[0], (tuple, list, torch.Size)) else size
+        size = _size_tuple(size)
         eye = torch.eye(size[-2], size[-1], dtype=dtype or torch.get_default_dtype(), device=device)
         return eye.expand(*size).clone()
 

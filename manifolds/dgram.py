@@ -23,7 +23,7 @@ from __future__ import annotations
 
 import torch
 
-from .base import GramManifold, _SUPPORTED_DTYPES, from_tall, to_tall
+from .base import GramManifold, _size_tuple, _SUPPORTED_DTYPES, from_tall, to_tall
 from .matrix_sign import polar
 
 __all__ = ["DGram"]
@@ -74,7 +74,7 @@ class DGram(GramManifold):
 
     def random(self, *size, dtype=None, device=None, generator=None):
         """Polar factor of a Gaussian with log-normal column norms ``exp(N(0, 0.5^2))``."""
-        size = size[0] if len(size) == 1 and isinstance(size[0], (tuple, list, torch.Size)) else size
+        size = _size_tuple(size)
         Q = polar(torch.randn(*size, dtype=dtype, device=device, generator=generator), "svd")
         T = to_tall(Q)
         d = torch.exp(0.5 * torch.randn(*T.shape[:-2], 1, T.shape[-1], dtype=T.dtype, device=device, generator=generator))

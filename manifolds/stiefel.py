@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import torch
 
-from .base import GramManifold, _sym, from_tall, to_tall
+from .base import GramManifold, _size_tuple, _sym, from_tall, to_tall
 from .matrix_sign import polar
 
 __all__ = ["Stiefel"]
@@ -38,5 +38,5 @@ class Stiefel(GramManifold):
 
     def random(self, *size, dtype=None, device=None, generator=None):
         """Polar factor of a Gaussian matrix (Haar-distributed)."""
-        size = size[0] if len(size) == 1 and isinstance(size[0], (tuple, list, torch.Size)) else size
+        size = _size_tuple(size)
         return polar(torch.randn(*size, dtype=dtype, device=device, generator=generator), "svd")
