@@ -183,3 +183,14 @@ def test_every_config_field_is_documented():
     text = (Path(__file__).parent.parent / "docs" / "training.md").read_text()
     missing = [f.name for f in dataclasses.fields(TrainConfig) if f"`{f.name}`" not in text]
     assert not missing, f"document these TrainConfig fields in docs/training.md: {missing}"
+
+
+def test_sample_generates_text_from_a_run(data_dir, tmp_path, capsys):
+    train(_cfg(data_dir, tmp_path / "s", preset="adamw", max_iters=2, eval_interval=2), print_fn=lambda *a: None)
+    capsys.readouterr()
+    assert cli_main(["sample", str(tmp_path / "s"), "--prompt", "KING", "--max-new-tokens", "5", "--seed", "1"]) == 0
+    first = capsys.readouterr().out
+    assert first.startswith("KING") and len(first) > len("KING")
+    cli_main(["sample", str(tmp_path / "s"), "--prompt", "KING", "--max-new-tokens", "5", "--seed", "1"])
+    assert capsys.readouterr().out == first  # seeded: reproducible
+    assert cli_main(["sample", str(tmp_path / "nothing")]) == 2
