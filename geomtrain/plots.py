@@ -70,7 +70,7 @@ def _label(variant: dict) -> str:
     return variant.get("label") or variant["name"]
 
 
-def save(fig: Figure | None, path: str | Path, dpi: int = 100, compact: bool = True) -> Path | None:
+def save(fig: Figure | None, path: str | Path, dpi: int = 90, compact: bool = True) -> Path | None:
     """Write ``fig`` as a PNG (parent folders created); ``None`` passes through.
 
     ``compact``: quantise to a 256-colour palette (Pillow) -- line plots look the same and the
@@ -188,7 +188,12 @@ def _positive(ax) -> bool:
     ys = np.concatenate([np.asarray(line.get_ydata(), dtype=float) for line in ax.get_lines()] or [np.array([])])
     ys = ys[np.isfinite(ys)]
     if len(ys) and ys.min() > 0 and ys.max() / ys.min() > 10:
+        from matplotlib.ticker import FuncFormatter, NullFormatter
+
         ax.set_yscale("log")
+        plain = FuncFormatter(lambda y, _: f"{y:g}")
+        ax.yaxis.set_major_formatter(plain)
+        ax.yaxis.set_minor_formatter(plain if ys.max() / ys.min() < 30 else NullFormatter())
         return True
     return False
 
@@ -357,19 +362,23 @@ def mechanism(summary: dict, variants: Iterable[str] | None = None) -> Figure | 
         chosen = [v for v in allv if _dgram_attention(v)]
         if not chosen:
             return None
-        chosen += [v for v in allv if v["name"] in ("hetero", "all-stiefel", "unconstrained") and v not in chosen]
+        refs = [v for v in allv if (v.get("base") or v["name"]) in ("hetero", "all-stiefel", "unconstrained")]
+        swept = [v["sweep"]["value"] for v in refs if v.get("sweep")]
+        if swept:  # references at the shared value and at the largest swept value
+            refs = [v for v in refs if not v.get("sweep") or v["name"] == v.get("base") or v["sweep"]["value"] == max(swept)]
+        chosen += [v for v in refs if v not in chosen]
     else:
         wanted = set(variants)
         chosen = [v for v in allv if v["name"] in wanted]
     sub = {**summary, "variants": chosen}
-    fig = Figure(figsize=(15, 8), layout="constrained")
+    fig = Figure(figsize=(17, 8), layout="constrained")
     axes = fig.subplots(2, 3).ravel()
     panels = (
         ("qk_product", "max", r"$\sigma_{\max}(W_Q)\,\sigma_{\max}(W_K)$ (max over layers)"),
         ("max_abs_logit", "max", "max |attention logit|"),
         ("mean_entropy", "min", "mean row entropy, min over layers"),
         ("jacobian_norm", "min", "softmax Jacobian norm, min over layers"),
-        ("grad:attn_qk", "min", r"$\|\nabla_{W_Q, W_K} L\|_F$, min over layers"),
+        ("grad:attn_qk", "mean", r"$\|\nabla_{W_Q, W_K} L\|_F$ (before clipping), mean over layers"),
     )
     for ax, (key, how, title) in zip(axes, panels):
         drawn = False
@@ -380,7 +389,9 @@ def mechanism(summary: dict, variants: Iterable[str] | None = None) -> Figure | 
         if key in ("qk_product", "max_abs_logit", "grad:attn_qk"):
             _positive(ax)
         ax.set(xlabel="step", title=title)
-    _legend(axes[0], fontsize=8)
+    handles, labels = axes[0].get_legend_handles_labels()
+    if handles:
+        fig.legend(handles, labels, loc="outside right upper", fontsize=8)
     ax = axes[5]
     for v in chosen:
         xs, ys = [], []

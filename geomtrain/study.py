@@ -719,8 +719,9 @@ def read_run(run_dir: Path, max_train_points: int = 100) -> dict:
         att = sorted(d.get("attention", []), key=lambda a: a.get("layer", 0))
         for f in diag["attention"]:
             diag["attention"][f].append(_round([a.get(f) for a in att], 4))
-    for f in ("sigma_max", "grad_norm"):
-        diag[f] = {k: v for k, v in diag[f].items() if any(any(x is not None for x in row) for row in v)}
+    keep = {"sigma_max": ("attn_q", "attn_k", "attn_out", "mlp_in", "mlp_out"), "grad_norm": ("attn_q", "attn_k")}
+    for f in ("sigma_max", "grad_norm"):  # what the figures and tables use (keeps summary.json small)
+        diag[f] = {k: v for k, v in diag[f].items() if k in keep[f] and any(any(x is not None for x in row) for row in v)}
     st = status.get("status", "missing")
     muon = [m["muon"] for m in trains if isinstance(m.get("muon"), dict)]
     skipped = max((m.get("n_skipped_nonfinite_total") or 0 for m in muon), default=None)

@@ -65,7 +65,8 @@ def test_smoke_study_report_and_resume(data_dir, tmp_path, capsys):
     assert rows["adamw"]["vs_adamw"] == 1.0 and rows["hetero"]["vs_adamw"] > 0
     hetero = [r for r in summary["runs"] if r["variant"] == "hetero"][0]
     assert hetero["eval"]["step"] == [3, 6] and len(hetero["diag"]["attention"]["mean_entropy"][0]) == 2
-    assert max(hetero["diag"]["sigma_max"]["attn_in"][-1]) == pytest.approx(1.0, abs=1e-3)  # Stiefel attention
+    assert max(hetero["diag"]["sigma_max"]["attn_out"][-1]) == pytest.approx(1.0, abs=1e-3)  # Stiefel attention
+    assert max(hetero["diag"]["sigma_max"]["attn_q"][-1]) <= 1.0 + 1e-3
     csv_lines = (out / "results.csv").read_text().splitlines()
     assert csv_lines[0].startswith("variant,label,attention,mlp") and len(csv_lines) == 3
     assert "| hetero | stiefel | dgram |" in (out / "results.md").read_text()
