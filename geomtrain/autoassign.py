@@ -114,15 +114,19 @@ def probe(base: Mapping, rules: list[str], out_dir: Path, seed: int, probe_iters
     status_path = out_dir / "status.json"
     status = json.loads(status_path.read_text()) if status_path.exists() else None
     old_cfg = json.loads((out_dir / "config.json").read_text()) if (out_dir / "config.json").exists() else None
-    reusable = (status is not None and old_cfg is not None
-                and {k: v for k, v in old_cfg.items() if k != "progress"} == {k: v for k, v in cfg.to_dict().items() if k != "progress"}
+    ignore = ("progress", "out_dir")
+    same = old_cfg is not None and ({k: v for k, v in old_cfg.items() if k not in ignore}
+                                    == {k: v for k, v in cfg.to_dict().items() if k not in ignore})
+    reusable = (status is not None and same
                 and (status.get("status") in ("diverged", "failed") or status.get("step", 0) >= probe_iters))
     if not reusable:
-        resume = (out_dir / "ckpt.pt").exists() and old_cfg is not None and old_cfg.get("rules") == list(rules)
+        resume = (out_dir / "ckpt.pt").exists() and same
         if not resume:
             for name in ("metrics.jsonl", "diagnostics.jsonl", "status.json", "ckpt.pt"):
                 (out_dir / name).unlink(missing_ok=True)
         status = train(cfg, resume=resume, print_fn=lambda *a, **k: None)
+        if status.get("status") == "interrupted" and status.get("step", 0) < probe_iters:
+            raise KeyboardInterrupt  # Ctrl-C inside a probe: stop the search, never decide on a cut-short probe
     evals = [m for m in _read_jsonl(out_dir / "metrics.jsonl") if m.get("kind") == "eval"]
     diags = _read_jsonl(out_dir / "diagnostics.jsonl")
     last = diags[-1] if diags else {}

@@ -557,9 +557,13 @@ def run_study(study: StudyPlan, print_fn: Callable = print, report_after: bool =
 
         opts = study.options
         granularity = opts.get("granularity", "module")
-        result = propose(study.base, study.runs_dir / "_probes" / f"{granularity}-s{study.seeds[0]}", seed=study.seeds[0],
-                         probe_iters=opts.get("probe_iters"), granularity=granularity,
-                         print_fn=print_fn)
+        try:
+            result = propose(study.base, study.runs_dir / "_probes" / f"{granularity}-s{study.seeds[0]}", seed=study.seeds[0],
+                             probe_iters=opts.get("probe_iters"), granularity=granularity,
+                             print_fn=print_fn)
+        except KeyboardInterrupt:
+            print_fn("interrupted during the probes: run the same command again to continue")
+            return 130
         _write_json(study.out / "autoassign.json", result)
         record["autoassign"] = {k: result[k] for k in ("choice", "rules", "matches_preset", "probe_steps")}
         record["timing"]["total_s"] = record["timing"].get("total_s", 0.0) + (time.time() - t_start)

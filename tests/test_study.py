@@ -5,7 +5,6 @@ import json
 import math
 import random
 import shutil
-from pathlib import Path
 
 import numpy as np
 import pytest
