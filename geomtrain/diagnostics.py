@@ -31,7 +31,7 @@ import torch
 
 from manifolds import Euclidean, to_tall
 
-__all__ = ["matrix_stats", "softmax_row_stats", "attention_stats", "collect_diagnostics", "gradient_norms", "module_kind"]
+__all__ = ["matrix_stats", "softmax_row_stats", "attention_stats", "collect_diagnostics", "gradient_norms", "module_kind", "jsonable"]
 
 
 def module_kind(name: str) -> str:
@@ -133,7 +133,7 @@ def collect_diagnostics(
     out = {"matrices": rows}
     if idx is not None:
         out["attention"] = attention_stats(model, idx)
-    return _finite(out)
+    return jsonable(out)
 
 
 def gradient_norms(model, assignments: Sequence) -> dict[str, float]:
@@ -152,12 +152,14 @@ def gradient_norms(model, assignments: Sequence) -> dict[str, float]:
     return out
 
 
-def _finite(obj):
-    """Replace non-finite floats by None so the record is valid JSON."""
+def jsonable(obj):
+    """A JSON-ready copy: tensors become numbers or lists, non-finite floats become None."""
     if isinstance(obj, dict):
-        return {k: _finite(v) for k, v in obj.items()}
-    if isinstance(obj, list):
-        return [_finite(v) for v in obj]
+        return {str(k): jsonable(v) for k, v in obj.items()}
+    if isinstance(obj, (list, tuple)):
+        return [jsonable(v) for v in obj]
+    if isinstance(obj, torch.Tensor):
+        return jsonable(obj.item() if obj.numel() == 1 else obj.tolist())
     if isinstance(obj, float) and not math.isfinite(obj):
         return None
     return obj

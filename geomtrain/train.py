@@ -26,9 +26,10 @@ import platform
 import signal
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 import numpy as np
 import torch
@@ -37,7 +38,7 @@ import torch.distributed as dist
 from . import data as gdata
 from .assign import assign, format_table
 from .config import TrainConfig
-from .diagnostics import collect_diagnostics, gradient_norms
+from .diagnostics import collect_diagnostics, gradient_norms, jsonable
 from .model import GPT, model_config
 
 __all__ = ["train", "lr_at", "build_optimizers", "resolve_device", "load_checkpoint", "environment_info"]
@@ -91,22 +92,22 @@ def environment_info(device: torch.device, seed: int) -> dict:
     return info
 
 
-def _atomic_write_text(path: Path, text: str) -> None:
+def _atomic_write(path: Path, write: Callable[[Any], None]) -> None:
+    """``write(fh)`` into a temporary binary file, fsync, then rename over ``path``."""
     tmp = path.with_name(path.name + ".tmp")
-    with open(tmp, "w") as fh:
-        fh.write(text)
+    with open(tmp, "wb") as fh:
+        write(fh)
         fh.flush()
         os.fsync(fh.fileno())
     os.replace(tmp, path)
+
+
+def _atomic_write_text(path: Path, text: str) -> None:
+    _atomic_write(path, lambda fh: fh.write(text.encode()))
 
 
 def _atomic_save(obj: Any, path: Path) -> None:
-    tmp = path.with_name(path.name + ".tmp")
-    with open(tmp, "wb") as fh:
-        torch.save(obj, fh)
-        fh.flush()
-        os.fsync(fh.fileno())
-    os.replace(tmp, path)
+    _atomic_write(path, lambda fh: torch.save(obj, fh))
 
 
 def build_optimizers(model: torch.nn.Module, assignments, cfg: TrainConfig):
@@ -161,7 +162,7 @@ class _Interrupt:
         self._previous = None
 
     def __enter__(self):
-        if threading_is_main():
+        if threading.current_thread() is threading.main_thread():  # signals only work there
             self._previous = signal.signal(signal.SIGINT, self._handle)
         return self
 
@@ -173,12 +174,6 @@ class _Interrupt:
     def __exit__(self, *exc) -> None:
         if self._previous is not None:
             signal.signal(signal.SIGINT, self._previous)
-
-
-def threading_is_main() -> bool:
-    import threading
-
-    return threading.current_thread() is threading.main_thread()
 
 
 # ----------------------------------------------------------------------------- the run
@@ -416,7 +411,7 @@ def train(cfg: TrainConfig, resume: bool = False, assignments=None, print_fn=pri
             record = {"kind": "train", "step": run.step, "loss": loss, "lr": lr, "muon_lr": muon_lr,
                       "ms_per_step": 1000 * dt, "tokens_per_s": tokens_per_step / dt}
             if run.muon is not None and getattr(run.muon, "last_stats", None):
-                record["muon"] = _jsonable(run.muon.last_stats)
+                record["muon"] = jsonable(run.muon.last_stats)
             if run.step % cfg.log_interval == 0 or run.step == cfg.max_iters:
                 run.log(record)
             if progress is not None:
@@ -458,14 +453,3 @@ def train(cfg: TrainConfig, resume: bool = False, assignments=None, print_fn=pri
         print_fn(f"{status['status']} at step {status['step']}: val loss {run.last_val} (best {_finite_or_none(run.best_val)}); outputs in {out}")
     return status
 
-
-def _jsonable(obj):
-    if isinstance(obj, dict):
-        return {str(k): _jsonable(v) for k, v in obj.items()}
-    if isinstance(obj, (list, tuple)):
-        return [_jsonable(v) for v in obj]
-    if isinstance(obj, torch.Tensor):
-        return obj.item() if obj.numel() == 1 else obj.tolist()
-    if isinstance(obj, float) and not math.isfinite(obj):
-        return None
-    return obj
