@@ -541,16 +541,22 @@ def ensure_data(data_dir: str | Path, tokenizer: str | None, dataset: str = "cla
     gdata.prepare(data_dir, dataset=dataset, tokenizer=tokenizer)
 
 
-def run_study(study: StudyPlan, print_fn: Callable = print, report_after: bool = True, drop_checkpoints: bool = False) -> int:
+def run_study(study: StudyPlan, print_fn: Callable = print, report_after: bool = True, drop_checkpoints: bool = False,
+              workers: int = 1, threads: int | None = None) -> int:
     """Train every (variant, seed) not already done, then write the report. Returns an exit code
-    (0 done, 130 interrupted)."""
+    (0 done, 130 interrupted).
+
+    ``workers > 1`` trains that many runs at once, each in its own process with ``threads`` torch
+    threads (default: CPU count // workers). Every run is seeded and independent, so the results
+    are the same as with one worker; only ms/step reflects the shared machine.
+    """
     study.out.mkdir(parents=True, exist_ok=True)
     study_path = study.out / "study.json"
     previous = _read_json(study_path)
     _check_previous(study, previous)
     record = _study_record(study, previous)
     _write_json(study_path, record)
-    t_start = time.time()
+    t_start = t_invocation = time.time()
 
     if study.suite == "autoassign":
         from .autoassign import propose
@@ -580,52 +586,152 @@ def run_study(study: StudyPlan, print_fn: Callable = print, report_after: bool =
         from .assign import PRESETS
 
         jobs.sort(key=lambda job: job[0].name in PRESETS)
-    code = 0
-    try:
-        for i, (v, seed) in enumerate(jobs, 1):
-            cfg, custom = study.config(v, seed)
-            run_dir = study.run_dir(v, seed)
-            state = run_state(run_dir, cfg)
-            tag = f"[{i}/{len(jobs)}] {v.name} seed {seed}"
-            if state == "done":
-                st = _read_json(run_dir / "status.json", {})
-                print_fn(f"{tag}: already {st.get('status')} (skipped)")
-                continue
-            lock = RunLock(run_dir)
-            holder = lock.acquire()
-            if holder is not None:
-                print_fn(f"{tag}: being trained by another process (pid {holder}); skipped, rerun later to include it")
-                continue
-            try:
-                state = run_state(run_dir, cfg)  # again, now that the folder is ours
-                if state == "done":
-                    continue
-                print_fn(f"{tag}: {'resuming' if state == 'resume' else 'training'} ...")
-                t0 = time.time()
-                status = train_one(cfg, custom, state, print_fn)
-                wall = time.time() - t0
-            finally:
-                lock.release()
-            key = f"{v.name}/s{seed}"
-            record["timing"]["runs"][key] = record["timing"]["runs"].get(key, 0.0) + wall
-            record["timing"]["total_s"] = record["timing"].get("total_s", 0.0) + wall
-            record["updated"] = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
-            _write_json(study_path, record)
-            print_fn(f"{tag}: {_status_line(status)} in {wall:.0f} s")
-            if drop_checkpoints and status.get("status") in _TERMINAL:
-                (run_dir / "ckpt.pt").unlink(missing_ok=True)
-            if status.get("status") == "interrupted" and cfg.stop_after is None:
-                print_fn("interrupted: run the same command again to continue")
-                code = 130
-                break
-    except KeyboardInterrupt:
-        print_fn("interrupted: run the same command again to continue")
-        code = 130
+    if workers > 1:
+        code = _run_parallel(study, jobs, record, workers, threads, print_fn, drop_checkpoints)
+    else:
+        code = _run_sequential(study, jobs, record, print_fn, drop_checkpoints)
+    record["timing"]["elapsed_s"] = record["timing"].get("elapsed_s", 0.0) + (time.time() - t_invocation)
+    record["timing"].setdefault("workers", []).append(workers)
+    _write_json(study_path, record)
     if report_after:
         summary = collect(study.out)
         written = write_report(summary, study.out)
         print_fn(format_table(summary["table"]))
         print_fn(f"report: {', '.join(p.name for p in written)} in {study.out}")
+    return code
+
+
+def _claim(study: StudyPlan, v: Variant, seed: int, tag: str, print_fn: Callable):
+    """Config, state and lock for a run that still needs training, or ``None`` (done or busy)."""
+    cfg, custom = study.config(v, seed)
+    run_dir = study.run_dir(v, seed)
+    if run_state(run_dir, cfg) == "done":
+        print_fn(f"{tag}: already {_read_json(run_dir / 'status.json', {}).get('status')} (skipped)")
+        return None
+    lock = RunLock(run_dir)
+    holder = lock.acquire()
+    if holder is not None:
+        print_fn(f"{tag}: being trained by another process (pid {holder}); skipped, rerun later to include it")
+        return None
+    state = run_state(run_dir, cfg)  # again, now that the folder is ours
+    if state == "done":
+        lock.release()
+        return None
+    print_fn(f"{tag}: {'resuming' if state == 'resume' else 'training'} ...")
+    return cfg, custom, state, lock
+
+
+def _record_run(study: StudyPlan, record: dict, v: Variant, seed: int, tag: str, status: dict, wall: float,
+                print_fn: Callable, drop_checkpoints: bool) -> None:
+    key = f"{v.name}/s{seed}"
+    record["timing"]["runs"][key] = record["timing"]["runs"].get(key, 0.0) + wall
+    record["timing"]["total_s"] = record["timing"].get("total_s", 0.0) + wall
+    record["updated"] = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
+    _write_json(study.out / "study.json", record)
+    print_fn(f"{tag}: {_status_line(status)} in {wall:.0f} s")
+    if drop_checkpoints and status.get("status") in _TERMINAL:
+        (study.run_dir(v, seed) / "ckpt.pt").unlink(missing_ok=True)
+
+
+def _interrupted(status: dict, cfg) -> bool:
+    return status.get("status") == "interrupted" and cfg.stop_after is None
+
+
+def _run_sequential(study: StudyPlan, jobs: list, record: dict, print_fn: Callable, drop_checkpoints: bool) -> int:
+    try:
+        for i, (v, seed) in enumerate(jobs, 1):
+            tag = f"[{i}/{len(jobs)}] {v.name} seed {seed}"
+            claimed = _claim(study, v, seed, tag, print_fn)
+            if claimed is None:
+                continue
+            cfg, custom, state, lock = claimed
+            try:
+                t0 = time.time()
+                status = train_one(cfg, custom, state, print_fn)
+                wall = time.time() - t0
+            finally:
+                lock.release()
+            _record_run(study, record, v, seed, tag, status, wall, print_fn, drop_checkpoints)
+            if _interrupted(status, cfg):
+                print_fn("interrupted: run the same command again to continue")
+                return 130
+    except KeyboardInterrupt:
+        print_fn("interrupted: run the same command again to continue")
+        return 130
+    return 0
+
+
+def _worker_init(threads: int) -> None:
+    import torch
+
+    torch.set_num_threads(threads)
+
+
+def _train_in_worker(cfg, custom: dict, state: str) -> tuple[dict, float]:
+    t0 = time.time()
+    status = train_one(cfg, custom, state, print_fn=lambda *a, **k: None)
+    return status, time.time() - t0
+
+
+def _run_parallel(study: StudyPlan, jobs: list, record: dict, workers: int, threads: int | None,
+                  print_fn: Callable, drop_checkpoints: bool) -> int:
+    """Up to ``workers`` runs at once in spawned processes; locks and the record stay here."""
+    import multiprocessing
+    from concurrent.futures import FIRST_COMPLETED, ProcessPoolExecutor, wait
+    from concurrent.futures.process import BrokenProcessPool
+
+    threads = threads or max(1, (os.cpu_count() or 1) // workers)
+    pending = list(enumerate(jobs, 1))
+    running: dict = {}
+    code = 0
+    pool = ProcessPoolExecutor(max_workers=workers, mp_context=multiprocessing.get_context("spawn"),
+                               initializer=_worker_init, initargs=(threads,))
+    try:
+        while pending or running:
+            while pending and len(running) < workers and code == 0:
+                i, (v, seed) = pending.pop(0)
+                tag = f"[{i}/{len(jobs)}] {v.name} seed {seed}"
+                claimed = _claim(study, v, seed, tag, print_fn)
+                if claimed is None:
+                    continue
+                cfg, custom, state, lock = claimed
+                try:
+                    future = pool.submit(_train_in_worker, cfg, custom, state)
+                except BaseException:
+                    lock.release()
+                    raise
+                running[future] = (v, seed, tag, cfg, lock)
+            if not running:
+                break
+            done, _ = wait(running, return_when=FIRST_COMPLETED)
+            for future in done:
+                v, seed, tag, cfg, lock = running.pop(future)
+                lock.release()
+                try:
+                    status, wall = future.result()
+                except BrokenProcessPool:  # a worker died (Ctrl-C between runs, out of memory)
+                    print_fn(f"{tag}: its worker process died; rerun the same command to continue")
+                    code = code or 130
+                    continue
+                _record_run(study, record, v, seed, tag, status, wall, print_fn, drop_checkpoints)
+                if _interrupted(status, cfg):
+                    code = 130
+            if code and not running:
+                break
+    except KeyboardInterrupt:  # the workers got the signal too: they checkpoint and return
+        code = 130
+        for future, (v, seed, tag, cfg, lock) in running.items():
+            try:
+                status, wall = future.result()
+                _record_run(study, record, v, seed, tag, status, wall, print_fn, drop_checkpoints)
+            except (KeyboardInterrupt, BrokenProcessPool):  # a second Ctrl-C, or the worker died
+                pass
+            finally:
+                lock.release()
+    finally:
+        pool.shutdown(wait=True, cancel_futures=True)
+    if code:
+        print_fn("interrupted: run the same command again to continue")
     return code
 
 
@@ -1185,7 +1291,10 @@ def _study_parser() -> argparse.ArgumentParser:
     p.add_argument("--config", default=None, metavar="FILE.toml", help="TOML with shared config keys")
     p.add_argument("--set", dest="sets", action="append", default=[], metavar="KEY=VALUE", help="shared config override (repeatable)")
     p.add_argument("--device", default="auto", help="auto | cpu | cuda | cuda:N | mps")
-    p.add_argument("--threads", type=int, default=None, help="torch CPU threads (default: torch's, i.e. OMP_NUM_THREADS)")
+    p.add_argument("--threads", type=int, default=None, help="torch CPU threads per run (default: torch's, i.e. "
+                   "OMP_NUM_THREADS; with --jobs: CPU count // jobs)")
+    p.add_argument("--jobs", type=int, default=1, help="runs trained at once, each in its own process (default: 1); "
+                   "results do not depend on it")
     p.add_argument("--probe-iters", type=int, default=None, help="autoassign: steps of each probe run (default: iters // 4)")
     p.add_argument("--granularity", default="module", help="autoassign: module | kind | layer (default: module)")
     p.add_argument("--drop-checkpoints", action="store_true", help="delete ckpt.pt of runs that are done (saves disk)")
@@ -1227,6 +1336,10 @@ def _cmd_study(argv: list[str]) -> int:
             raise StudyError(f"unknown preset {p!r}; valid: {', '.join(PRESETS)}")
     if args.granularity not in ("module", "kind", "layer"):
         raise StudyError(f"unknown granularity {args.granularity!r}; valid: module, kind, layer")
+    if args.jobs < 1:
+        raise StudyError(f"--jobs must be >= 1; got {args.jobs}")
+    if args.threads is not None and args.threads < 1:
+        raise StudyError(f"--threads must be >= 1; got {args.threads}")
     if args.iters is not None and args.iters < 1:
         raise StudyError(f"--iters must be >= 1; got {args.iters}")
     tokens = getattr(gdata, "TOKENIZERS", ("gpt2",))
@@ -1245,7 +1358,7 @@ def _cmd_study(argv: list[str]) -> int:
     tokenizer = args.tokenizer or _default_tokenizer()
     data_dir = args.data_dir or sets.get("data_dir") or toml.get("data_dir") or str(_default_data_dir(tokenizer))
     base = shared_config(args.model, args.iters, data_dir, args.device, toml, sets)
-    if args.threads:
+    if args.threads and args.jobs == 1:
         import torch
 
         torch.set_num_threads(args.threads)
@@ -1263,7 +1376,8 @@ def _cmd_study(argv: list[str]) -> int:
             print(f"  {v.name}: preset {v.preset}" + (f", rules {v.rules}" if v.rules else "") + (f", {v.overrides}" if v.overrides else ""))
         print("shared config: " + json.dumps(study.base))
         return 0
-    code = run_study(study, print_fn=say, report_after=not args.no_report, drop_checkpoints=args.drop_checkpoints)
+    code = run_study(study, print_fn=say, report_after=not args.no_report, drop_checkpoints=args.drop_checkpoints,
+                     workers=args.jobs, threads=args.threads)
     if args.quiet and not args.no_report:
         print(format_table(collect(study.out)["table"]))
     return code

@@ -52,6 +52,23 @@ def _check_matrix(X: torch.Tensor, name: str = "X") -> None:
         raise TypeError(f"{name} must be a floating tensor; got {X.dtype}")
 
 
+def _svd_factors(X: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Thin-SVD factors ``U, Vh`` of ``X``, retried in float64 when LAPACK fails to converge.
+
+    LAPACK's float32 divide-and-conquer SVD (``sgesdd``) can fail on matrices whose singular
+    values are all tightly clustered, exactly the near-orthogonal inputs of a Stiefel retraction
+    (seen in training: a 128x128 ``W + dW`` with every singular value in [1.0000, 1.0002]).
+    The float64 factorisation of the same matrix converges; its factors are returned in float64.
+    """
+    try:
+        U, _, Vh = torch.linalg.svd(X, full_matrices=False)
+    except torch.linalg.LinAlgError:
+        if X.dtype == torch.float64:
+            raise
+        U, _, Vh = torch.linalg.svd(X.double(), full_matrices=False)
+    return U, Vh
+
+
 def _polar_express(X: torch.Tensor, steps: int) -> torch.Tensor:
     """Odd quintic iteration on a wide matrix X (rows <= cols), already scaled to ||X||_op <= 1."""
     for k in range(steps):
@@ -100,9 +117,9 @@ def msign(
         if compute_dtype not in (torch.float32, torch.float64):
             compute_dtype = torch.float32
         Xc = X.to(compute_dtype)
-        U, _, Vh = torch.linalg.svd(Xc, full_matrices=False)
+        U, Vh = _svd_factors(Xc)
         is_zero = Xc.abs().amax(dim=(-2, -1), keepdim=True) == 0
-        return torch.where(is_zero, torch.zeros_like(Xc), U @ Vh).to(out_dtype)
+        return torch.where(is_zero, torch.zeros_like(Xc), (U @ Vh).to(compute_dtype)).to(out_dtype)
 
     n_steps = _DEFAULT_STEPS[method] if steps is None else int(steps)
     if n_steps < 0:

@@ -72,6 +72,43 @@ def test_polar_matches_svd_on_cpu():
     assert torch.allclose(polar(X), msign(X, "svd"), atol=1e-14)
 
 
+def test_svd_polar_survives_float32_lapack_failure():
+    # A real Stiefel retraction input from training (mini, all-stiefel, seed 1): W + dW for a
+    # 128x128 attn.c_proj, every singular value in [1.0000, 1.0002]. MKL's sgesdd fails to
+    # converge on it; polar() must retry in float64 instead of raising (which Manifold Muon counted
+    # as a skipped update). On a LAPACK where sgesdd converges this checks the plain path.
+    import pathlib
+
+    import numpy as np
+    X = torch.from_numpy(np.load(pathlib.Path(__file__).parent / "data" / "sgesdd_clustered_128.npz")["x"])
+    assert X.dtype == torch.float32
+    Q = Stiefel().retr(X, torch.zeros_like(X))
+    assert Q.dtype == torch.float32
+    # float32 orthonormality: 128 columns, rounding ~6e-8 each, measured 4.8e-7
+    assert (Q.mT @ Q - torch.eye(128)).abs().max() < 5e-6
+    assert (Q.double() - msign(X.double(), "svd")).abs().max() < 1e-5
+
+
+def test_svd_polar_retries_in_float64_when_lapack_fails(monkeypatch):
+    real_svd = torch.linalg.svd
+    calls = []
+
+    def flaky_svd(A, *args, **kwargs):
+        calls.append(A.dtype)
+        if A.dtype == torch.float32:
+            raise torch.linalg.LinAlgError("linalg.svd: The algorithm failed to converge")
+        return real_svd(A, *args, **kwargs)
+
+    monkeypatch.setattr(torch.linalg, "svd", flaky_svd)
+    X = _gaussian(20, 6, seed=3, dtype=torch.float32)
+    Q = msign(X, "svd")
+    assert calls == [torch.float32, torch.float64] and Q.dtype == torch.float32
+    assert (torch.linalg.svdvals(Q.double()) - 1).abs().max() < 1e-6
+    with pytest.raises(torch.linalg.LinAlgError):  # float64 failing too is reported, not hidden
+        monkeypatch.setattr(torch.linalg, "svd", lambda *a, **k: (_ for _ in ()).throw(torch.linalg.LinAlgError("x")))
+        msign(X.double(), "svd")
+
+
 # ----------------------------------------------------------------------------- DGram retraction
 def _published_dgram_retraction(X):
     U, S, Vh = torch.linalg.svd(X, full_matrices=False)

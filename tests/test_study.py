@@ -114,6 +114,22 @@ def test_suites_sharing_a_runs_dir_reuse_identical_runs(data_dir, tmp_path, caps
     assert set(rows) == {"adamw", "adamw__muon_lr-0.05"} and rows["adamw__muon_lr-0.05"]["vs_adamw"] == 1.0
 
 
+def test_parallel_workers_give_the_same_results(data_dir, tmp_path):
+    # --jobs 2: runs in two spawned processes; every run is seeded on its own, so the results
+    # must match one worker's exactly (losses and singular values, bit for bit).
+    one, two = tmp_path / "one", tmp_path / "two"
+    presets = ["--presets", "adamw,hetero,hetero-inv", "--no-report"]
+    assert _study(data_dir, one, *presets) == 0
+    assert _study(data_dir, two, *presets, "--jobs", "2") == 0
+    a, b = collect(one)["runs"], collect(two)["runs"]
+    assert [(r["variant"], r["seed"], r["status"]) for r in a] == [(r["variant"], r["seed"], r["status"]) for r in b]
+    for ra, rb in zip(a, b):
+        assert ra["eval"] == rb["eval"] and ra["train"] == rb["train"] and ra["diag"]["sigma_max"] == rb["diag"]["sigma_max"]
+    timing = json.loads((two / "study.json").read_text())["timing"]
+    assert timing["workers"] == [2] and set(timing["runs"]) == {"adamw/s0", "hetero/s0", "hetero-inv/s0"}
+    assert 0 < timing["elapsed_s"] and all(not p.exists() for p in (two / "runs").rglob(".lock"))
+
+
 def test_run_lock(tmp_path):
     import os
 
@@ -149,6 +165,7 @@ def test_sweep_variants_and_dry_run(data_dir, tmp_path, capsys):
     (["--set", "muon_lr=fast"], "bad value 'fast' for muon_lr"),
     (["--seeds", "0"], "--seeds '0'"),
     (["--granularity", "atom"], "unknown granularity 'atom'; valid: module, kind, layer"),
+    (["--jobs", "0"], "--jobs must be >= 1; got 0"),
     (["--suite", "bounded", "--bounds", "0"], "--bounds must be numbers > 0"),
 ])
 def test_bad_input_is_one_line_exit_2(data_dir, tmp_path, capsys, argv, needle):
