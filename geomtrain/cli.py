@@ -13,8 +13,6 @@ import types
 import typing
 from pathlib import Path
 
-from .reproducibility import reproducible_cpu_math
-
 __all__ = ["main", "build_parser"]
 
 
@@ -144,7 +142,6 @@ def _cmd_sample(args) -> int:
 
 def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
-    reproducible_cpu_math()
     # bench / study / report own their parsers (they live in their modules).
     if argv and argv[0] in ("bench", "study", "report"):
         import importlib

@@ -40,7 +40,6 @@ from .assign import assign, format_table
 from .config import TrainConfig
 from .diagnostics import collect_diagnostics, gradient_norms, jsonable
 from .model import GPT, model_config
-from .reproducibility import reproducible_cpu_math
 
 __all__ = ["train", "lr_at", "build_optimizers", "resolve_device", "load_checkpoint", "environment_info"]
 
@@ -87,7 +86,6 @@ def environment_info(device: torch.device, seed: int) -> dict:
         "torch_threads": torch.get_num_threads(), "device": str(device), "seed": seed,
         "argv": sys.argv, "git": _git_commit(),
         "world_size": dist.get_world_size() if dist.is_initialized() else 1,
-        "mkl_cbwr": os.environ.get("MKL_CBWR"),
     }
     if device.type == "cuda":
         info["cuda_device"] = torch.cuda.get_device_name(device)
@@ -374,7 +372,6 @@ def train(cfg: TrainConfig, resume: bool = False, assignments=None, print_fn=pri
     ``custom_manifolds`` maps extra names usable in ``cfg.rules`` to ``GramManifold`` instances;
     ``assignments`` overrides preset and rules entirely; ``on_finish(model)`` is called with the
     trained model before returning."""
-    reproducible_cpu_math()
     run = _Run(cfg, resume=resume, assignments_override=assignments, custom_manifolds=custom_manifolds)
     out = run.out
     if run.master:

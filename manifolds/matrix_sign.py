@@ -53,19 +53,28 @@ def _check_matrix(X: torch.Tensor, name: str = "X") -> None:
 
 
 def _svd_factors(X: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """Thin-SVD factors ``U, Vh`` of ``X``, retried in float64 when LAPACK fails to converge.
+    """Thin-SVD factors ``U, Vh`` of ``X``; a float32 factorisation that fails is redone in float64.
 
-    LAPACK's float32 divide-and-conquer SVD (``sgesdd``) can fail on matrices whose singular
-    values are all tightly clustered, exactly the near-orthogonal inputs of a Stiefel retraction
-    (seen in training: a 128x128 ``W + dW`` with every singular value in [1.0000, 1.0002]).
-    The float64 factorisation of the same matrix converges; its factors are returned in float64.
+    LAPACK's float32 divide-and-conquer SVD (``sgesdd``, MKL in torch's CPU wheel) can break down
+    on matrices whose singular values are all nearly equal, exactly the near-orthogonal inputs of a
+    Stiefel retraction. Seen in training on 128 x 128 ``W + dW`` with every singular value in
+    [1.0000, 1.0002]: either it raises (fails to converge) or, worse, it returns NaN in ``U`` and
+    ``V`` with finite singular values. Both are detected here and that batch is factorised again in
+    float64 (which succeeds on those matrices); the float64 factors are returned. A float64 input
+    that fails raises ``torch.linalg.LinAlgError``.
     """
     try:
         U, _, Vh = torch.linalg.svd(X, full_matrices=False)
+        ok = bool(torch.isfinite(U).all() and torch.isfinite(Vh).all())
     except torch.linalg.LinAlgError:
         if X.dtype == torch.float64:
             raise
-        U, _, Vh = torch.linalg.svd(X.double(), full_matrices=False)
+        ok = False
+    if ok:
+        return U, Vh
+    if X.dtype == torch.float64:
+        raise torch.linalg.LinAlgError("linalg.svd returned non-finite singular vectors for a finite float64 input")
+    U, _, Vh = torch.linalg.svd(X.double(), full_matrices=False)
     return U, Vh
 
 

@@ -72,19 +72,21 @@ def test_polar_matches_svd_on_cpu():
     assert torch.allclose(polar(X), msign(X, "svd"), atol=1e-14)
 
 
-def test_svd_polar_survives_float32_lapack_failure():
-    # A real Stiefel retraction input from training (mini, all-stiefel, seed 1): W + dW for a
-    # 128x128 attn.c_proj, every singular value in [1.0000, 1.0002]. MKL's sgesdd fails to
-    # converge on it; polar() must retry in float64 instead of raising (which Manifold Muon counted
-    # as a skipped update). On a LAPACK where sgesdd converges this checks the plain path.
+@pytest.mark.parametrize("fixture", ["sgesdd_clustered_128.npz", "sgesdd_nan_128.npz"])
+def test_svd_polar_survives_float32_lapack_breakdown(fixture):
+    # Real Stiefel retraction inputs from training (mini, all-stiefel, seeds 1 and 0): W + dW for a
+    # 128x128 attn.c_proj, every singular value in [1.0000, 1.0002]. On the first, MKL's sgesdd
+    # fails to converge (raises); on the second it returns NaN singular vectors. polar() must give
+    # the exact polar factor either way (before the fix Manifold Muon skipped these updates). On a
+    # LAPACK where sgesdd copes, this checks the plain path.
     import pathlib
 
     import numpy as np
-    X = torch.from_numpy(np.load(pathlib.Path(__file__).parent / "data" / "sgesdd_clustered_128.npz")["x"])
+    X = torch.from_numpy(np.load(pathlib.Path(__file__).parent / "data" / fixture)["x"])
     assert X.dtype == torch.float32
     Q = Stiefel().retr(X, torch.zeros_like(X))
-    assert Q.dtype == torch.float32
-    # float32 orthonormality: 128 columns, rounding ~6e-8 each, measured 4.8e-7
+    assert Q.dtype == torch.float32 and bool(torch.isfinite(Q).all())
+    # float32 orthonormality: 128 columns, rounding ~6e-8 each, measured 3.6e-7 and 4.8e-7
     assert (Q.mT @ Q - torch.eye(128)).abs().max() < 5e-6
     assert (Q.double() - msign(X.double(), "svd")).abs().max() < 1e-5
 
@@ -106,6 +108,23 @@ def test_svd_polar_retries_in_float64_when_lapack_fails(monkeypatch):
     assert (torch.linalg.svdvals(Q.double()) - 1).abs().max() < 1e-6
     with pytest.raises(torch.linalg.LinAlgError):  # float64 failing too is reported, not hidden
         monkeypatch.setattr(torch.linalg, "svd", lambda *a, **k: (_ for _ in ()).throw(torch.linalg.LinAlgError("x")))
+        msign(X.double(), "svd")
+
+
+def test_svd_polar_retries_in_float64_when_lapack_returns_nan(monkeypatch):
+    real_svd = torch.linalg.svd
+
+    def nan_svd(A, *args, **kwargs):
+        U, S, Vh = real_svd(A, *args, **kwargs)
+        return (U * float("nan"), S, Vh) if A.dtype == torch.float32 else (U, S, Vh)
+
+    monkeypatch.setattr(torch.linalg, "svd", nan_svd)
+    X = _gaussian(3, 20, 6, seed=4, dtype=torch.float32)
+    Q = msign(X, "svd")
+    assert Q.dtype == torch.float32 and bool(torch.isfinite(Q).all())
+    assert (Q.double() - msign(X.double(), "svd")).abs().max() < 1e-6
+    with pytest.raises(torch.linalg.LinAlgError, match="non-finite"):
+        monkeypatch.setattr(torch.linalg, "svd", lambda A, *a, **k: tuple(t * float("nan") for t in real_svd(A, *a, **k)))
         msign(X.double(), "svd")
 
 
