@@ -1358,10 +1358,12 @@ def _cmd_study(argv: list[str]) -> int:
     tokenizer = args.tokenizer or _default_tokenizer()
     data_dir = args.data_dir or sets.get("data_dir") or toml.get("data_dir") or str(_default_data_dir(tokenizer))
     base = shared_config(args.model, args.iters, data_dir, args.device, toml, sets)
-    if args.threads and args.jobs == 1:
+    # with --jobs each worker gets CPU count // jobs threads; work done here (autoassign probes) too
+    threads = args.threads or (max(1, (os.cpu_count() or 1) // args.jobs) if args.jobs > 1 else None)
+    if threads:
         import torch
 
-        torch.set_num_threads(args.threads)
+        torch.set_num_threads(threads)
     options = {"probe_iters": args.probe_iters, "granularity": args.granularity, "threads": args.threads,
                "tokenizer": tokenizer, "bounds": bounds, "presets": presets}
     say = (lambda *a, **k: None) if args.quiet else print
