@@ -82,7 +82,7 @@ def test_svd_polar_survives_float32_lapack_breakdown(fixture):
     import pathlib
 
     import numpy as np
-    X = torch.from_numpy(np.load(pathlib.Path(__file__).parent / "data" / fixture)["x"])
+    X = torch.from_numpy(np.load(pathlib.Path(__file__).parent / "fixtures" / fixture)["x"])
     assert X.dtype == torch.float32
     Q = Stiefel().retr(X, torch.zeros_like(X))
     assert Q.dtype == torch.float32 and bool(torch.isfinite(Q).all())
