@@ -601,24 +601,28 @@ def run_study(study: StudyPlan, print_fn: Callable = print, report_after: bool =
     return code
 
 
-def _claim(study: StudyPlan, v: Variant, seed: int, tag: str, print_fn: Callable):
-    """Config, state and lock for a run that still needs training, or ``None`` (done or busy)."""
-    cfg, custom = study.config(v, seed)
-    run_dir = study.run_dir(v, seed)
-    if run_state(run_dir, cfg) == "done":
-        print_fn(f"{tag}: already {_read_json(run_dir / 'status.json', {}).get('status')} (skipped)")
-        return None
-    lock = RunLock(run_dir)
-    holder = lock.acquire()
-    if holder is not None:
-        print_fn(f"{tag}: being trained by another process (pid {holder}); skipped, rerun later to include it")
-        return None
-    state = run_state(run_dir, cfg)  # again, now that the folder is ours
-    if state == "done":
-        lock.release()
-        return None
-    print_fn(f"{tag}: {'resuming' if state == 'resume' else 'training'} ...")
-    return cfg, custom, state, lock
+def _claimed_runs(study: StudyPlan, jobs: list, print_fn: Callable):
+    """Yield ``(v, seed, tag, cfg, custom, state, lock)`` for each job that still needs training,
+    its lock held; done runs and runs another process is training are reported and passed over.
+    Lazy, so a run is claimed only when a worker is free for it."""
+    for i, (v, seed) in enumerate(jobs, 1):
+        tag = f"[{i}/{len(jobs)}] {v.name} seed {seed}"
+        cfg, custom = study.config(v, seed)
+        run_dir = study.run_dir(v, seed)
+        if run_state(run_dir, cfg) == "done":
+            print_fn(f"{tag}: already {_read_json(run_dir / 'status.json', {}).get('status')} (skipped)")
+            continue
+        lock = RunLock(run_dir)
+        holder = lock.acquire()
+        if holder is not None:
+            print_fn(f"{tag}: being trained by another process (pid {holder}); skipped, rerun later to include it")
+            continue
+        state = run_state(run_dir, cfg)  # again, now that the folder is ours
+        if state == "done":
+            lock.release()
+            continue
+        print_fn(f"{tag}: {'resuming' if state == 'resume' else 'training'} ...")
+        yield v, seed, tag, cfg, custom, state, lock
 
 
 def _record_run(study: StudyPlan, record: dict, v: Variant, seed: int, tag: str, status: dict, wall: float,
@@ -637,18 +641,22 @@ def _interrupted(status: dict, cfg) -> bool:
     return status.get("status") == "interrupted" and cfg.stop_after is None
 
 
+def _silent(*args, **kwargs) -> None:
+    pass
+
+
+def _train_timed(cfg, custom: dict, state: str, print_fn: Callable = _silent) -> tuple[dict, float]:
+    """``train_one`` and its wall time (module level, so a worker process can run it)."""
+    t0 = time.time()
+    status = train_one(cfg, custom, state, print_fn)
+    return status, time.time() - t0
+
+
 def _run_sequential(study: StudyPlan, jobs: list, record: dict, print_fn: Callable, drop_checkpoints: bool) -> int:
     try:
-        for i, (v, seed) in enumerate(jobs, 1):
-            tag = f"[{i}/{len(jobs)}] {v.name} seed {seed}"
-            claimed = _claim(study, v, seed, tag, print_fn)
-            if claimed is None:
-                continue
-            cfg, custom, state, lock = claimed
+        for v, seed, tag, cfg, custom, state, lock in _claimed_runs(study, jobs, print_fn):
             try:
-                t0 = time.time()
-                status = train_one(cfg, custom, state, print_fn)
-                wall = time.time() - t0
+                status, wall = _train_timed(cfg, custom, state, print_fn)
             finally:
                 lock.release()
             _record_run(study, record, v, seed, tag, status, wall, print_fn, drop_checkpoints)
@@ -661,16 +669,15 @@ def _run_sequential(study: StudyPlan, jobs: list, record: dict, print_fn: Callab
     return 0
 
 
+def _threads_per_worker(workers: int) -> int:
+    """Default torch threads of each of ``workers`` parallel runs: the CPU count shared out."""
+    return max(1, (os.cpu_count() or 1) // workers)
+
+
 def _worker_init(threads: int) -> None:
     import torch
 
     torch.set_num_threads(threads)
-
-
-def _train_in_worker(cfg, custom: dict, state: str) -> tuple[dict, float]:
-    t0 = time.time()
-    status = train_one(cfg, custom, state, print_fn=lambda *a, **k: None)
-    return status, time.time() - t0
 
 
 def _run_parallel(study: StudyPlan, jobs: list, record: dict, workers: int, threads: int | None,
@@ -680,23 +687,20 @@ def _run_parallel(study: StudyPlan, jobs: list, record: dict, workers: int, thre
     from concurrent.futures import FIRST_COMPLETED, ProcessPoolExecutor, wait
     from concurrent.futures.process import BrokenProcessPool
 
-    threads = threads or max(1, (os.cpu_count() or 1) // workers)
-    pending = list(enumerate(jobs, 1))
+    claims = _claimed_runs(study, jobs, print_fn)
     running: dict = {}
     code = 0
     pool = ProcessPoolExecutor(max_workers=workers, mp_context=multiprocessing.get_context("spawn"),
-                               initializer=_worker_init, initargs=(threads,))
+                               initializer=_worker_init, initargs=(threads or _threads_per_worker(workers),))
     try:
-        while pending or running:
-            while pending and len(running) < workers and code == 0:
-                i, (v, seed) = pending.pop(0)
-                tag = f"[{i}/{len(jobs)}] {v.name} seed {seed}"
-                claimed = _claim(study, v, seed, tag, print_fn)
-                if claimed is None:
-                    continue
-                cfg, custom, state, lock = claimed
+        while True:
+            while len(running) < workers and code == 0:
+                claim = next(claims, None)
+                if claim is None:
+                    break
+                v, seed, tag, cfg, custom, state, lock = claim
                 try:
-                    future = pool.submit(_train_in_worker, cfg, custom, state)
+                    future = pool.submit(_train_timed, cfg, custom, state)
                 except BaseException:
                     lock.release()
                     raise
@@ -716,8 +720,6 @@ def _run_parallel(study: StudyPlan, jobs: list, record: dict, workers: int, thre
                 _record_run(study, record, v, seed, tag, status, wall, print_fn, drop_checkpoints)
                 if _interrupted(status, cfg):
                     code = 130
-            if code and not running:
-                break
     except KeyboardInterrupt:  # the workers got the signal too: they checkpoint and return
         code = 130
         for future, (v, seed, tag, cfg, lock) in running.items():
@@ -1359,7 +1361,7 @@ def _cmd_study(argv: list[str]) -> int:
     data_dir = args.data_dir or sets.get("data_dir") or toml.get("data_dir") or str(_default_data_dir(tokenizer))
     base = shared_config(args.model, args.iters, data_dir, args.device, toml, sets)
     # with --jobs each worker gets CPU count // jobs threads; work done here (autoassign probes) too
-    threads = args.threads or (max(1, (os.cpu_count() or 1) // args.jobs) if args.jobs > 1 else None)
+    threads = args.threads or (_threads_per_worker(args.jobs) if args.jobs > 1 else None)
     if threads:
         import torch
 

@@ -65,15 +65,13 @@ def _svd_factors(X: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """
     try:
         U, _, Vh = torch.linalg.svd(X, full_matrices=False)
-        ok = bool(torch.isfinite(U).all() and torch.isfinite(Vh).all())
+        if bool(torch.isfinite(U).all() and torch.isfinite(Vh).all()):
+            return U, Vh
+        if X.dtype == torch.float64:
+            raise torch.linalg.LinAlgError("linalg.svd returned non-finite singular vectors for a finite float64 input")
     except torch.linalg.LinAlgError:
         if X.dtype == torch.float64:
             raise
-        ok = False
-    if ok:
-        return U, Vh
-    if X.dtype == torch.float64:
-        raise torch.linalg.LinAlgError("linalg.svd returned non-finite singular vectors for a finite float64 input")
     U, _, Vh = torch.linalg.svd(X.double(), full_matrices=False)
     return U, Vh
 
