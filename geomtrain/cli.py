@@ -146,10 +146,6 @@ def main(argv: list[str] | None = None) -> int:
     if argv and argv[0] in ("bench", "study", "report"):
         import importlib
 
-        if argv[:2] == ["bench", "train"]:
-            from .speed import main as bench_train
-
-            return int(bench_train(argv[2:]) or 0)
         module = importlib.import_module(f".{'bench' if argv[0] == 'bench' else 'study'}", __package__)
         rest = argv[1:] if argv[0] != "report" else ["report", *argv[1:]]
         return int(module.main(rest) or 0)

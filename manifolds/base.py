@@ -90,6 +90,19 @@ class GramManifold(geoopt.Manifold, metaclass=abc.ABCMeta):
         self.polar_method = polar_method
         self.max_newton_steps = max_newton_steps
 
+    def key(self) -> tuple:
+        """Hashable identity of the geometry: the class and every public scalar setting.
+
+        Two manifolds with equal keys act identically (optimizers batch their matrices together);
+        ``BoundedDGram(1.0)`` and ``BoundedDGram(2.0)`` differ by ``bound``. A subclass whose
+        behaviour depends on non-scalar state overrides this. (``__eq__`` stays identity, as for
+        every ``nn.Module``.)
+        """
+        scalars = (bool, int, float, str, type(None))
+        settings = tuple(sorted((k, v) for k, v in vars(self).items()
+                                if not k.startswith("_") and k != "training" and isinstance(v, scalars)))
+        return (type(self), settings)
+
     # ------------------------------------------------------------------ the extension point
     @abc.abstractmethod
     def project_gram(self, M: torch.Tensor) -> torch.Tensor:

@@ -1,6 +1,4 @@
-r"""Benchmarks: ``geomtrain bench <name>`` (also ``python -m geomtrain.bench <name>``).
-
-``optimizer``: the cost and accuracy of one Manifold Muon direction at GPT-2-small matrix shapes.
+r"""``geomtrain bench optimizer``: the cost and accuracy of one Manifold Muon direction at GPT-2-small matrix shapes.
 Per layer: ``c_attn`` 2304x768, attention ``c_proj`` 768x768, ``c_fc`` 3072x768 and MLP ``c_proj``
 768x3072 (``(out, in)``, as ``nn.Linear`` stores them). For each manifold and gradient scale it
 times, in one process:
@@ -33,7 +31,7 @@ from typing import Callable
 
 import torch
 
-__all__ = ["main", "build_parser", "bench_optimizer", "format_optimizer_table", "GPT2_SHAPES"]
+__all__ = ["bench_optimizer", "format_optimizer_table", "add_parser", "GPT2_SHAPES"]
 
 GPT2_SHAPES = (("c_attn", (2304, 768)), ("attn.c_proj", (768, 768)), ("c_fc", (3072, 768)), ("mlp.c_proj", (768, 3072)))
 OPT_SOLVERS = ("adamw", "muon", "published", "tangent", "gram_newton", "gram_newton_warm")
@@ -84,7 +82,7 @@ def bench_optimizer(manifolds=("stiefel", "dgram"), scales=(1e-3, 1.0), layers: 
     """
     from manifolds import get_manifold, msign
 
-    from .optim import spectral_direction, tangent_residual
+    from ..optim import spectral_direction, tangent_residual
 
     bad = [s for s in solvers if s not in OPT_SOLVERS]
     if bad:
@@ -251,7 +249,8 @@ def _cmd_optimizer(args: argparse.Namespace, argv: list[str]) -> int:
     return 0
 
 
-def _add_optimizer(sub) -> None:
+def add_parser(sub) -> None:
+    """Register ``optimizer`` on the ``geomtrain bench`` subparsers."""
     p = sub.add_parser("optimizer", help="Manifold Muon solvers vs AdamW and plain Muon at GPT-2-small shapes",
                        description=__doc__.split("\n\n")[1] if __doc__ else None)
     p.add_argument("--layers", type=int, default=None, help="transformer layers (4 matrices each); default 12 on GPU, 1 on CPU")
@@ -271,30 +270,3 @@ def _add_optimizer(sub) -> None:
     p.add_argument("--out", default=None, help="write the full results as JSON here")
     p.add_argument("--quiet", action="store_true", help="no progress lines on stderr")
     p.set_defaults(handler=_cmd_optimizer)
-
-
-# Other benchmarks register here: name -> function adding a subparser with set_defaults(handler=...).
-SUBCOMMANDS: dict[str, Callable] = {"optimizer": _add_optimizer}
-
-
-def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="geomtrain bench", description="Benchmarks.")
-    sub = parser.add_subparsers(dest="bench", metavar="{" + ",".join(SUBCOMMANDS) + "}")
-    sub.required = True
-    for add in SUBCOMMANDS.values():
-        add(sub)
-    return parser
-
-
-def main(argv: list[str] | None = None) -> int:
-    argv = list(sys.argv[1:] if argv is None else argv)
-    args = build_parser().parse_args(argv)
-    try:
-        return int(args.handler(args, argv) or 0)
-    except ValueError as exc:
-        print(f"geomtrain bench {args.bench}: error: {exc}", file=sys.stderr)
-        return 2
-
-
-if __name__ == "__main__":
-    sys.exit(main())

@@ -13,10 +13,10 @@ import tempfile
 import time
 from typing import Sequence
 
-from .assign import PRESETS
-from .config import make_config
+from ..assign import PRESETS
+from ..config import make_config
 
-__all__ = ["measure_training_speed", "format_speed_table"]
+__all__ = ["measure_training_speed", "format_speed_table", "add_parser"]
 
 
 def measure_training_speed(
@@ -30,7 +30,7 @@ def measure_training_speed(
     seed: int = 0,
 ) -> list[dict]:
     """Median step time of each preset; rows with ``preset``, ``ms_per_step``, ``tokens_per_s`` and ratios."""
-    from .train import _Run  # the trainer's own step, not a re-implementation
+    from ..train import _Run  # the trainer's own step, not a re-implementation
 
     runs = {}
     with tempfile.TemporaryDirectory() as tmp:
@@ -76,14 +76,27 @@ def format_speed_table(rows: list[dict]) -> str:
     return "\n".join(lines)
 
 
-def main(argv: list[str] | None = None) -> int:
-    """``geomtrain bench train``: print (and optionally save) the per-preset speed table."""
-    import argparse
+def _cmd_train(args, argv: list[str]) -> int:
     import json
 
-    from .model import MODEL_CONFIGS
+    presets = [s.strip() for s in args.presets.split(",") if s.strip()]
+    bad = [s for s in presets if s not in PRESETS]
+    if bad:
+        raise ValueError(f"unknown preset {bad[0]!r}; valid: {', '.join(PRESETS)}")
+    rows = measure_training_speed(args.model, args.data_dir, presets, args.steps, args.warmup, args.batch_size, args.device)
+    print(format_speed_table(rows))
+    if args.out:
+        with open(args.out, "w") as fh:
+            json.dump({"model": args.model, "data_dir": args.data_dir, "steps": args.steps, "rows": rows}, fh, indent=2)
+    return 0
 
-    p = argparse.ArgumentParser(prog="geomtrain bench train", description=__doc__.split("\n")[0])
+
+def add_parser(sub) -> None:
+    """Register ``train`` on the ``geomtrain bench`` subparsers."""
+    from ..model import MODEL_CONFIGS
+
+    p = sub.add_parser("train", help="training step time per preset, side by side (ratios to adamw and unconstrained)",
+                       description=__doc__.split("\n")[0])
     p.add_argument("--model", choices=tuple(MODEL_CONFIGS), default="mini")
     p.add_argument("--data-dir", default="data/classics")
     p.add_argument("--presets", default=",".join(PRESETS), help="comma-separated presets")
@@ -92,14 +105,4 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--batch-size", type=int, default=None)
     p.add_argument("--device", default="auto")
     p.add_argument("--out", default=None, help="write the rows as JSON here")
-    args = p.parse_args(argv)
-    presets = [s.strip() for s in args.presets.split(",") if s.strip()]
-    bad = [s for s in presets if s not in PRESETS]
-    if bad:
-        p.error(f"unknown preset {bad[0]!r}; valid: {', '.join(PRESETS)}")
-    rows = measure_training_speed(args.model, args.data_dir, presets, args.steps, args.warmup, args.batch_size, args.device)
-    print(format_speed_table(rows))
-    if args.out:
-        with open(args.out, "w") as fh:
-            json.dump({"model": args.model, "data_dir": args.data_dir, "steps": args.steps, "rows": rows}, fh, indent=2)
-    return 0
+    p.set_defaults(handler=_cmd_train)
