@@ -1,0 +1,216 @@
+"""The one place for file I/O every part of `geomtrain` shares.
+
+- atomic writes: ``atomic_write_bytes`` / ``atomic_write_text`` / ``atomic_write_json`` /
+  ``atomic_torch_save`` write a temporary file in the same folder, fsync it, rename it over the
+  target and fsync the folder: a reader sees the old file or the new one, never half of one.
+- JSON: ``to_jsonable`` (tensors, numpy scalars and paths to plain values; non-finite floats to
+  ``None``), ``read_json`` (``default`` when missing or unreadable).
+- JSONL: ``append_jsonl`` (one record a line, flushed) and ``read_jsonl``, which tolerates a torn
+  *last* line (a run killed mid-write) and reports any other bad line with its file and number.
+- ``sha256_file``; ``environment_record``: versions, machine, threads, git commit, command line.
+
+Private to the package: modules of `geomtrain` import it; users never need to.
+"""
+from __future__ import annotations
+
+import hashlib
+import json
+import math
+import os
+import platform
+import subprocess
+import sys
+import warnings
+from pathlib import Path
+from typing import Any, Callable
+
+__all__ = [
+    "atomic_write", "atomic_write_bytes", "atomic_write_text", "atomic_write_json", "atomic_torch_save",
+    "to_jsonable", "read_json", "append_jsonl", "read_jsonl", "truncate_jsonl", "sha256_file",
+    "git_commit", "environment_record", "fsync_dir",
+]
+
+
+# ----------------------------------------------------------------------------- atomic writes
+def fsync_dir(path: Path) -> None:
+    """fsync a folder so that a rename inside it survives a power cut (best effort)."""
+    try:
+        fd = os.open(path, os.O_RDONLY)
+    except OSError:
+        return
+    try:
+        os.fsync(fd)
+    except OSError:
+        pass
+    finally:
+        os.close(fd)
+
+
+def atomic_write(path: str | os.PathLike, write: Callable[[Any], None]) -> None:
+    """``write(fh)`` into a temporary binary file beside ``path``, fsync, rename over ``path``.
+
+    On any error (a full disk, a read-only folder, an exception in ``write``) the temporary file
+    is removed, ``path`` is untouched and the error propagates."""
+    path = Path(path)
+    tmp = path.with_name(f".{path.name}.tmp.{os.getpid()}")
+    try:
+        with open(tmp, "wb") as fh:
+            write(fh)
+            fh.flush()
+            os.fsync(fh.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        tmp.unlink(missing_ok=True)
+        raise
+    fsync_dir(path.parent)
+
+
+def atomic_write_bytes(path: str | os.PathLike, data: bytes) -> None:
+    atomic_write(path, lambda fh: fh.write(data))
+
+
+def atomic_write_text(path: str | os.PathLike, text: str) -> None:
+    atomic_write_bytes(path, text.encode())
+
+
+def atomic_write_json(path: str | os.PathLike, obj: Any, compact: bool = False) -> None:
+    """``obj`` (made JSON-ready by `to_jsonable`) as indented JSON, or one line with ``compact``."""
+    obj = to_jsonable(obj)
+    text = json.dumps(obj, separators=(",", ":")) if compact else json.dumps(obj, indent=2)
+    atomic_write_text(path, text + "\n")
+
+
+def atomic_torch_save(obj: Any, path: str | os.PathLike) -> None:
+    import torch
+
+    atomic_write(path, lambda fh: torch.save(obj, fh))
+
+
+# ----------------------------------------------------------------------------- JSON and JSONL
+def to_jsonable(obj: Any) -> Any:
+    """A JSON-ready copy: tensors become numbers or lists, numpy scalars numbers, paths strings,
+    non-finite floats ``None`` (JSON has no NaN)."""
+    if isinstance(obj, dict):
+        return {str(k): to_jsonable(v) for k, v in obj.items()}
+    if isinstance(obj, (list, tuple)):
+        return [to_jsonable(v) for v in obj]
+    if isinstance(obj, Path):
+        return str(obj)
+    if hasattr(obj, "tolist") and callable(obj.tolist):  # torch tensors, numpy arrays and scalars
+        return to_jsonable(obj.tolist())
+    if isinstance(obj, float) and not math.isfinite(obj):
+        return None
+    return obj
+
+
+def read_json(path: str | os.PathLike, default: Any = None) -> Any:
+    try:
+        return json.loads(Path(path).read_text())
+    except (OSError, ValueError):
+        return default
+
+
+def append_jsonl(path: str | os.PathLike, record: dict) -> None:
+    """Append one JSON record as a line (flushed; the file is created if missing)."""
+    with open(path, "a") as fh:
+        fh.write(json.dumps(to_jsonable(record)) + "\n")
+        fh.flush()
+
+
+def read_jsonl(path: str | os.PathLike, repair: bool = False) -> list[dict]:
+    """The records of a JSONL file ([] when it does not exist).
+
+    A torn last line (no trailing newline and not valid JSON: a process killed while writing) is
+    dropped with a warning; with ``repair`` it is also cut from the file. A bad line anywhere else
+    raises ``ValueError`` naming the file and the line."""
+    path = Path(path)
+    if not path.exists():
+        return []
+    data = path.read_bytes()
+    lines = data.split(b"\n")
+    out, good_end, offset = [], 0, 0
+    for number, raw in enumerate(lines, 1):
+        end = offset + len(raw) + 1
+        if raw.strip():
+            try:
+                out.append(json.loads(raw))
+            except ValueError:
+                if number == len(lines):  # the last line, no newline after it: torn
+                    warnings.warn(f"{path}: dropped a torn last line ({len(raw)} bytes)", RuntimeWarning, stacklevel=2)
+                    if repair:
+                        with open(path, "r+b") as fh:
+                            fh.truncate(good_end)
+                    break
+                raise ValueError(f"{path}: line {number} is not valid JSON") from None
+        good_end = min(end, len(data))
+        offset = end
+    return out
+
+
+def truncate_jsonl(path: str | os.PathLike, step: int) -> None:
+    """Keep only the records with ``step <= step`` (and repair a torn last line): a resumed run
+    rewrites the rest identically."""
+    path = Path(path)
+    if not path.exists():
+        return
+    keep = [r for r in read_jsonl(path, repair=True) if r.get("step", 0) <= step]
+    atomic_write_text(path, "".join(json.dumps(r) + "\n" for r in keep))
+
+
+def sha256_file(path: str | os.PathLike, chunk: int = 1 << 22) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as fh:
+        while block := fh.read(chunk):
+            h.update(block)
+    return h.hexdigest()
+
+
+# ----------------------------------------------------------------------------- environment
+def git_commit() -> dict:
+    """``{"commit", "dirty"}`` of the checkout this package runs from (``None`` outside git)."""
+    root = Path(__file__).resolve().parent.parent
+    try:
+        run = lambda *a: subprocess.run(["git", *a], cwd=root, capture_output=True, text=True, timeout=5).stdout.strip()  # noqa: E731
+        commit = run("rev-parse", "HEAD")
+        return {"commit": commit or None, "dirty": bool(run("status", "--porcelain")) if commit else None}
+    except (OSError, subprocess.SubprocessError):
+        return {"commit": None, "dirty": None}
+
+
+def _cpu_name() -> str | None:
+    try:
+        with open("/proc/cpuinfo") as fh:
+            for line in fh:
+                if line.startswith("model name"):
+                    return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine() or None
+
+
+def environment_record(device: Any = "cpu", **extra: Any) -> dict:
+    """What a result needs to be reproduced: versions, machine, threads, device, git, argv.
+
+    ``extra`` (e.g. ``seed=``) is merged in."""
+    import numpy as np
+    import torch
+    import torch.distributed as dist
+
+    try:
+        import geoopt
+
+        geoopt_version = geoopt.__version__
+    except ImportError:  # pragma: no cover - a dependency
+        geoopt_version = None
+    info = {
+        "python": sys.version.split()[0], "torch": torch.__version__, "geoopt": geoopt_version,
+        "numpy": np.__version__, "platform": platform.platform(), "cpu": _cpu_name(),
+        "cpu_count": os.cpu_count(), "torch_threads": torch.get_num_threads(),
+        "omp_num_threads": os.environ.get("OMP_NUM_THREADS"), "device": str(device),
+        "argv": sys.argv, "git": git_commit(),
+        "world_size": dist.get_world_size() if dist.is_available() and dist.is_initialized() else 1,
+    }
+    if str(device).startswith("cuda") and torch.cuda.is_available():
+        info["cuda_device"] = torch.cuda.get_device_name(torch.device(device))
+    info.update(extra)
+    return info
