@@ -7,12 +7,16 @@ ones (DESIGN.md section 4); the small models get CPU-sized schedules.
 from __future__ import annotations
 
 import dataclasses
+import math
 import tomllib
+import types
+import typing
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Mapping
+from typing import Any, Mapping, Sequence
 
-__all__ = ["TrainConfig", "MODEL_DEFAULTS", "load_toml", "make_config"]
+__all__ = ["TrainConfig", "MODEL_DEFAULTS", "load_toml", "make_config", "field_kind", "parse_value", "parse_assignments",
+           "RUN_DEFINING_KEYS"]
 
 
 @dataclass
@@ -69,12 +73,15 @@ class TrainConfig:
     def validate(self, custom_names: tuple[str, ...] = ()) -> "TrainConfig":
         """Raise ``ValueError`` (one line, naming the valid choices) on a bad value; return self.
 
+        The one validation site: flags, TOML, ``--set``, the study and resume all end here.
         ``custom_names``: extra manifold names rules may use (passed to ``train(custom_manifolds=)``)."""
         from manifolds import MANIFOLDS
 
         from .assign import PRESETS, TARGETS, parse_rule
         from .model import MODEL_CONFIGS
 
+        for f in dataclasses.fields(self):
+            _check_type(f.name, getattr(self, f.name))
         if self.model not in MODEL_CONFIGS:
             raise ValueError(f"unknown model {self.model!r}; valid: {', '.join(MODEL_CONFIGS)}")
         if self.preset not in PRESETS:
@@ -91,6 +98,20 @@ class TrainConfig:
                 raise ValueError(f"{name} must be >= 1; got {getattr(self, name)}")
         if self.warmup_iters < 0 or self.lr <= 0 or self.muon_lr < 0:
             raise ValueError("warmup_iters must be >= 0, lr > 0 and muon_lr >= 0")
+        for name in ("lr", "min_lr", "muon_lr", "weight_decay", "grad_clip", "muon_weight_decay", "divergence_margin"):
+            value = getattr(self, name)
+            if not math.isfinite(value) or value < 0:
+                raise ValueError(f"{name} must be a finite number >= 0; got {value!r}")
+        for name in ("beta1", "beta2", "muon_momentum"):
+            if not 0 <= getattr(self, name) < 1:
+                raise ValueError(f"{name} must be in [0, 1); got {getattr(self, name)!r}")
+        for name in ("checkpoint_interval", "stop_after"):
+            if getattr(self, name) is not None and getattr(self, name) < 1:
+                raise ValueError(f"{name} must be >= 1 or None; got {getattr(self, name)}")
+        try:
+            self.resolved_out_dir()
+        except (KeyError, IndexError, ValueError) as exc:
+            raise ValueError(f"bad placeholder in out_dir {self.out_dir!r} ({exc}); valid: {{model}}, {{preset}}, {{seed}}") from None
         return self
 
 
@@ -104,6 +125,79 @@ MODEL_DEFAULTS: dict[str, dict[str, Any]] = {
 }
 
 _FIELDS = {f.name: f for f in dataclasses.fields(TrainConfig)}
+
+RUN_DEFINING_KEYS = ("model", "data_dir", "block_size", "preset", "rules", "max_iters", "batch_size", "grad_accum",
+                     "warmup_iters", "lr", "min_lr", "weight_decay", "beta1", "beta2", "grad_clip", "muon_lr",
+                     "muon_momentum", "muon_nesterov", "muon_solver", "muon_weight_decay", "seed", "dtype")
+"""Keys whose change makes a different run: a resume that changes one is refused unless allowed."""
+
+
+def field_kind(name: str) -> tuple[type, bool]:
+    """``(kind, optional)`` of a `TrainConfig` field: kind is int, float, bool, str or list."""
+    if name not in _FIELDS:
+        raise ValueError(f"unknown config key {name!r}; valid: {', '.join(_FIELDS)}")
+    hint = typing.get_type_hints(TrainConfig)[name]
+    args = typing.get_args(hint)
+    optional = type(None) in args
+    if typing.get_origin(hint) in (typing.Union, types.UnionType):
+        hint = next(a for a in args if a is not type(None))
+    kind = list if typing.get_origin(hint) is list or hint is list else hint
+    return kind, optional
+
+
+def _check_type(name: str, value: Any) -> None:
+    kind, optional = field_kind(name)
+    if value is None and optional:
+        return
+    ok = {int: isinstance(value, int) and not isinstance(value, bool),
+          float: isinstance(value, (int, float)) and not isinstance(value, bool),
+          bool: isinstance(value, bool), str: isinstance(value, str),
+          list: isinstance(value, list) and all(isinstance(v, str) for v in value)}[kind]
+    if not ok:
+        want = "a list of strings" if kind is list else f"{'an' if kind is int else 'a'} {kind.__name__}"
+        raise ValueError(f"{name} must be {want}{' or None' if optional else ''}; got {value!r}")
+
+
+_TRUE, _FALSE = ("1", "true", "yes", "on"), ("0", "false", "no", "off")
+
+
+def parse_value(name: str, text: str) -> Any:
+    """The one parser of config text (CLI flags, ``--set KEY=VALUE``, sweeps): ``text`` as the
+    type of field ``name``. Lists are ``;``-separated; ``none`` is None for optional fields."""
+    kind, optional = field_kind(name)
+    text = text.strip()
+    if optional and text.lower() in ("none", "null", ""):
+        return None
+    try:
+        if kind is list:
+            return [t for t in text.split(";") if t]
+        if kind is bool:
+            if text.lower() in _TRUE + _FALSE:
+                return text.lower() in _TRUE
+            raise ValueError
+        if kind is int:
+            return int(text)
+        if kind is float:
+            value = float(text)
+            if not math.isfinite(value):
+                raise ValueError
+            return value
+    except ValueError:
+        expects = "true/false" if kind is bool else ("an integer" if kind is int else "a number")
+        raise ValueError(f"bad value {text!r} for {name} (expects {expects})") from None
+    return text
+
+
+def parse_assignments(items: Sequence[str], what: str = "--set") -> dict[str, Any]:
+    """``["muon_lr=0.05", "batch-size=8"]`` -> typed overrides (dashes in keys allowed)."""
+    out = {}
+    for item in items or ():
+        key, sep, value = item.partition("=")
+        if not sep:
+            raise ValueError(f"{what} {item!r} must look like KEY=VALUE, e.g. muon_lr=0.05")
+        key = key.strip().replace("-", "_")
+        out[key] = parse_value(key, value)
+    return out
 
 
 def load_toml(path: str | Path) -> dict[str, Any]:
