@@ -10,14 +10,14 @@ import numpy as np
 import pytest
 import torch
 
-from geomtrain import plots
-from geomtrain.autoassign import Policy, _guard, groups_for, matching_preset, propose, rules_for
-from geomtrain.bounded import BoundedDGram, parse_bounded_name
+from geomtrain.study import figures as plots
+from geomtrain.study.autoassign import Policy, _guard, groups_for, matching_preset, propose, rules_for
 from geomtrain.cli import main as cli_main
 from geomtrain.config import make_config
 from geomtrain.data import prepare
 from geomtrain.study import collect, load_summary, main as study_main, toy_attention
 from geomtrain.train import train
+from manifolds import BoundedDGram, get_manifold
 from manifolds.base import to_tall
 from manifolds.testing import check_manifold
 
@@ -276,9 +276,9 @@ def test_bounded_dgram_clips_and_knows_its_boundary():
 
 
 def test_bounded_dgram_by_name_in_training(data_dir, tmp_path):
-    assert parse_bounded_name("stiefel") is None and parse_bounded_name("BDGram@0.4").bound == 0.4
-    with pytest.raises(ValueError, match="bdgram@B"):
-        parse_bounded_name("bdgram@big")
+    assert get_manifold("BDGram@0.4").bound == 0.4
+    with pytest.raises(ValueError, match="bound must be"):
+        get_manifold("bdgram@big")
     with pytest.raises(ValueError, match="bound must be"):
         BoundedDGram(0)
     custom = {"bdgram@0.4": BoundedDGram(0.4)}

@@ -22,7 +22,7 @@ Suites (``--suite``):
   hetero, hetero-inv`` (or ``--presets``).
 - ``lr-sweep``: ``all-stiefel, hetero, hetero-inv, all-dgram`` x ``muon_lr`` in
   :data:`LR_SWEEP_VALUES`: where does DGram attention become unstable?
-- ``bounded``: attention on :class:`geomtrain.bounded.BoundedDGram` (``bdgram@B``, column norms
+- ``bounded``: attention on :class:`manifolds.BoundedDGram` (``bdgram@B``, column norms
   at most ``B``, for each ``--bounds`` value) with Stiefel MLP and with DGram MLP, next to
   ``all-stiefel, all-dgram, hetero, hetero-inv``: does a scale bound remove the instability?
 - ``autoassign``: the policy of :mod:`geomtrain.autoassign` picks a manifold per module group
@@ -107,15 +107,15 @@ class Variant:
 
     def custom_manifolds(self) -> dict:
         """Manifold instances for the ``bdgram@B`` targets its rules use."""
-        from .assign import parse_rule
-        from .bounded import parse_bounded_name
+        from manifolds import get_manifold
+
+        from ..assign import parse_rule
 
         out = {}
         for text in self.rules:
             target = str(parse_rule(text).target)
-            m = parse_bounded_name(target)
-            if m is not None:
-                out[target.lower()] = m
+            if target.lower().startswith("bdgram@"):
+                out[target.lower()] = get_manifold(target)
         return out
 
     def to_dict(self) -> dict:
@@ -157,7 +157,7 @@ def sweep_variants(variants: Sequence[Variant], key: str, values: Sequence, base
 def bounded_variants(bounds: Sequence[float], references: Sequence[str] = BOUNDED_REFERENCES) -> list[Variant]:
     """Bounded-DGram attention (``bdgram@B``) with Stiefel MLP and with DGram MLP, per bound,
     after the reference presets."""
-    from .assign import ATTENTION_GLOBS
+    from ..assign import ATTENTION_GLOBS
 
     out = preset_variants(references)
     for mlp, preset in (("stiefel", "hetero-inv"), ("dgram", "all-dgram")):
@@ -170,14 +170,14 @@ def bounded_variants(bounds: Sequence[float], references: Sequence[str] = BOUNDE
 
 # ----------------------------------------------------------------------------- config
 def _field_types() -> dict[str, Any]:
-    from .config import TrainConfig
+    from ..config import TrainConfig
 
     return typing.get_type_hints(TrainConfig)
 
 
 def _coerce(key: str, text: str):
     """Parse ``text`` for the TrainConfig field ``key`` (int, float, bool, str, optional, list)."""
-    from .config import TrainConfig
+    from ..config import TrainConfig
 
     hints = _field_types()
     if key not in hints:
@@ -250,7 +250,7 @@ def _parse_seeds(text: str) -> list[int]:
 def shared_config(model: str, iters: int | None, data_dir: str, device: str = "auto", toml: dict | None = None,
                   sets: dict | None = None) -> dict:
     """The config fields every variant shares (before its preset, rules and overrides)."""
-    from .config import MODEL_DEFAULTS, TrainConfig
+    from ..config import MODEL_DEFAULTS, TrainConfig
 
     iters = iters or MODEL_DEFAULTS.get(model, {}).get("max_iters", TrainConfig.max_iters)
     base = {"model": model, "data_dir": str(data_dir), "max_iters": int(iters), "warmup_iters": max(1, iters // 10),
@@ -279,7 +279,7 @@ class StudyPlan:
 
     def config(self, variant: Variant, seed: int):
         """``(TrainConfig, custom_manifolds)`` of one run; ``StudyError`` on a bad value."""
-        from .config import make_config
+        from ..config import make_config
 
         custom = variant.custom_manifolds()
         values = {**self.base, **variant.overrides, "preset": variant.preset, "rules": list(variant.rules),
@@ -292,7 +292,7 @@ class StudyPlan:
 
 def _shared_value(base: dict, key: str):
     """The value of ``key`` in the shared config (after the model's defaults)."""
-    from .config import make_config
+    from ..config import make_config
 
     try:
         return getattr(make_config({k: v for k, v in base.items() if k not in ("preset", "rules")}), key)
@@ -304,7 +304,7 @@ def plan(out: str | Path, suite: str = "presets", presets: Sequence[str] | None 
          bounds: Sequence[float] | None = None, seeds: Sequence[int] = (0,), base: dict | None = None,
          runs_dir: str | Path | None = None, argv: Sequence[str] = (), options: dict | None = None) -> StudyPlan:
     """Build and validate a study: every run's config is made (and checked) before anything trains."""
-    from .assign import PRESETS
+    from ..assign import PRESETS
 
     if suite not in SUITES:
         raise StudyError(f"unknown suite {suite!r}; valid: {', '.join(SUITES)}")
@@ -449,7 +449,7 @@ def _alive(pid: int) -> bool:
 def train_one(cfg, custom: dict, state: str, print_fn=print) -> dict:
     """Run (or resume) one training run; a numerical exception after the first step is recorded
     as status ``failed`` (with the error) instead of stopping the study."""
-    from .train import train
+    from ..train import train
 
     run_dir = cfg.resolved_out_dir()
     if state == "new":  # a fresh start: leftovers of a killed attempt would duplicate records
@@ -474,7 +474,7 @@ def train_one(cfg, custom: dict, state: str, print_fn=print) -> dict:
 def _environment(device: str) -> dict:
     import torch
 
-    from .train import environment_info, resolve_device
+    from ..train import environment_info, resolve_device
 
     info = environment_info(resolve_device(device), seed=-1)
     info.pop("seed", None)
@@ -484,7 +484,7 @@ def _environment(device: str) -> dict:
 
 
 def _data_info(data_dir: str) -> dict:
-    from . import data as gdata
+    from .. import data as gdata
 
     m = gdata.load_manifest(data_dir)
     keep = ("dataset", "tokenizer", "vocab_size", "eot_token", "format_version", "source_fingerprint")
@@ -530,7 +530,7 @@ def _check_previous(study: StudyPlan, previous: dict | None) -> None:
 
 def ensure_data(data_dir: str | Path, tokenizer: str | None, dataset: str = "classics", print_fn=print) -> None:
     """Prepare ``data_dir`` (offline corpus) when it does not verify and ``tokenizer`` is given."""
-    from . import data as gdata
+    from .. import data as gdata
 
     problems = gdata.verify(data_dir, check_hashes=False) if Path(data_dir).exists() else ["missing"]
     if not problems:
@@ -583,7 +583,7 @@ def run_study(study: StudyPlan, print_fn: Callable = print, report_after: bool =
 
     jobs = [(v, s) for s in study.seeds for v in study.variants]
     if study.suite != "presets":  # plain preset runs may be shared with a presets study: do them last
-        from .assign import PRESETS
+        from ..assign import PRESETS
 
         jobs.sort(key=lambda job: job[0].name in PRESETS)
     if workers > 1:
@@ -1034,7 +1034,7 @@ def _csv(rows: list[dict]) -> str:
 
 def write_report(summary: dict, out: str | Path) -> list[Path]:
     """``summary.json``, ``results.csv``, ``results.md`` and the figures into ``out``."""
-    from . import plots
+    from . import figures as plots
 
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
@@ -1099,7 +1099,7 @@ def toy_attention(scales: Sequence[float] = (0.25, 0.5, 1, 1.5, 2, 3, 4, 6, 8, 1
     logit) and ``row_jacobian``; a saturated row has $\|J\|_F \approx 2 e^{-\mathrm{gap}}$."""
     import torch
 
-    from .diagnostics import softmax_row_stats
+    from ..diagnostics import softmax_row_stats
 
     g = torch.Generator().manual_seed(seed)
     dt = torch.float64
@@ -1157,8 +1157,8 @@ def measure_overhead(base: dict, presets: Sequence[str] = PRESET_ORDER, solvers:
     import statistics
     import tempfile
 
-    from .config import make_config
-    from .train import _Run  # the trainer's own step
+    from ..config import make_config
+    from ..train import _Run  # the trainer's own step
 
     configs = []
     for p in presets:
@@ -1204,10 +1204,10 @@ def format_overhead_table(rows: list[dict]) -> str:
 
 
 def _cmd_overhead(argv: list[str]) -> int:
-    from . import plots
-    from .assign import PRESETS
-    from .config import load_toml
-    from .model import MODEL_CONFIGS
+    from . import figures as plots
+    from ..assign import PRESETS
+    from ..config import load_toml
+    from ..model import MODEL_CONFIGS
 
     p = _Parser(prog="geomtrain study overhead", description=(
         "Step time of every preset (and Manifold Muon solver), measured interleaved in one process; "
@@ -1224,7 +1224,7 @@ def _cmd_overhead(argv: list[str]) -> int:
     p.add_argument("--device", default="auto")
     p.add_argument("--out", required=True)
     args = p.parse_args(argv)
-    from .optim import SOLVERS
+    from ..optim import SOLVERS
 
     if args.model not in MODEL_CONFIGS:
         raise StudyError(f"unknown model {args.model!r}; valid: {', '.join(MODEL_CONFIGS)}")
@@ -1271,8 +1271,8 @@ class _Parser(argparse.ArgumentParser):
 
 
 def _study_parser() -> argparse.ArgumentParser:
-    from .assign import PRESETS
-    from .model import MODEL_CONFIGS
+    from ..assign import PRESETS
+    from ..model import MODEL_CONFIGS
 
     p = _Parser(prog="geomtrain study", description=(
         "Train every variant of a suite for every seed with shared settings, then write the report "
@@ -1307,13 +1307,13 @@ def _study_parser() -> argparse.ArgumentParser:
 
 
 def _default_tokenizer() -> str:
-    from . import data as gdata
+    from .. import data as gdata
 
     return "bpe4k" if "bpe4k" in getattr(gdata, "TOKENIZERS", ()) else "gpt2"
 
 
 def _default_data_dir(tokenizer: str) -> Path:
-    from . import data as gdata
+    from .. import data as gdata
 
     try:
         return gdata.default_data_dir("classics", tokenizer=tokenizer)
@@ -1322,10 +1322,10 @@ def _default_data_dir(tokenizer: str) -> Path:
 
 
 def _cmd_study(argv: list[str]) -> int:
-    from . import data as gdata
-    from .assign import PRESETS
-    from .config import load_toml
-    from .model import MODEL_CONFIGS
+    from .. import data as gdata
+    from ..assign import PRESETS
+    from ..config import load_toml
+    from ..model import MODEL_CONFIGS
 
     args = _study_parser().parse_args(argv)
     if args.model not in MODEL_CONFIGS:
@@ -1399,7 +1399,7 @@ def _cmd_report(argv: list[str]) -> int:
 
 
 def _cmd_toy(argv: list[str]) -> int:
-    from . import plots
+    from . import figures as plots
 
     p = _Parser(prog="geomtrain study toy", description="Softmax saturation in one attention layer as W_Q, W_K are scaled up.")
     p.add_argument("--out", required=True, help="folder for toy.json and toy_saturation.png")

@@ -55,7 +55,7 @@ class Policy:
 
 def groups_for(granularity: str, n_layer: int) -> dict[str, tuple[str, ...]]:
     """Group name -> parameter-name globs, in decision order (attention before MLP)."""
-    from .assign import ATTENTION_GLOBS, MLP_GLOBS
+    from ..assign import ATTENTION_GLOBS, MLP_GLOBS
 
     if granularity == "module":
         return {"attention": tuple(ATTENTION_GLOBS), "mlp": tuple(MLP_GLOBS)}
@@ -79,7 +79,7 @@ def rules_for(choice: Mapping[str, str], groups: Mapping[str, tuple[str, ...]]) 
 
 def matching_preset(choice: Mapping[str, str]) -> str | None:
     """The preset equal to ``choice`` when every attention group and every MLP group agree."""
-    from .assign import ATTENTION_GLOBS, MLP_GLOBS, PRESETS, preset_rules
+    from ..assign import ATTENTION_GLOBS, MLP_GLOBS, PRESETS, preset_rules
 
     attn = {m for g, m in choice.items() if "att" in g}
     mlp = {m for g, m in choice.items() if "mlp" in g}
@@ -105,8 +105,8 @@ def probe(base: Mapping, rules: list[str], out_dir: Path, seed: int, probe_iters
     """Train (or reuse) the first ``probe_iters`` steps of a run with ``rules``; return its end
     state: val loss, status, and per-layer attention entropy / max |logit| and Q/K spectral norms
     at the last evaluation."""
-    from .config import make_config
-    from .train import train
+    from ..config import make_config
+    from ..train import train
 
     out_dir = Path(out_dir)
     cfg = make_config({**base, "preset": "adamw", "rules": list(rules), "seed": seed, "out_dir": str(out_dir),
@@ -162,7 +162,7 @@ def _guard(trial: dict, ref: dict, policy: Policy) -> tuple[bool, str]:
 def propose(base: Mapping, probe_dir: str | Path, seed: int = 0, probe_iters: int | None = None,
             granularity: str = "module", policy: Policy = Policy(), print_fn: Callable = print) -> dict:
     """Run the greedy policy; returns the choice, its rules and every probe and decision."""
-    from .model import model_config
+    from ..model import model_config
 
     if granularity not in GRANULARITIES:
         raise ValueError(f"unknown granularity {granularity!r}; valid: {', '.join(GRANULARITIES)}")
