@@ -13,29 +13,37 @@ biases) goes to AdamW. A **preset** fixes the manifold of each Muon matrix:
 | ``hetero``      | Stiefel                         | DGram                  |
 | ``hetero-inv``  | DGram                           | Stiefel                |
 
-**Custom rules** map parameter-name globs (``fnmatch``) to a target: a manifold name
-(``stiefel``, ``dgram``, ``oblique``, ``euclidean`` = Muon without constraint), ``adamw``, or
-from Python any `manifolds.GramManifold` instance. The first matching rule wins; a
-parameter no rule matches goes to AdamW. Only 2-D weights can take a manifold.
+**Custom rules** map parameter-name globs (``fnmatch``) to a target: ``adamw``, a manifold
+spec of the `manifolds` registry (``stiefel``, ``dgram``, ``oblique``, ``euclidean`` = Muon
+without constraint, ``bdgram@1.5``, or any name a user added with `manifolds.register`), or from
+Python any `manifolds.GramManifold` instance. The first matching rule wins; a parameter no rule
+matches goes to AdamW.
+
+**Manifold rules apply to matrices.** A rule whose target is a manifold matches 2-D weights
+only, so ``*.attn.*=stiefel`` puts the attention weight matrices on Stiefel and leaves their
+biases to the later rules (in the end AdamW). An ``adamw`` rule matches any parameter. A custom
+rule that matches no parameter (or, for a manifold rule, no matrix) is a ``ValueError`` naming
+the rule: a typo in a glob must not pass silently.
 """
 from __future__ import annotations
 
+import difflib
 import fnmatch
 from dataclasses import dataclass
 from typing import Iterable, Mapping, Sequence, Union
 
 import torch
 
-from manifolds import MANIFOLDS, GramManifold, get_manifold
+from manifolds import SPEC_SYNTAX, GramManifold, get_manifold, manifold_names
 
 __all__ = [
     "PRESETS", "ATTENTION_GLOBS", "MLP_GLOBS", "Rule", "Assignment", "preset_rules", "parse_rule",
-    "assign", "format_table", "TARGETS",
+    "target_names", "resolve_target", "validate_rule", "assign", "format_table",
 ]
 
 ATTENTION_GLOBS = ("*.attn.c_attn.weight", "*.attn.c_proj.weight")
 MLP_GLOBS = ("*.mlp.c_fc.weight", "*.mlp.c_proj.weight")
-TARGETS = tuple(MANIFOLDS) + ("adamw",)
+ADAMW = "adamw"
 
 _PRESET_TABLE = {
     "adamw": (None, None),
@@ -50,12 +58,28 @@ PRESETS = tuple(_PRESET_TABLE)
 Target = Union[str, GramManifold]
 
 
+def target_names(custom_names: Iterable[str] = ()) -> tuple[str, ...]:
+    """Every rule target name now: the registered manifold names, ``custom_names``, ``adamw``."""
+    return manifold_names() + tuple(n.lower() for n in custom_names) + (ADAMW,)
+
+
+def __getattr__(name: str):
+    # ``TARGETS`` (kept for callers): computed on access, so names registered later are included.
+    if name == "TARGETS":
+        return target_names()
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
+
 @dataclass(frozen=True)
 class Rule:
-    """``pattern`` (an fnmatch glob on parameter names) -> ``target`` (manifold name, ``adamw`` or instance)."""
+    """``pattern`` (an fnmatch glob on parameter names) -> ``target`` (manifold spec, ``adamw`` or instance)."""
 
     pattern: str
     target: Target
+
+    def __str__(self) -> str:
+        target = self.target if isinstance(self.target, str) else type(self.target).__name__
+        return f"{self.pattern}={target}"
 
 
 @dataclass
@@ -85,25 +109,69 @@ def preset_rules(preset: str) -> list[Rule]:
 
 
 def parse_rule(text: str) -> Rule:
-    """Parse ``"GLOB=TARGET"`` (the CLI form), e.g. ``"*.attn.*=stiefel"``."""
+    """Parse ``"GLOB=TARGET"`` (the CLI form), e.g. ``"*.attn.*=stiefel"`` or ``"*.attn.*=bdgram@1.5"``.
+
+    Only the form is checked here; `resolve_target` (or `validate_rule`) checks the target.
+    """
     pattern, sep, target = text.partition("=")
     if not sep or not pattern.strip() or not target.strip():
-        raise ValueError(f"rule {text!r} must look like GLOB=TARGET with TARGET one of: {', '.join(TARGETS)}")
+        raise ValueError(f"rule {text!r} must look like GLOB=TARGET with TARGET one of: {', '.join(target_names())} "
+                         "(or a parametric manifold such as bdgram@1.5)")
     return Rule(pattern.strip(), target.strip())
 
 
-def _resolve(target: Target, custom: Mapping[str, GramManifold]) -> tuple[str, GramManifold | None]:
+def resolve_target(target: Target, custom_manifolds: Mapping[str, GramManifold] | None = None
+                   ) -> tuple[str, GramManifold | None]:
+    """``(label, manifold)`` of a rule target: ``("adamw", None)``, a ``custom_manifolds`` entry,
+    or a new instance from the `manifolds` registry (``"bdgram@1.5"`` -> ``BoundedDGram(1.5)``).
+
+    The label (shown in the assignment table, the diagnostics and the study) is the target
+    lowercased without whitespace, or the class name lowercased for an instance. ``ValueError``
+    (one line, naming the valid targets) on an unknown or malformed one.
+    """
     if isinstance(target, GramManifold):
         return type(target).__name__.lower(), target
-    key = str(target).lower()
-    if key == "adamw":
-        return "adamw", None
-    if key in custom:
-        return key, custom[key]
-    if key in MANIFOLDS:
-        return key, get_manifold(key)
-    valid = ", ".join(list(TARGETS) + sorted(custom))
-    raise ValueError(f"unknown manifold {target!r}; valid: {valid}")
+    if not isinstance(target, str):
+        raise TypeError(f"a rule target must be a str or a GramManifold; got {type(target).__name__}")
+    label = "".join(target.split()).lower()
+    if label == ADAMW:
+        return ADAMW, None
+    custom = {k.lower(): v for k, v in (custom_manifolds or {}).items()}
+    if label in custom:
+        return label, custom[label]
+    if label.partition("@")[0] not in manifold_names():
+        raise ValueError(f"unknown manifold {target!r}; valid: {', '.join(target_names(custom))}; "
+                         f"parametric: {SPEC_SYNTAX}")
+    return label, get_manifold(target)
+
+
+def validate_rule(text: str | Rule, custom_names: Iterable[str] = ()) -> Rule:
+    """Parse a rule and check that its target resolves (``custom_names`` count as valid); return it.
+
+    ``ValueError`` naming the rule and the valid targets otherwise (for ``TrainConfig.validate``).
+    """
+    rule = parse_rule(text) if isinstance(text, str) else text
+    names = {n.lower() for n in custom_names}
+    if isinstance(rule.target, str) and "".join(rule.target.split()).lower() in names:
+        return rule
+    try:
+        resolve_target(rule.target, dict.fromkeys(names))
+    except ValueError as exc:
+        raise ValueError(f"rule {str(rule)!r}: {exc}") from None
+    return rule
+
+
+def _check_rule_matches(rule: Rule, is_manifold: bool, named: Sequence[tuple[str, torch.Tensor]]) -> None:
+    """``ValueError`` if ``rule`` matches no parameter, or (a manifold rule) no 2-D parameter."""
+    names = [n for n, _ in named]
+    hits = [(n, p) for n, p in named if fnmatch.fnmatchcase(n, rule.pattern)]
+    if not hits:
+        close = difflib.get_close_matches(rule.pattern, names, n=3, cutoff=0.0) or names[:3]
+        raise ValueError(f"rule {str(rule)!r} matches no parameter; closest names: {', '.join(close)}")
+    if is_manifold and not any(p.dim() == 2 for _, p in hits):
+        n, p = hits[0]
+        raise ValueError(f"rule {str(rule)!r} matches no matrix (only {len(hits)} parameter(s) of other shapes, "
+                         f"e.g. {n} {tuple(p.shape)}); manifold rules apply to 2-D weights")
 
 
 def assign(
@@ -114,28 +182,38 @@ def assign(
 ) -> list[Assignment]:
     """Assign every parameter: custom ``rules`` first (in order), then the ``preset``'s rules.
 
+    A manifold rule matches 2-D parameters only; an ``adamw`` rule matches any. The first
+    matching rule wins; an unmatched parameter goes to AdamW.
+
     Args:
         named_parameters: e.g. ``model.named_parameters()``.
         preset: a name from `PRESETS`, or ``None`` for rules only.
-        rules: `Rule` objects or ``"GLOB=TARGET"`` strings; they take precedence.
-        custom_manifolds: extra ``name -> GramManifold`` targets usable by name in rules.
+        rules: `Rule` objects or ``"GLOB=TARGET"`` strings; they take precedence. Each must
+            match at least one parameter (a manifold rule: one matrix), else ``ValueError``.
+        custom_manifolds: extra ``name -> GramManifold`` targets usable by name in rules
+            (names registered with `manifolds.register` need no entry here).
     """
-    custom = {k.lower(): v for k, v in (custom_manifolds or {}).items()}
-    all_rules = [parse_rule(r) if isinstance(r, str) else r for r in rules]
-    if preset is not None:
-        all_rules += preset_rules(preset)
-    resolved = [(r.pattern, *_resolve(r.target, custom)) for r in all_rules]  # validate every rule up front
+    named = list(named_parameters)
+    user_rules = [parse_rule(r) if isinstance(r, str) else r for r in rules]
+    all_rules = user_rules + (preset_rules(preset) if preset is not None else [])
+    cache: dict[str, tuple[str, GramManifold | None]] = {}  # one instance per distinct spec
+    resolved = []
+    for rule in all_rules:  # validate every rule up front
+        key = rule.target if isinstance(rule.target, str) else id(rule.target)
+        if key not in cache:
+            cache[key] = resolve_target(rule.target, custom_manifolds)
+        resolved.append((rule, *cache[key]))
+    for rule, label, _ in resolved[: len(user_rules)]:
+        _check_rule_matches(rule, label != ADAMW, named)
     out = []
-    for name, p in named_parameters:
-        target_name, manifold = "adamw", None
-        for pattern, t_name, t_manifold in resolved:
-            if fnmatch.fnmatchcase(name, pattern):
-                target_name, manifold = t_name, t_manifold
+    for name, p in named:
+        label, manifold = ADAMW, None
+        for rule, t_label, t_manifold in resolved:
+            if (t_label == ADAMW or p.dim() == 2) and fnmatch.fnmatchcase(name, rule.pattern):
+                label, manifold = t_label, t_manifold
                 break
-        if target_name != "adamw" and p.dim() != 2:
-            raise ValueError(f"parameter {name} of shape {tuple(p.shape)} matched a manifold rule; only 2-D weights can take a manifold")
-        optimizer = "adamw" if target_name == "adamw" else "muon"
-        out.append(Assignment(name, tuple(p.shape), optimizer, None if optimizer == "adamw" else target_name, manifold))
+        optimizer = "adamw" if label == ADAMW else "muon"
+        out.append(Assignment(name, tuple(p.shape), optimizer, None if optimizer == "adamw" else label, manifold))
     return out
 
 

@@ -36,9 +36,12 @@ import abc
 import geoopt
 import torch
 
-from .matrix_sign import polar
+from .matrix_sign import MSIGN_METHODS, polar
 
-__all__ = ["GramManifold", "to_tall", "from_tall"]
+__all__ = ["GramManifold", "to_tall", "from_tall", "POLAR_METHODS"]
+
+# What `polar` accepts: "auto" (SVD on CPU, Polar Express elsewhere) or any msign method.
+POLAR_METHODS = ("auto",) + MSIGN_METHODS
 
 _SUPPORTED_DTYPES = (torch.float32, torch.float64)
 # Default tolerances of the on-manifold / on-tangent checks, per dtype. float32 rounding of a
@@ -86,6 +89,10 @@ class GramManifold(geoopt.Manifold, metaclass=abc.ABCMeta):
     reversible = False
 
     def __init__(self, polar_method: str = "auto", max_newton_steps: int = 30):
+        if polar_method not in POLAR_METHODS:
+            raise ValueError(f"unknown polar_method {polar_method!r}; valid: {', '.join(POLAR_METHODS)}")
+        if isinstance(max_newton_steps, bool) or not isinstance(max_newton_steps, int) or max_newton_steps < 1:
+            raise ValueError(f"max_newton_steps must be an integer >= 1; got {max_newton_steps!r}")
         super().__init__()
         self.polar_method = polar_method
         self.max_newton_steps = max_newton_steps

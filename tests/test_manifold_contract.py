@@ -1,8 +1,12 @@
 """The contract kit run over every built-in manifold and a user subclass (one test per property)."""
+import importlib.util
+import sys
+from pathlib import Path
+
 import pytest
 import torch
 
-from manifolds import DGram, Euclidean, GramManifold, Oblique, Stiefel
+from manifolds import BoundedDGram, DGram, Euclidean, GramManifold, Oblique, Stiefel, get_manifold
 from manifolds.testing import PROPERTIES, check_manifold, run_property
 
 
@@ -14,10 +18,14 @@ class BlockGram(GramManifold):
         return M * (block[:, None] != block[None, :]).to(M.dtype)
 
 
-MANIFOLDS = [Stiefel(), DGram(), Oblique(), Euclidean(), BlockGram()]
+# BoundedDGram is a manifold with boundary: the kit holds in its interior, which is where its
+# ``random`` draws points (largest column norm <= 0.9 * bound). Bound 0.5 rescales nearly every
+# DGram draw (log-normal norms around 1), bound 3 almost none.
+MANIFOLDS = [Stiefel(), DGram(), Oblique(), Euclidean(), BlockGram(), BoundedDGram(0.5), BoundedDGram(3.0)]
+IDS = ["Stiefel", "DGram", "Oblique", "Euclidean", "BlockGram", "BoundedDGram-0.5", "BoundedDGram-3"]
 
 
-@pytest.mark.parametrize("manifold", MANIFOLDS, ids=lambda m: type(m).__name__)
+@pytest.mark.parametrize("manifold", MANIFOLDS, ids=IDS)
 @pytest.mark.parametrize("prop", PROPERTIES, ids=lambda p: p.__name__)
 def test_contract(manifold, prop):
     run_property(prop, manifold)
@@ -50,14 +58,15 @@ def test_kit_catches_wrong_projection():
 
 
 def _load_docs_example():
-    import importlib.util
-    from pathlib import Path
-
-    path = Path(__file__).parent.parent / "docs" / "examples" / "block_gram.py"
-    spec = importlib.util.spec_from_file_location("block_gram_example", path)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    # Imported once per process, as a user module is: it registers "blockgram" when it runs.
+    name = "block_gram"
+    if name not in sys.modules:
+        path = Path(__file__).parent.parent / "docs" / "examples" / "block_gram.py"
+        spec = importlib.util.spec_from_file_location(name, path)
+        module = importlib.util.module_from_spec(spec)
+        sys.modules[name] = module
+        spec.loader.exec_module(module)
+    return sys.modules[name]
 
 
 @pytest.mark.parametrize("cls_name", ["BlockGram", "FastBlockGram"])
@@ -65,3 +74,13 @@ def test_docs_guide_manifolds_pass_the_kit(cls_name):
     # The "Define your own manifold" guide's classes, checked exactly as the guide says.
     cls = getattr(_load_docs_example(), cls_name)
     check_manifold(cls(block_size=2), shapes=((8, 4), (4, 8), (6, 6), (2, 7, 3)), max_examples=25)
+
+
+def test_docs_example_registers_itself():
+    # The guide's "register, then use by name" path: blockgram@4 -> FastBlockGram(4), through the registry.
+    example = _load_docs_example()
+    manifold = get_manifold("BlockGram@4")
+    assert type(manifold) is example.FastBlockGram and manifold.block_size == 4
+    assert get_manifold("blockgram@4").key() == manifold.key() != get_manifold("blockgram@2").key()
+    with pytest.raises(ValueError, match=r"bad manifold spec 'blockgram@0': block_size must be an integer >= 1"):
+        get_manifold("blockgram@0")

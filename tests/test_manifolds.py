@@ -1,11 +1,12 @@
-"""Manifold-specific behaviour beyond the generic contract: msign accuracy, errors, geoopt interop."""
+"""Manifold-specific behaviour beyond the generic contract: msign accuracy, errors, the boundary of
+BoundedDGram, geoopt interop."""
 import geoopt
 import pytest
 import torch
 
-from manifolds import DGram, Euclidean, Oblique, Stiefel, get_manifold, msign, polar
+from manifolds import BoundedDGram, DGram, Euclidean, Oblique, Stiefel, get_manifold, msign, polar, to_tall
 
-ALL = [Stiefel(), DGram(), Oblique(), Euclidean()]
+ALL = [Stiefel(), DGram(), Oblique(), Euclidean(), BoundedDGram(1.5)]
 
 
 def _gaussian(*shape, seed=0, dtype=torch.float64):
@@ -201,8 +202,68 @@ def test_oblique_zero_column_is_refused():
 
 def test_get_manifold_names():
     assert isinstance(get_manifold("DGram"), DGram)
-    with pytest.raises(ValueError, match="valid: stiefel, dgram, oblique, euclidean"):
+    with pytest.raises(ValueError, match="valid: stiefel, dgram, oblique, euclidean, bdgram"):
         get_manifold("sphere")
+
+
+@pytest.mark.parametrize("kwargs, match", [
+    ({"polar_method": "qr"}, "unknown polar_method 'qr'; valid: auto, svd, polar_express, newton_schulz"),
+    ({"max_newton_steps": 0}, "max_newton_steps must be an integer >= 1; got 0"),
+    ({"max_newton_steps": 2.5}, "max_newton_steps must be an integer >= 1; got 2.5"),
+])
+def test_bad_settings_are_refused(kwargs, match):
+    for cls in (Stiefel, DGram, Oblique, Euclidean):
+        with pytest.raises(ValueError, match=match):
+            cls(**kwargs)
+
+
+@pytest.mark.parametrize("bound", [0, -1.0, float("nan"), float("inf"), "big", None])
+def test_bounded_dgram_refuses_bad_bounds(bound):
+    with pytest.raises(ValueError, match="bound must be a finite number > 0"):
+        BoundedDGram(bound)
+
+
+# ----------------------------------------------------------------------------- BoundedDGram boundary
+# The contract kit covers the interior (tests/test_manifold_contract.py); these cover the boundary.
+def test_bounded_dgram_clips_to_the_bound():
+    torch.manual_seed(0)
+    M = BoundedDGram(1.0)
+    X = 3 * torch.randn(12, 5, dtype=torch.float64)
+    W = M.projx(X)
+    assert torch.allclose(M.column_norms(W), torch.ones(5, dtype=torch.float64))  # all clipped to the bound
+    assert M.check_point_on_manifold(W) and not M.check_point_on_manifold(1.01 * W)
+    assert float(M.constraint_violation(1.5 * W).max()) == pytest.approx(0.5)
+    assert bool(M.at_bound(W).all())
+    Wt = M.projx(X.mT.contiguous())  # wide: rows are the constrained vectors
+    assert torch.allclose(Wt.norm(dim=-1), torch.ones(5, dtype=torch.float64))
+    inner = 0.5 * W
+    assert torch.equal(M.projx(inner), DGram().projx(inner))  # inside the bound it is DGram
+
+
+def test_bounded_dgram_retraction_at_the_boundary():
+    # A boundary point: column 0 at the bound, the others inside.
+    torch.manual_seed(0)
+    M = BoundedDGram(1.0)
+    Q = torch.linalg.qr(torch.randn(12, 5, dtype=torch.float64))[0]
+    W = Q * torch.tensor([1.0, 0.5, 0.3, 0.7, 0.2], dtype=torch.float64)
+    assert M.at_bound(W).tolist() == [True, False, False, False, False]
+    A = M.project_cone(W, M.proju(W, torch.randn(12, 5, dtype=torch.float64)))
+    assert M.check_vector_on_tangent(W, A)
+    assert float((to_tall(W)[:, 0] * A[:, 0]).sum()) <= 1e-12  # column 0 does not point outward
+    assert torch.allclose(M.project_cone(W, A), A)  # idempotent
+
+    def err(V, t):
+        return float((M.retr(W, t * V) - (W + t * V)).norm())
+
+    A = A / A.norm()  # along the cone: first order (halving t quarters the error)
+    assert err(A, 1e-3) <= 0.3 * err(A, 2e-3) + 1e-12
+    radial = torch.zeros_like(W)
+    radial[:, 0] = W[:, 0]
+    out = M.proju(W, radial)
+    out = out / out.norm()  # outward: the clip moves the point by O(t), the boundary's signature
+    assert err(out, 1e-3) / err(out, 2e-3) == pytest.approx(0.5, abs=0.05)
+    Y = M.retr(W, 1e-2 * out)
+    assert M.check_point_on_manifold(Y) and float(M.column_norms(Y)[0]) == pytest.approx(1.0)
 
 
 # ----------------------------------------------------------------------------- orientation

@@ -9,9 +9,8 @@ import pytest
 import scipy.linalg
 import torch
 
-from geomtrain.bounded import BoundedDGram
 from geomtrain.optim import SOLVERS, ManifoldMuon, spectral_direction, tangent_residual
-from manifolds import DGram, Euclidean, GramManifold, Oblique, Stiefel, msign
+from manifolds import BoundedDGram, DGram, Euclidean, GramManifold, Oblique, Stiefel, msign
 
 MANIFOLDS = [Stiefel(), DGram(), Oblique(), Euclidean()]
 CONSTRAINED = MANIFOLDS[:3]

@@ -1,6 +1,6 @@
-"""The study: smoke run of two presets, resumability, report rebuild, figures, bad input; the
-bounded DGram manifold (contract kit + boundary behaviour); the automatic assignment policy;
-the toy attention demonstration."""
+"""The study: smoke run of two presets, resumability, report rebuild, figures, bad input; training
+on the bounded DGram manifold by name; the automatic assignment policy; the toy attention
+demonstration."""
 import json
 import math
 import random
@@ -18,8 +18,6 @@ from geomtrain.data import prepare
 from geomtrain.study import collect, load_summary, main as study_main, toy_attention
 from geomtrain.train import train
 from manifolds import BoundedDGram, get_manifold
-from manifolds.base import to_tall
-from manifolds.testing import check_manifold
 
 WORDS = "the king and queen of a far land went to see their old friend who lived by the sea with many ships and men".split()
 FAST = ["--set", "batch_size=4", "--set", "eval_iters=1", "--set", "log_interval=1", "--set", "diag_batch_size=2",
@@ -235,46 +233,8 @@ def test_figures_from_a_synthetic_summary(tmp_path):
 
 
 # ----------------------------------------------------------------------------- bounded DGram
-@pytest.mark.parametrize("bound", [0.5, 3.0])
-def test_bounded_dgram_passes_the_contract_kit(bound):
-    # The kit draws interior points (random() stays below 0.9 * bound), where the set is DGram.
-    check_manifold(BoundedDGram(bound), max_examples=25)
-
-
-def test_bounded_dgram_clips_and_knows_its_boundary():
-    torch.manual_seed(0)
-    M = BoundedDGram(1.0)
-    X = 3 * torch.randn(12, 5, dtype=torch.float64)
-    W = M.projx(X)
-    assert torch.allclose(M.column_norms(W), torch.ones(5, dtype=torch.float64))  # all clipped to the bound
-    assert M.check_point_on_manifold(W) and not M.check_point_on_manifold(1.01 * W)
-    assert float(M.constraint_violation(1.5 * W).max()) == pytest.approx(0.5)
-    assert bool(M.at_bound(W).all())
-    # wide matrices: rows are the constrained vectors
-    Wt = M.projx(X.mT.contiguous())
-    assert torch.allclose(Wt.norm(dim=-1), torch.ones(5, dtype=torch.float64))
-
-    # a boundary point: column 0 at the bound, the others inside
-    Q = torch.linalg.qr(torch.randn(12, 5, dtype=torch.float64))[0]
-    W = Q * torch.tensor([1.0, 0.5, 0.3, 0.7, 0.2], dtype=torch.float64)
-    assert M.at_bound(W).tolist() == [True, False, False, False, False]
-    U = M.proju(W, torch.randn(12, 5, dtype=torch.float64))
-    A = M.project_cone(W, U)
-    assert M.check_vector_on_tangent(W, A)
-    assert float((to_tall(W)[:, 0] * A[:, 0]).sum()) <= 1e-12  # column 0 does not point outward
-    assert torch.allclose(M.project_cone(W, A), A)  # idempotent
-    # first order along the cone, O(t) (clipped, but on the set) along an outward direction
-    def err(V, t):
-        return float((M.retr(W, t * V) - (W + t * V)).norm())
-    A = A / A.norm()
-    assert err(A, 1e-3) <= 0.3 * err(A, 2e-3) + 1e-12
-    out = M.proju(W, torch.zeros_like(W).index_put_((torch.arange(12), torch.zeros(12, dtype=torch.long)), W[:, 0]))
-    out = out / out.norm()
-    assert err(out, 1e-3) / err(out, 2e-3) == pytest.approx(0.5, abs=0.05)  # linear in t: the boundary
-    Y = M.retr(W, 1e-2 * out)
-    assert M.check_point_on_manifold(Y) and float(M.column_norms(Y)[0]) == pytest.approx(1.0)
-
-
+# The manifold itself (contract kit in its interior, the boundary) is tested in tests/test_manifolds.py
+# and tests/test_manifold_contract.py; here it trains by name.
 def test_bounded_dgram_by_name_in_training(data_dir, tmp_path):
     assert get_manifold("BDGram@0.4").bound == 0.4
     with pytest.raises(ValueError, match="bound must be"):

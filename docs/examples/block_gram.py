@@ -12,13 +12,16 @@ rows of a wide one (``torch.nn.Linear`` weights are ``(out, in)``).
 ``BlockGram`` implements only ``project_gram``: projection, retraction, checks and sampling
 come from the generic solves of :class:`manifolds.GramManifold`. ``FastBlockGram`` adds the
 closed forms (per block-pair Sylvester solves and a polar retraction) for larger matrices.
+
+Importing this module registers ``FastBlockGram`` as ``blockgram``, so that
+``manifolds.get_manifold("blockgram@16")`` (and a training rule ``*.attn.*=blockgram@16``) is
+``FastBlockGram(16)``.
 """
 from __future__ import annotations
 
 import torch
 
-from manifolds import GramManifold, from_tall, to_tall
-from manifolds import polar
+from manifolds import GramManifold, from_tall, polar, register, to_tall
 
 __all__ = ["BlockGram", "FastBlockGram", "block_mask"]
 
@@ -42,9 +45,9 @@ class BlockGram(GramManifold):
 
     def __init__(self, block_size: int, **kwargs):
         super().__init__(**kwargs)
-        if block_size < 1:
-            raise ValueError(f"block_size must be >= 1; got {block_size}")
-        self.block_size = int(block_size)
+        if isinstance(block_size, bool) or not isinstance(block_size, int) or block_size < 1:
+            raise ValueError(f"block_size must be an integer >= 1; got {block_size!r}")
+        self.block_size = block_size
 
     def project_gram(self, M: torch.Tensor) -> torch.Tensor:
         """Keep the cross-block entries of ``M``, zero the diagonal blocks."""
@@ -88,3 +91,9 @@ class FastBlockGram(BlockGram):
         H = Q.mT @ T
         return from_tall(Q @ (0.5 * (H + H.mT) * (1 - mask)), like=x)
 # --8<-- [end:fast]
+
+
+# --8<-- [start:register]
+# "blockgram@16" -> FastBlockGram(16): the arguments after "@" are passed to the class.
+register("blockgram", FastBlockGram)
+# --8<-- [end:register]

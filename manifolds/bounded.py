@@ -7,8 +7,9 @@ norm: $\sigma_{\max}(W) \le b$. It is the "scale control" the paper leaves open:
 freedom to rescale columns, without letting attention logits grow without limit. With $b = 1$
 the set is DGram intersected with the unit spectral-norm ball (it contains Stiefel).
 
-It is written through the public extension point, as a user would: a subclass of
-:class:`manifolds.DGram` that
+By name: ``manifolds.get_manifold("bdgram@1.5")`` is ``BoundedDGram(1.5)`` (the registry's
+``bdgram@B``; ``bdgram`` alone means ``B = 1``). It is written through the public extension
+point, as a user would: a subclass of :class:`manifolds.DGram` that
 
 - keeps DGram's tangent maps (``proju``, ``tangent_constraint``, its adjoint), so
   :class:`geomtrain.optim.ManifoldMuon` computes the same spectral direction as on DGram;
@@ -39,12 +40,10 @@ from __future__ import annotations
 
 import torch
 
-from manifolds import DGram
-from manifolds.base import from_tall, to_tall
+from .base import from_tall, to_tall
+from .dgram import DGram
 
-__all__ = ["BoundedDGram", "parse_bounded_name"]
-
-PREFIX = "bdgram@"
+__all__ = ["BoundedDGram"]
 
 
 class BoundedDGram(DGram):
@@ -58,9 +57,13 @@ class BoundedDGram(DGram):
     name = "BoundedDGram"
 
     def __init__(self, bound: float = 1.0, polar_method: str = "auto"):
-        bound = float(bound)
-        if not bound > 0 or bound != bound or bound == float("inf"):
+        try:
+            value = float(bound)
+        except (TypeError, ValueError):
+            value = float("nan")
+        if not 0 < value < float("inf"):  # also refuses NaN
             raise ValueError(f"bound must be a finite number > 0; got {bound!r}")
+        bound = value
         super().__init__(polar_method=polar_method)
         self.bound = bound
 
@@ -114,15 +117,3 @@ class BoundedDGram(DGram):
     def extra_repr(self) -> str:
         return f"bound={self.bound:g}, polar_method={self.polar_method!r}"
 
-
-def parse_bounded_name(name: str) -> BoundedDGram | None:
-    """``"bdgram@1.5"`` -> ``BoundedDGram(1.5)``; ``None`` for any other name; ``ValueError`` on a bad bound."""
-    key = name.lower()
-    if not key.startswith(PREFIX):
-        return None
-    text = key[len(PREFIX):]
-    try:
-        bound = float(text)
-    except ValueError:
-        raise ValueError(f"bad bound {text!r} in {name!r}; write bdgram@B with B a number > 0, e.g. bdgram@1.5") from None
-    return BoundedDGram(bound)
