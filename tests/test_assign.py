@@ -1,10 +1,12 @@
-"""Presets, custom rules and the assignment table."""
+"""Presets, custom rules (through the manifold registry) and the assignment table."""
 import pytest
 import torch
 
-from geomtrain.assign import PRESETS, Rule, assign, format_table, parse_rule, preset_rules
+from geomtrain.assign import (
+    PRESETS, Rule, assign, format_table, parse_rule, preset_rules, resolve_target, target_names, validate_rule,
+)
 from geomtrain.model import GPT, model_config
-from manifolds import DGram, GramManifold, Stiefel
+from manifolds import BoundedDGram, DGram, GramManifold, Stiefel, manifold_names, register, unregister
 
 
 @pytest.fixture(scope="module")
@@ -65,15 +67,123 @@ def test_manifold_instance_from_python(named):
     assert custom["transformer.h.1.mlp.c_fc.weight"].manifold is mine
 
 
+def one_line(exc_info) -> str:
+    text = str(exc_info.value)
+    assert "\n" not in text, text
+    return text
+
+
 def test_bad_names_list_valid_choices(named):
     with pytest.raises(ValueError, match="valid: adamw, unconstrained, all-stiefel, all-dgram, hetero, hetero-inv"):
         preset_rules("hetero2")
-    with pytest.raises(ValueError, match="valid: stiefel, dgram, oblique, euclidean, adamw"):
+    with pytest.raises(ValueError, match="unknown manifold 'sphere'; valid: stiefel, dgram, oblique, euclidean, bdgram, "
+                                         ".*adamw; parametric: NAME@ARG") as e:
         assign(named, preset=None, rules=["*=sphere"])
-    with pytest.raises(ValueError, match="GLOB=TARGET"):
+    one_line(e)
+    with pytest.raises(ValueError, match="GLOB=TARGET with TARGET one of: stiefel, dgram, oblique, euclidean, bdgram"):
         parse_rule("stiefel")
-    with pytest.raises(ValueError, match="only 2-D weights"):
-        assign(named, preset=None, rules=["*.bias=stiefel"])
+    with pytest.raises(ValueError, match=r"bad manifold spec 'bdgram@0': bound must be a finite number > 0") as e:
+        assign(named, preset=None, rules=["*.attn.*=bdgram@0"])
+    one_line(e)
+
+
+# ----------------------------------------------------------------------------- rules apply to matrices
+def test_manifold_rules_take_matrices_and_leave_vectors_to_adamw(named):
+    # The README command: --rule '*.attn.*=stiefel' --rule '*.mlp.*=dgram' (globs that also match biases).
+    assignments = assign(named, preset="hetero", rules=["*.attn.*=stiefel", "*.mlp.*=dgram"])
+    table = _by_name(assignments)
+    shapes = dict((n, tuple(p.shape)) for n, p in named)
+    for name, a in table.items():
+        in_block = ".attn." in name or ".mlp." in name
+        if in_block and len(shapes[name]) == 2:
+            assert (a.optimizer, a.manifold_name) == ("muon", "stiefel" if ".attn." in name else "dgram"), name
+        else:
+            assert (a.optimizer, a.manifold_name, a.manifold) == ("adamw", None, None), name
+    text = format_table(assignments)
+    assert "transformer.h.0.attn.c_attn.bias    192     adamw      -" in text
+    assert "transformer.h.0.attn.c_attn.weight  192x64  muon       stiefel" in text
+
+
+def test_vectors_fall_through_manifold_rules_and_matrices_take_the_first_match(named):
+    table = _by_name(assign(named, preset="hetero", rules=["transformer.*=oblique", "*.ln_1.*=adamw", "*=stiefel"]))
+    for name, p in named:
+        want = ("muon", "oblique") if p.dim() == 2 else ("adamw", None)  # wte/wpe too: a 2-D embedding if asked
+        assert (table[name].optimizer, table[name].manifold_name) == want, name
+
+
+@pytest.mark.parametrize("rule, match", [
+    ("*.atn.*=stiefel", r"rule '\*\.atn\.\*=stiefel' matches no parameter; closest names: transformer\."),
+    ("*.nothing=adamw", r"rule '\*\.nothing=adamw' matches no parameter; closest names: "),
+    ("*.bias=stiefel", r"rule '\*\.bias=stiefel' matches no matrix \(only 13 parameter\(s\) of other shapes, "
+                       r"e\.g\. transformer\.h\.0\.ln_1\.bias \(64,\)\); manifold rules apply to 2-D weights"),
+])
+def test_rule_matching_nothing_is_a_one_line_error(named, rule, match):
+    with pytest.raises(ValueError, match=match) as e:
+        assign(named, preset="hetero", rules=[rule])
+    one_line(e)
+    names = {n for n, _ in named}
+    hint = str(e.value).partition("closest names: ")[2]
+    assert not hint or set(hint.split(", ")) <= names  # the hint lists real parameter names
+
+
+def test_preset_rules_need_not_match(named):
+    # Presets target GPT-2 blocks; a model without MLPs simply has nothing for those rules.
+    attn_only = [(n, p) for n, p in named if ".mlp." not in n]
+    table = _by_name(assign(attn_only, "hetero"))
+    assert table["transformer.h.0.attn.c_attn.weight"].manifold_name == "stiefel"
+
+
+# ----------------------------------------------------------------------------- the registry in rules
+def test_parametric_manifold_through_assign(named):
+    table = _by_name(assign(named, preset="hetero-inv", rules=["*.attn.*.weight=BDGram@1.5"]))
+    a0, a1 = table["transformer.h.0.attn.c_attn.weight"], table["transformer.h.1.attn.c_proj.weight"]
+    assert type(a0.manifold) is BoundedDGram and a0.manifold.bound == 1.5 and a0.manifold_name == "bdgram@1.5"
+    assert a1.manifold is a0.manifold  # one instance per distinct spec
+    assert table["transformer.h.0.attn.c_attn.bias"].optimizer == "adamw"
+    assert table["transformer.h.0.mlp.c_fc.weight"].manifold_name == "stiefel"  # the preset, unchanged
+    two = _by_name(assign(named, preset=None, rules=["*.h.0.*.weight=bdgram@1.5", "*.h.1.*.weight=bdgram@2"]))
+    m0, m1 = two["transformer.h.0.mlp.c_fc.weight"].manifold, two["transformer.h.1.mlp.c_fc.weight"].manifold
+    assert (m0.bound, m1.bound) == (1.5, 2.0) and m0.key() != m1.key()
+
+
+class Scaled(GramManifold):
+    def __init__(self, scale=1.0):
+        super().__init__()
+        self.scale = float(scale)
+
+    def project_gram(self, M):
+        return M
+
+
+@pytest.fixture
+def registered():
+    name = "test-assign-scaled"
+    register(name, Scaled)
+    yield name
+    unregister(name)
+
+
+def test_user_registered_manifold_through_assign(named, registered):
+    assert registered in target_names() and target_names()[-1] == "adamw"
+    table = _by_name(assign(named, preset="hetero", rules=[f"*.mlp.c_fc.weight={registered}@3"]))
+    a = table["transformer.h.1.mlp.c_fc.weight"]
+    assert type(a.manifold) is Scaled and a.manifold.scale == 3.0 and a.manifold_name == f"{registered}@3"
+    assert validate_rule(f"*.attn.*={registered.upper()}@2").pattern == "*.attn.*"
+
+
+def test_resolve_and_validate_targets(named):
+    assert resolve_target("adamw") == ("adamw", None)
+    label, m = resolve_target(" Stiefel ")
+    assert label == "stiefel" and type(m) is Stiefel
+    mine = Stiefel()
+    assert resolve_target("Mine", {"mine": mine}) == ("mine", mine)
+    assert validate_rule("*=mine", custom_names=("MINE",)).target == "mine"
+    with pytest.raises(ValueError, match=r"rule '\*=sphere': unknown manifold 'sphere'; valid: stiefel.*adamw") as e:
+        validate_rule("*=sphere")
+    one_line(e)
+    with pytest.raises(TypeError, match="a rule target must be a str or a GramManifold; got int"):
+        resolve_target(3)
+    assert set(manifold_names()) < set(target_names())
 
 
 def test_table_lists_every_parameter(named):
