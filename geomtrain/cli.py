@@ -1,69 +1,38 @@
-"""Command line: ``geomtrain prepare | train | sample | bench | study | report``.
+"""Command line: ``geomtrain COMMAND`` with one registry of commands and one error style.
 
-Every ``TrainConfig`` field is a ``train`` flag (``--max-iters 200``, ``--no-diagnostics``);
-``--config FILE.toml`` supplies a base; flags win. Bad input prints one line naming the valid
-choices and exits with code 2.
+Commands: ``prepare``, ``train``, ``sample``, ``bench``, ``study``, ``report``. Every
+``TrainConfig`` field is a ``train`` flag (``--max-iters 200``, ``--no-diagnostics``), parsed by
+the one config-text parser (`geomtrain.config.parse_value`); ``--config FILE.toml`` supplies a
+base; flags win; `TrainConfig.validate` checks the result. A user error — a bad flag, a bad
+value, a folder that holds another run, a corrupted file — prints **one line**
+``geomtrain COMMAND: error: ...`` and exits with code 2 (no usage dump). ``train`` exits 0 when
+finished, 130 / 143 when stopped by SIGINT / SIGTERM (checkpoint written), 1 when diverged.
 """
 from __future__ import annotations
 
 import argparse
 import dataclasses
 import sys
-import types
-import typing
 from pathlib import Path
+from typing import Callable
 
-__all__ = ["main", "build_parser"]
+__all__ = ["main", "build_parser", "COMMANDS", "UsageError"]
 
 
-class CLIError(Exception):
+class UsageError(Exception):
     """A user error: printed as one line, exit code 2."""
 
 
-def _field_type(f: dataclasses.Field):
-    hint = typing.get_type_hints(_train_config_cls())[f.name]
-    args = [a for a in typing.get_args(hint) if a is not type(None)]
-    if typing.get_origin(hint) in (typing.Union, types.UnionType) and args:
-        hint = args[0]
-    return hint
+class OneLineParser(argparse.ArgumentParser):
+    """argparse that raises `UsageError` instead of printing the whole usage (sub-parsers inherit it)."""
+
+    def error(self, message: str):
+        raise UsageError(f"{self.prog}: error: {message}")
 
 
-def _train_config_cls():
-    from .config import TrainConfig
-
-    return TrainConfig
-
-
-def _add_train_flags(p: argparse.ArgumentParser) -> None:
-    from .assign import PRESETS, TARGETS
-    from .config import TrainConfig
-
-    p.add_argument("--config", metavar="FILE.toml", help="TOML file with config keys (flags override it)")
-    p.add_argument("--resume", action="store_true", help="continue from OUT_DIR/ckpt.pt if present")
-    for f in dataclasses.fields(TrainConfig):
-        flag = "--" + f.name.replace("_", "-")
-        kind = _field_type(f)
-        default = f.default if f.default is not dataclasses.MISSING else None
-        help_text = f"(default: {default!r}, or the model's)" if f.name in ("max_iters", "batch_size") else f"(default: {default!r})"
-        if f.name == "rules":
-            p.add_argument("--rule", dest="rules", action="append", default=None, metavar="GLOB=TARGET",
-                           help=f"manifold rule applied before the preset; TARGET in {', '.join(TARGETS)} (repeatable)")
-        elif f.name == "preset":
-            p.add_argument(flag, choices=PRESETS, default=None, help=f"manifold assignment preset {help_text}")
-        elif f.name == "dtype":
-            p.add_argument(flag, choices=("float32", "bfloat16"), default=None, help=help_text)
-        elif kind is bool:
-            p.add_argument(flag, action=argparse.BooleanOptionalAction, default=None, help=help_text)
-        else:
-            p.add_argument(flag, type=kind, default=None, help=help_text)
-
-
-def build_parser() -> argparse.ArgumentParser:
+# ----------------------------------------------------------------------------- prepare
+def _add_prepare(sub) -> None:
     from .data import DATASETS, TOKENIZERS
-    from .model import MODEL_CONFIGS
-
-    parser = argparse.ArgumentParser(prog="geomtrain", description="Manifold Muon on GPT-2: data, training, sampling, benchmarks, the study.")
-    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
 
     p = sub.add_parser("prepare", help="tokenize a corpus into train/val token files with a manifest")
     p.add_argument("--dataset", choices=DATASETS, default="classics", help="corpus (default: classics = Shakespeare + King James Bible)")
@@ -72,37 +41,65 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--out", default=None, help="output folder (default: data/<dataset> or data/<dataset>-<tokenizer>)")
     p.add_argument("--text-files", nargs="+", default=None, help="files or folders of .txt for --dataset text")
     p.add_argument("--force", action="store_true", help="rebuild even if the prepared files verify")
-
-    p = sub.add_parser("train", help="train a GPT-2 with a manifold assignment")
-    _add_train_flags(p)
-
-    p = sub.add_parser("sample", help="generate text from a run's checkpoint")
-    p.add_argument("run_dir", help="a run folder (holding ckpt.pt) or a checkpoint file")
-    p.add_argument("--prompt", default="\n", help="text to continue")
-    p.add_argument("--max-new-tokens", type=int, default=100)
-    p.add_argument("--temperature", type=float, default=0.8)
-    p.add_argument("--top-k", type=int, default=200)
-    p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--device", default="cpu")
-
-    sub.add_parser("bench", help="benchmarks (see `geomtrain bench --help`)", add_help=False)
-    sub.add_parser("study", help="the module-wise manifold study (see `geomtrain study --help`)", add_help=False)
-    sub.add_parser("report", help="rebuild a study's tables and figures (see `geomtrain report --help`)", add_help=False)
-    parser.epilog = f"models: {', '.join(MODEL_CONFIGS)}"
-    return parser
+    p.set_defaults(handler=_cmd_prepare)
 
 
 def _cmd_prepare(args) -> int:
     from .data import default_data_dir, prepare
 
     if args.dataset == "text" and not args.text_files:
-        raise CLIError("--dataset text needs --text-files FILE_OR_DIR ...")
+        raise UsageError("--dataset text needs --text-files FILE_OR_DIR ...")
     manifest = prepare(args.out, dataset=args.dataset, tokenizer=args.tokenizer, force=args.force, text_files=args.text_files)
     splits = manifest["splits"]
     out = args.out or default_data_dir(args.dataset, tokenizer=args.tokenizer)
     print(f"prepared {args.dataset} in {out}: train {splits['train']['tokens']:,} tokens, val {splits['val']['tokens']:,} tokens "
           f"({manifest['tokenizer']}, vocab {manifest['vocab_size']})")
     return 0
+
+
+# ----------------------------------------------------------------------------- train
+_SPECIAL_FLAGS = {"rules", "manifold_modules"}
+
+
+def _config_flag(p: argparse.ArgumentParser, f: dataclasses.Field) -> None:
+    from .config import field_kind, parse_value
+
+    flag = "--" + f.name.replace("_", "-")
+    kind, _ = field_kind(f.name)
+    default = f.default if f.default is not dataclasses.MISSING else None
+    model_default = f.name in ("max_iters", "batch_size", "warmup_iters", "eval_interval", "eval_iters")
+    help_text = f"(default: {default!r}{', or the model' + chr(39) + 's' if model_default else ''})"
+    if kind is bool:
+        p.add_argument(flag, action=argparse.BooleanOptionalAction, default=None, help=help_text)
+        return
+    parse = lambda text, name=f.name: parse_value(name, text)  # noqa: E731
+    parse.__name__ = {int: "integer", float: "number"}.get(kind, "value")  # argparse names it in errors
+    p.add_argument(flag, type=parse, default=None, metavar=f.name.upper(), help=help_text)
+
+
+def _add_train(sub) -> None:
+    from .assign import PRESETS
+    from .config import TrainConfig
+
+    p = sub.add_parser("train", help="train a GPT-2 with a manifold assignment")
+    p.add_argument("--config", metavar="FILE.toml", help="TOML file with config keys (flags override it)")
+    p.add_argument("--resume", action="store_true", help="continue the run in OUT_DIR from its checkpoint")
+    p.add_argument("--overwrite", action="store_true", help="replace a run already in OUT_DIR")
+    p.add_argument("--allow-config-change", action="store_true",
+                   help="let --resume change run-defining keys (recorded in config_history.jsonl)")
+    p.add_argument("--rule", dest="rules", action="append", default=None, metavar="GLOB=MANIFOLD",
+                   help="manifold rule for matching weight matrices, before the preset; MANIFOLD is a registered name "
+                        "(stiefel, dgram, oblique, euclidean, bdgram@B, your own) or adamw (repeatable)")
+    p.add_argument("--manifolds", dest="manifold_modules", action="append", default=None, metavar="MODULE",
+                   help="import MODULE first (it registers manifolds with manifolds.register); repeatable")
+    for f in dataclasses.fields(TrainConfig):
+        if f.name in _SPECIAL_FLAGS:
+            continue
+        if f.name == "preset":
+            p.add_argument("--preset", choices=PRESETS, default=None, help="manifold assignment preset (default: hetero)")
+        else:
+            _config_flag(p, f)
+    p.set_defaults(handler=_cmd_train)
 
 
 def _cmd_train(args) -> int:
@@ -112,8 +109,33 @@ def _cmd_train(args) -> int:
     overrides = {f.name: getattr(args, f.name) for f in dataclasses.fields(TrainConfig)}
     cfg = make_config(overrides, toml_path=args.config)
     with distributed_from_env():
-        status = train(cfg, resume=args.resume)
-    return {"finished": 0, "interrupted": 130}.get(status["status"], 1)
+        status = train(cfg, resume=args.resume, overwrite=args.overwrite, allow_config_change=args.allow_config_change)
+    if status["status"] == "interrupted":
+        return {"SIGTERM": 143}.get(status.get("signal"), 130)
+    return 0 if status["status"] == "finished" else 1
+
+
+# ----------------------------------------------------------------------------- sample
+def _positive_int(text: str) -> int:
+    value = int(text)
+    if value < 1:
+        raise ValueError
+    return value
+
+
+_positive_int.__name__ = "integer >= 1"
+
+
+def _add_sample(sub) -> None:
+    p = sub.add_parser("sample", help="generate text from a run's checkpoint")
+    p.add_argument("run_dir", help="a run folder (holding ckpt.pt) or a checkpoint file")
+    p.add_argument("--prompt", default="\n", help="text to continue")
+    p.add_argument("--max-new-tokens", type=_positive_int, default=100)
+    p.add_argument("--temperature", type=float, default=0.8)
+    p.add_argument("--top-k", type=_positive_int, default=200)
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--device", default="cpu")
+    p.set_defaults(handler=_cmd_sample)
 
 
 def _cmd_sample(args) -> int:
@@ -121,42 +143,81 @@ def _cmd_sample(args) -> int:
 
     from .data import load_tokenizer
     from .model import GPT, GPTConfig
-    from .train import load_checkpoint
+    from .train import load_checkpoint, resolve_device
 
-    path = Path(args.run_dir)
-    path = path / "ckpt.pt" if path.is_dir() else path
-    if not path.exists():
-        raise CLIError(f"no checkpoint at {path}")
-    ckpt = load_checkpoint(path, map_location=args.device)
-    model = GPT(GPTConfig(**ckpt["model_config"])).to(args.device)
+    if not args.temperature > 0:
+        raise UsageError(f"--temperature must be > 0; got {args.temperature}")
+    device = resolve_device(args.device)
+    ckpt = load_checkpoint(Path(args.run_dir), map_location=device)
+    model = GPT(GPTConfig(**ckpt["model_config"])).to(device)
     model.load_state_dict(ckpt["model"])
     model.eval()
     tok = load_tokenizer(ckpt["config"]["data_dir"])
     ids = tok.encode(args.prompt) or [tok.eot_token]
-    idx = torch.tensor([ids], dtype=torch.long, device=args.device)
-    gen = torch.Generator(device=args.device).manual_seed(args.seed)
+    idx = torch.tensor([ids], dtype=torch.long, device=device)
+    gen = torch.Generator(device=device).manual_seed(args.seed)
     out = model.generate(idx, args.max_new_tokens, temperature=args.temperature, top_k=args.top_k, generator=gen)
     print(tok.decode(out[0].tolist()))
     return 0
 
 
+# ----------------------------------------------------------------------------- bench, study, report
+def _add_bench(sub) -> None:
+    from .bench import BENCHMARKS
+
+    p = sub.add_parser("bench", help="benchmarks: " + ", ".join(BENCHMARKS), description="Benchmarks.")
+    nested = p.add_subparsers(dest="bench", metavar="{" + ",".join(BENCHMARKS) + "}", required=True)
+    for add in BENCHMARKS.values():
+        add(nested)
+
+
+def _add_study_commands(sub) -> None:
+    from . import study
+
+    if hasattr(study, "cli"):
+        study.cli.add_study_parser(sub)
+        study.cli.add_report_parser(sub)
+        return
+    # TEMPORARY until geomtrain/study/ lands: delegate to the module's own parser
+    for name in ("study", "report"):
+        p = sub.add_parser(name, help=f"the module-wise manifold {name}", add_help=False)
+        p.add_argument("rest", nargs=argparse.REMAINDER)
+        p.set_defaults(handler=lambda args, name=name: study.main(([] if name == "study" else ["report"]) + args.rest))
+
+
+COMMANDS: dict[str, Callable] = {
+    "prepare": _add_prepare, "train": _add_train, "sample": _add_sample, "bench": _add_bench,
+    "study": _add_study_commands,  # adds both `study` and `report`
+}
+"""Command name -> function adding its sub-parser (with ``handler(args) -> int`` as default)."""
+
+
+def build_parser() -> argparse.ArgumentParser:
+    from .model import MODEL_CONFIGS
+
+    parser = OneLineParser(prog="geomtrain", description="Manifold Muon on GPT-2: data, training, sampling, benchmarks, the study.",
+                           epilog=f"models: {', '.join(MODEL_CONFIGS)}")
+    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+    for add in COMMANDS.values():
+        add(sub)
+    return parser
+
+
 def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
-    # bench / study / report own their parsers (they live in their modules).
-    if argv and argv[0] in ("bench", "study", "report"):
-        import importlib
-
-        module = importlib.import_module(f".{'bench' if argv[0] == 'bench' else 'study'}", __package__)
-        rest = argv[1:] if argv[0] != "report" else ["report", *argv[1:]]
-        return int(module.main(rest) or 0)
-    parser = build_parser()
-    args = parser.parse_args(argv)
-    handlers = {"prepare": _cmd_prepare, "train": _cmd_train, "sample": _cmd_sample}
+    command = " ".join(argv[:2] if argv[:1] == ["bench"] and len(argv) > 1 else argv[:1])
     try:
-        return handlers[args.command](args)
-    except (CLIError, ValueError, FileNotFoundError) as exc:
-        print(f"geomtrain {args.command}: error: {exc}", file=sys.stderr)
-        return 2
+        args = build_parser().parse_args(argv)
+        args.argv = argv
+        return int(args.handler(args) or 0)
+    except UsageError as exc:
+        message = str(exc)
+        print(message if message.startswith("geomtrain") else f"geomtrain {command}: error: {message}", file=sys.stderr)
+    except (ValueError, FileNotFoundError, PermissionError) as exc:
+        print(f"geomtrain {command}: error: {exc}", file=sys.stderr)
+    except OSError as exc:  # a full disk, a read-only folder: one line, nothing half-written
+        print(f"geomtrain {command}: error: {exc.strerror or exc}{f': {exc.filename}' if exc.filename else ''}", file=sys.stderr)
+    return 2
 
 
 if __name__ == "__main__":  # pragma: no cover

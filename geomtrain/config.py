@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import re
 import tomllib
 import types
 import typing
@@ -16,7 +17,7 @@ from pathlib import Path
 from typing import Any, Mapping, Sequence
 
 __all__ = ["TrainConfig", "MODEL_DEFAULTS", "load_toml", "make_config", "field_kind", "parse_value", "parse_assignments",
-           "RUN_DEFINING_KEYS"]
+           "RUN_DEFINING_KEYS", "import_manifold_modules"]
 
 
 @dataclass
@@ -30,6 +31,7 @@ class TrainConfig:
     # manifold assignment
     preset: str = "hetero"              # adamw | unconstrained | all-stiefel | all-dgram | hetero | hetero-inv
     rules: list[str] = field(default_factory=list)  # "GLOB=TARGET", applied before the preset
+    manifold_modules: list[str] = field(default_factory=list)  # modules imported first (they register manifolds)
     # schedule (AdamW part)
     max_iters: int = 300
     batch_size: int = 16                # global sequences per micro-step (split over ranks)
@@ -53,6 +55,7 @@ class TrainConfig:
     diagnostics: bool = True
     diag_batch_size: int = 4
     divergence_margin: float = 1.0      # diverged when val loss > best val loss + margin (nats)
+    nonfinite_patience: int = 5         # diverged after this many steps in a row skipped (non-finite loss/grad)
     log_interval: int = 10
     checkpoint_interval: int | None = None  # None = every evaluation
     stop_after: int | None = None       # stop (as if interrupted) after this many steps
@@ -75,9 +78,9 @@ class TrainConfig:
 
         The one validation site: flags, TOML, ``--set``, the study and resume all end here.
         ``custom_names``: extra manifold names rules may use (passed to ``train(custom_manifolds=)``)."""
-        from manifolds import MANIFOLDS
+        from manifolds import get_manifold
 
-        from .assign import PRESETS, TARGETS, parse_rule
+        from .assign import PRESETS, parse_rule
         from .model import MODEL_CONFIGS
 
         for f in dataclasses.fields(self):
@@ -86,14 +89,21 @@ class TrainConfig:
             raise ValueError(f"unknown model {self.model!r}; valid: {', '.join(MODEL_CONFIGS)}")
         if self.preset not in PRESETS:
             raise ValueError(f"unknown preset {self.preset!r}; valid: {', '.join(PRESETS)}")
+        import_manifold_modules(self.manifold_modules)
         for text in self.rules:
-            target = parse_rule(text).target.lower()
-            if target not in TARGETS and target not in custom_names:
-                valid = list(MANIFOLDS) + ["adamw"] + list(custom_names)
-                raise ValueError(f"unknown manifold {target!r} in rule {text!r}; valid: {', '.join(valid)}")
+            target = parse_rule(text).target
+            if target.lower() in ("adamw", *custom_names):
+                continue
+            try:
+                get_manifold(target)
+            except ValueError as exc:
+                raise ValueError(f"rule {text!r}: {exc}; or adamw") from None
+        if not re.fullmatch(r"auto|cpu|mps|cuda(:\d+)?", self.device):
+            raise ValueError(f"unknown device {self.device!r}; valid: auto, cpu, cuda, cuda:N, mps")
         if self.dtype not in ("float32", "bfloat16"):
             raise ValueError(f"unknown dtype {self.dtype!r}; valid: float32, bfloat16")
-        for name in ("max_iters", "batch_size", "grad_accum", "eval_interval", "eval_iters", "log_interval", "diag_batch_size"):
+        for name in ("max_iters", "batch_size", "grad_accum", "eval_interval", "eval_iters", "log_interval", "diag_batch_size",
+                     "nonfinite_patience"):
             if getattr(self, name) < 1:
                 raise ValueError(f"{name} must be >= 1; got {getattr(self, name)}")
         if self.warmup_iters < 0 or self.lr <= 0 or self.muon_lr < 0:
@@ -156,6 +166,18 @@ def _check_type(name: str, value: Any) -> None:
     if not ok:
         want = "a list of strings" if kind is list else f"{'an' if kind is int else 'a'} {kind.__name__}"
         raise ValueError(f"{name} must be {want}{' or None' if optional else ''}; got {value!r}")
+
+
+def import_manifold_modules(modules: Sequence[str]) -> None:
+    """Import user modules that register manifolds (``--manifolds mypkg.mymanifolds``)."""
+    import importlib
+
+    for name in modules:
+        try:
+            importlib.import_module(name)
+        except ImportError as exc:
+            raise ValueError(f"cannot import manifold module {name!r} ({exc}); it must be importable "
+                             "(installed, or on PYTHONPATH)") from None
 
 
 _TRUE, _FALSE = ("1", "true", "yes", "on"), ("0", "false", "no", "off")

@@ -1,34 +1,33 @@
-"""The GPT-2 training loop: AdamW + Manifold Muon with module-wise manifolds.
+"""The GPT-2 trainer: AdamW + Manifold Muon with module-wise manifolds.
 
-``train(config)`` runs one run into ``config.resolved_out_dir()`` and returns its status dict.
-The run folder holds:
+Two layers:
 
-- ``config.json``, ``env.json`` (versions, seed, git commit, device, command line);
-- ``assignment.json`` / ``assignment.txt``: parameter, shape, optimizer, manifold;
-- ``metrics.jsonl``: one JSON object a line, ``{"kind": "train", "step", "loss", "lr", "muon_lr",
-  "ms_per_step", "tokens_per_s", "muon": {...}}`` and ``{"kind": "eval", "step", "val_loss"}``;
-- ``diagnostics.jsonl``: per evaluation, spectral and attention diagnostics (`geomtrain.diagnostics`);
-- ``ckpt.pt``: the last good checkpoint (model, both optimizers, RNG states, step), written atomically;
-- ``status.json``: ``running | finished | diverged | interrupted`` with the step and losses.
+- `Trainer` holds model, data, optimizers and the step counter. ``trainer.step()`` runs one
+  training step in named phases (schedule, forward/backward, non-finite check, clip, optimizers)
+  and returns a `StepResult`; ``evaluate()``, ``diagnostics()``, ``state_dict()`` /
+  ``load_state_dict()`` complete it. It writes no files: benchmarks drive it directly.
+- `train(config)` is the loop over a `Trainer` and a `geomtrain.runfolder.RunFolder` (all files):
+  log, evaluate, checkpoint, detect divergence, stop on SIGINT/SIGTERM at a step boundary.
 
-Batches are a pure function of ``(seed, step, rank)`` (`geomtrain.data.get_batch`), so a
-resumed run sees exactly the batches the uninterrupted run would have seen and continues
-bit-exactly. Under ``torchrun`` the run is DDP (gloo on CPU, nccl on GPU); the global batch is
-split over ranks and rank 0 writes the outputs.
+**Non-finite policy.** A non-finite loss or gradient (anywhere, after the DDP all-reduce) is
+detected *before* clipping and before any optimizer: the whole step is skipped (no weight, no
+momentum, no Adam moment changes), counted (``skipped`` in the train record, ``n_skipped`` in
+the status) and the step counter moves on, so the batches stay a function of the step.
+``nonfinite_patience`` skipped steps in a row mark the run diverged.
+
+Batches are a pure function of ``(seed, step, rank)`` (`geomtrain.data.get_batch`), so a resumed
+run sees exactly the batches the uninterrupted run would have seen and continues bit-exactly.
+Under ``torchrun`` the run is DDP (gloo on CPU, nccl on GPU); rank 0 writes the outputs.
 """
 from __future__ import annotations
 
 import contextlib
-import json
 import math
 import os
-import platform
 import signal
-import subprocess
-import sys
 import threading
 import time
-from pathlib import Path
+from dataclasses import dataclass, field
 from typing import Any, Callable
 
 import numpy as np
@@ -36,24 +35,39 @@ import torch
 import torch.distributed as dist
 
 from . import data as gdata
+from ._io import environment_record, to_jsonable
 from .assign import assign, format_table
-from .config import TrainConfig
-from .diagnostics import collect_diagnostics, gradient_norms, jsonable
+from .config import TrainConfig, import_manifold_modules
+from .diagnostics import collect_diagnostics, gradient_norms
 from .model import GPT, model_config
+from .runfolder import CheckpointError, RunFolder, RunFolderError, load_verified_checkpoint
 
-__all__ = ["train", "lr_at", "build_optimizers", "resolve_device", "load_checkpoint", "environment_info"]
+__all__ = ["Trainer", "StepResult", "StopSignals", "train", "lr_at", "build_optimizers", "resolve_device",
+           "load_checkpoint", "distributed_from_env", "import_manifold_modules", "rng_state", "set_rng_state",
+           "RunFolderError", "CheckpointError"]
+
+DEVICES = ("auto", "cpu", "cuda", "cuda:N", "mps")
 
 
 # ----------------------------------------------------------------------------- helpers
 def resolve_device(name: str) -> torch.device:
-    """``auto`` picks cuda, then mps, then cpu."""
+    """``auto`` picks cuda, then mps, then cpu; an unavailable or unknown device is a ValueError."""
+    mps = getattr(torch.backends, "mps", None) is not None and torch.backends.mps.is_available()
     if name == "auto":
-        if torch.cuda.is_available():
-            return torch.device("cuda")
-        if getattr(torch.backends, "mps", None) is not None and torch.backends.mps.is_available():
-            return torch.device("mps")
-        return torch.device("cpu")
-    return torch.device(name)
+        return torch.device("cuda" if torch.cuda.is_available() else "mps" if mps else "cpu")
+    try:
+        device = torch.device(name)
+    except (RuntimeError, ValueError):
+        raise ValueError(f"unknown device {name!r}; valid: {', '.join(DEVICES)}") from None
+    if device.type not in ("cpu", "cuda", "mps"):
+        raise ValueError(f"unknown device {name!r}; valid: {', '.join(DEVICES)}")
+    if device.type == "cuda" and not torch.cuda.is_available():
+        raise ValueError(f"device {name!r} requested but CUDA is not available here; valid here: auto, cpu")
+    if device.type == "cuda" and device.index is not None and device.index >= torch.cuda.device_count():
+        raise ValueError(f"device {name!r}: only {torch.cuda.device_count()} CUDA device(s) here")
+    if device.type == "mps" and not mps:
+        raise ValueError(f"device {name!r} requested but MPS is not available here; valid here: auto, cpu")
+    return device
 
 
 def lr_at(step: int, cfg: TrainConfig) -> float:
@@ -66,143 +80,81 @@ def lr_at(step: int, cfg: TrainConfig) -> float:
     return cfg.min_lr + 0.5 * (1.0 + math.cos(math.pi * progress)) * (cfg.lr - cfg.min_lr)
 
 
-def _git_commit() -> dict:
-    root = Path(__file__).resolve().parent.parent
-    try:
-        commit = subprocess.run(["git", "rev-parse", "HEAD"], cwd=root, capture_output=True, text=True, timeout=5).stdout.strip()
-        dirty = bool(subprocess.run(["git", "status", "--porcelain"], cwd=root, capture_output=True, text=True, timeout=5).stdout.strip())
-        return {"commit": commit or None, "dirty": dirty}
-    except (OSError, subprocess.SubprocessError):
-        return {"commit": None, "dirty": None}
-
-
-def environment_info(device: torch.device, seed: int) -> dict:
-    """Versions, machine, device, seed and git commit: recorded with every run."""
-    import geoopt
-
-    info = {
-        "python": sys.version.split()[0], "torch": torch.__version__, "geoopt": geoopt.__version__,
-        "numpy": np.__version__, "platform": platform.platform(), "cpu_count": os.cpu_count(),
-        "torch_threads": torch.get_num_threads(), "device": str(device), "seed": seed,
-        "argv": sys.argv, "git": _git_commit(),
-        "world_size": dist.get_world_size() if dist.is_initialized() else 1,
-    }
-    if device.type == "cuda":
-        info["cuda_device"] = torch.cuda.get_device_name(device)
-    return info
-
-
-def _atomic_write(path: Path, write: Callable[[Any], None]) -> None:
-    """``write(fh)`` into a temporary binary file, fsync, then rename over ``path``."""
-    tmp = path.with_name(path.name + ".tmp")
-    with open(tmp, "wb") as fh:
-        write(fh)
-        fh.flush()
-        os.fsync(fh.fileno())
-    os.replace(tmp, path)
-
-
-def _atomic_write_text(path: Path, text: str) -> None:
-    _atomic_write(path, lambda fh: fh.write(text.encode()))
-
-
-def _atomic_save(obj: Any, path: Path) -> None:
-    _atomic_write(path, lambda fh: torch.save(obj, fh))
-
-
 def build_optimizers(model: torch.nn.Module, assignments, cfg: TrainConfig):
     """AdamW for the ``adamw`` parameters (weight decay on 2-D ones only) and ManifoldMuon for
     the ``muon`` parameters, one param group per manifold. Returns ``(adamw, muon_or_None)``."""
+    from .optim import ManifoldMuon
+
     params = dict(model.named_parameters())
-    decay = [params[a.name] for a in assignments if a.optimizer == "adamw" and params[a.name].dim() >= 2]
-    no_decay = [params[a.name] for a in assignments if a.optimizer == "adamw" and params[a.name].dim() < 2]
-    groups = [{"params": decay, "weight_decay": cfg.weight_decay}, {"params": no_decay, "weight_decay": 0.0}]
+    adam = [params[a.name] for a in assignments if a.optimizer == "adamw"]
+    groups = [{"params": [p for p in adam if p.dim() >= 2], "weight_decay": cfg.weight_decay},
+              {"params": [p for p in adam if p.dim() < 2], "weight_decay": 0.0}]
     adamw = torch.optim.AdamW([g for g in groups if g["params"]], lr=cfg.lr, betas=(cfg.beta1, cfg.beta2))
     by_manifold: dict[str, dict] = {}
     for a in assignments:
         if a.optimizer == "muon":
-            group = by_manifold.setdefault(a.manifold_name, {"params": [], "manifold": a.manifold, "manifold_name": a.manifold_name})
+            group = by_manifold.setdefault(a.manifold_name, {"params": [], "manifold": a.manifold,
+                                                             "manifold_name": a.manifold_name})
             group["params"].append(params[a.name])
-    muon = None
-    if by_manifold:
-        from .optim import ManifoldMuon
-
-        kwargs = dict(lr=cfg.muon_lr, momentum=cfg.muon_momentum, nesterov=cfg.muon_nesterov,
-                      weight_decay=cfg.muon_weight_decay)
-        if cfg.muon_solver is not None:
-            kwargs["solver"] = cfg.muon_solver
-        muon = ManifoldMuon(list(by_manifold.values()), **kwargs)
-    return adamw, muon
+    if not by_manifold:
+        return adamw, None
+    kwargs = dict(lr=cfg.muon_lr, momentum=cfg.muon_momentum, nesterov=cfg.muon_nesterov,
+                  weight_decay=cfg.muon_weight_decay)
+    if cfg.muon_solver is not None:
+        kwargs["solver"] = cfg.muon_solver
+    return adamw, ManifoldMuon(list(by_manifold.values()), **kwargs)
 
 
-def _rng_state() -> dict:
+def rng_state() -> dict:
     state = {"torch": torch.get_rng_state(), "numpy": np.random.get_state()}
     if torch.cuda.is_available():
         state["cuda"] = torch.cuda.get_rng_state_all()
     return state
 
 
-def _set_rng_state(state: dict) -> None:
+def set_rng_state(state: dict) -> None:
     torch.set_rng_state(state["torch"])
     np.random.set_state(state["numpy"])
     if "cuda" in state and torch.cuda.is_available():
         torch.cuda.set_rng_state_all(state["cuda"])
 
 
-def load_checkpoint(path: str | Path, map_location="cpu") -> dict:
-    """Load a checkpoint written by `train` (a plain dict of tensors and Python values)."""
-    return torch.load(path, map_location=map_location, weights_only=False)
+def load_checkpoint(path, map_location="cpu") -> dict:
+    """Load a checkpoint written by `train` (verified against its ``ckpt.json``); a run folder or a file."""
+    path = os.fspath(path)
+    return load_verified_checkpoint(os.path.join(path, "ckpt.pt") if os.path.isdir(path) else path, map_location)
 
 
-class _Interrupt:
-    """Turns SIGINT into a flag checked between steps, so a step is never half-applied."""
+@dataclass
+class StepResult:
+    """What one `Trainer.step` did."""
 
-    def __init__(self) -> None:
-        self.requested = False
-        self._previous = None
-
-    def __enter__(self):
-        if threading.current_thread() is threading.main_thread():  # signals only work there
-            self._previous = signal.signal(signal.SIGINT, self._handle)
-        return self
-
-    def _handle(self, signum, frame) -> None:
-        if self.requested:  # second Ctrl-C: give up immediately
-            raise KeyboardInterrupt
-        self.requested = True
-
-    def __exit__(self, *exc) -> None:
-        if self._previous is not None:
-            signal.signal(signal.SIGINT, self._previous)
+    step: int                 # the step counter after this step
+    loss: float               # rank-averaged training loss (may be non-finite)
+    lr: float                 # AdamW lr of this step
+    muon_lr: float
+    seconds: float            # wall time of the step (CUDA-synchronised)
+    skipped: str | None = None  # why the update was skipped (non-finite loss / gradient), else None
+    muon: dict = field(default_factory=dict)  # ManifoldMuon.last_stats
 
 
-# ----------------------------------------------------------------------------- the run
-class _Run:
-    """State of one training run; `train` drives it."""
+# ----------------------------------------------------------------------------- the trainer
+class Trainer:
+    """Model, data, optimizers and step counter of one run (no files; see `train`)."""
 
-    def __init__(self, cfg: TrainConfig, resume: bool, assignments_override=None, custom_manifolds=None):
+    def __init__(self, cfg: TrainConfig, assignments=None, custom_manifolds=None):
         self.cfg = cfg
         self.ddp = dist.is_available() and dist.is_initialized()
         self.rank = dist.get_rank() if self.ddp else 0
         self.world = dist.get_world_size() if self.ddp else 1
-        self.master = self.rank == 0
         self.device = resolve_device(cfg.device)
         if self.ddp and self.device.type == "cuda":
             self.device = torch.device("cuda", int(os.environ.get("LOCAL_RANK", 0)))
             torch.cuda.set_device(self.device)
         if cfg.batch_size % self.world:
             raise ValueError(f"batch_size {cfg.batch_size} must be divisible by the number of ranks {self.world}")
-        self.out = cfg.resolved_out_dir()
-        if cfg.dtype not in ("float32", "bfloat16"):
-            raise ValueError(f"unknown dtype {cfg.dtype!r}; valid: float32, bfloat16")
-
-        problems = gdata.verify(cfg.data_dir, check_hashes=False)
-        if problems:
-            raise ValueError(f"data in {cfg.data_dir} is not usable ({problems[0]}); run `geomtrain prepare` first")
-        self.train_tokens = gdata.load_split(cfg.data_dir, "train")
-        self.val_tokens = gdata.load_split(cfg.data_dir, "val")
-        self.vocab_size = int(gdata.load_manifest(cfg.data_dir)["vocab_size"])
-
+        import_manifold_modules(cfg.manifold_modules)
+        self._load_data()
         torch.manual_seed(cfg.seed)
         overrides = {"vocab_size": self.vocab_size}
         if cfg.block_size is not None:
@@ -211,20 +163,15 @@ class _Run:
         self.block = self.model_cfg.block_size
         self.model = GPT(self.model_cfg).to(self.device)
         named = list(self.model.named_parameters())
-        self.assignments = assignments_override or assign(named, preset=cfg.preset, rules=cfg.rules,
-                                                          custom_manifolds=custom_manifolds)
-        with torch.no_grad():  # constrained matrices start on their manifold
-            params = dict(named)
-            for a in self.assignments:
-                if a.manifold is not None and a.manifold_name != "euclidean":
-                    params[a.name].copy_(a.manifold.projx(params[a.name].float()).to(params[a.name].dtype))
+        self.assignments = assignments or assign(named, preset=cfg.preset, rules=cfg.rules, custom_manifolds=custom_manifolds)
+        self._project_onto_manifolds(dict(named))
         self.adamw, self.muon = build_optimizers(self.model, self.assignments, cfg)
-        self.step = 0
-        self.grad_norms: dict[str, float] = {}
+        self._steps_done = 0
+        self.n_skipped = 0
+        self.skipped_in_a_row = 0
         self.best_val = float("inf")
-        self.last_val = None
-        if resume and (self.out / "ckpt.pt").exists():
-            self._load(self.out / "ckpt.pt")
+        self.last_val: float | None = None
+        self.grad_norms: dict[str, float] = {}
         self.net = self.model
         if self.ddp:
             self.net = torch.nn.parallel.DistributedDataParallel(
@@ -233,99 +180,109 @@ class _Run:
             self.net = torch.compile(self.net)
         self.autocast = (torch.autocast(self.device.type, dtype=torch.bfloat16)
                          if cfg.dtype == "bfloat16" else contextlib.nullcontext())
-        self.eval_batches = list(gdata.iter_eval_batches(self.val_tokens, min(cfg.batch_size, 16), self.block, cfg.eval_iters, cfg.seed))
+        self.eval_batches = list(gdata.iter_eval_batches(self.val_tokens, min(cfg.batch_size, 16), self.block,
+                                                         cfg.eval_iters, cfg.seed))
         self.diag_batch = gdata.fixed_batch(self.val_tokens, cfg.diag_batch_size, self.block, cfg.seed + 1)[0]
 
-    # --------------------------------------------------------------- persistence
-    def _state(self) -> dict:
-        return {
-            "format": 1, "step": self.step, "best_val": self.best_val, "last_val": self.last_val,
-            "model": self.model.state_dict(), "adamw": self.adamw.state_dict(),
-            "muon": self.muon.state_dict() if self.muon is not None else None,
-            "rng": _rng_state(), "config": self.cfg.to_dict(), "model_config": self.model_cfg.to_dict(),
-            "assignment": [a.to_dict() for a in self.assignments],
-        }
+    def _load_data(self) -> None:
+        cfg = self.cfg
+        problems = gdata.verify(cfg.data_dir, check_hashes=False)
+        if problems:
+            raise ValueError(f"data in {cfg.data_dir} is not usable ({problems[0]}); run `geomtrain prepare` first")
+        self.train_tokens = gdata.load_split(cfg.data_dir, "train")
+        self.val_tokens = gdata.load_split(cfg.data_dir, "val")
+        self.vocab_size = int(gdata.load_manifest(cfg.data_dir)["vocab_size"])
 
-    def save(self) -> None:
-        if self.master:
-            _atomic_save(self._state(), self.out / "ckpt.pt")
+    @torch.no_grad()
+    def _project_onto_manifolds(self, params: dict) -> None:
+        """Constrained matrices start on their manifold."""
+        for a in self.assignments:
+            if a.manifold is not None and a.manifold_name != "euclidean":
+                p = params[a.name]
+                p.copy_(a.manifold.projx(p.float()).to(p.dtype))
 
-    def _load(self, path: Path) -> None:
-        ckpt = load_checkpoint(path, map_location=self.device)
-        self.model.load_state_dict(ckpt["model"])
-        self.adamw.load_state_dict(ckpt["adamw"])
-        if self.muon is not None and ckpt["muon"] is not None:
-            self.muon.load_state_dict(ckpt["muon"])
-        self.step, self.best_val, self.last_val = ckpt["step"], ckpt["best_val"], ckpt["last_val"]
-        _set_rng_state(ckpt["rng"])
-        _truncate_jsonl(self.out / "metrics.jsonl", self.step)
-        _truncate_jsonl(self.out / "diagnostics.jsonl", self.step)
+    @property
+    def steps_done(self) -> int:
+        """Steps taken so far (skipped ones included): the next step's schedule position."""
+        return self._steps_done
 
-    def log(self, record: dict, file: str = "metrics.jsonl") -> None:
-        if self.master:
-            with open(self.out / file, "a") as fh:
-                fh.write(json.dumps(record) + "\n")
+    def optimizers(self) -> list[torch.optim.Optimizer]:
+        return [o for o in (self.adamw, self.muon) if o is not None]
 
-    def write_status(self, status: str, **extra) -> dict:
-        info = {"status": status, "step": self.step, "best_val_loss": _finite_or_none(self.best_val),
-                "last_val_loss": self.last_val, **extra}
-        if self.master:
-            _atomic_write_text(self.out / "status.json", json.dumps(info, indent=2))
-        return info
-
-    # --------------------------------------------------------------- steps
+    # --------------------------------------------------------------- one step, in phases
     def set_lr(self) -> tuple[float, float]:
-        lr = lr_at(self.step, self.cfg)
+        """Schedule phase: AdamW lr of this step; Muon's follows it (``muon_lr * lr_t / lr``)."""
+        lr = lr_at(self._steps_done, self.cfg)
+        muon_lr = self.cfg.muon_lr * lr / self.cfg.lr
         for g in self.adamw.param_groups:
             g["lr"] = lr
-        muon_lr = self.cfg.muon_lr * lr / self.cfg.lr
-        if self.muon is not None:
-            for g in self.muon.param_groups:
-                g["lr"] = muon_lr
+        for g in self.muon.param_groups if self.muon is not None else ():
+            g["lr"] = muon_lr
         return lr, muon_lr
 
-    def train_step(self, record_grads: bool = False) -> float:
-        """Forward/backward over ``grad_accum`` micro-batches, then both optimizer steps.
-
-        Returns the (rank-averaged) loss; a non-finite loss returns before any update. With
-        ``record_grads`` the raw gradient norms of Muon matrices go to ``self.grad_norms``."""
+    def forward_backward(self) -> torch.Tensor:
+        """Loss over ``grad_accum`` micro-batches (rank-averaged), gradients accumulated."""
         cfg = self.cfg
         per_rank = cfg.batch_size // self.world
         total = torch.zeros((), device=self.device)
         for micro in range(cfg.grad_accum):
             x, y = gdata.get_batch(self.train_tokens, per_rank, self.block, seed=cfg.seed,
-                                   step=self.step * cfg.grad_accum + micro, rank=self.rank,
+                                   step=self._steps_done * cfg.grad_accum + micro, rank=self.rank,
                                    world_size=self.world, device=self.device)
-            sync = contextlib.nullcontext()
-            if self.ddp and micro < cfg.grad_accum - 1:
-                sync = self.net.no_sync()
-            with sync, self.autocast:
-                _, loss = self.net(x, y)
+            sync = self.net.no_sync() if self.ddp and micro < cfg.grad_accum - 1 else contextlib.nullcontext()
             with sync:
+                with self.autocast:
+                    _, loss = self.net(x, y)
                 (loss / cfg.grad_accum).backward()
             total += loss.detach().float() / cfg.grad_accum
         if self.ddp:
             dist.all_reduce(total, op=dist.ReduceOp.AVG)
-        loss_value = float(total)
-        if not math.isfinite(loss_value):
-            self.adamw.zero_grad(set_to_none=True)
-            if self.muon is not None:
-                self.muon.zero_grad(set_to_none=True)
-            return loss_value
-        if record_grads:
-            self.grad_norms = gradient_norms(self.model, self.assignments)
-        if cfg.grad_clip > 0:
-            torch.nn.utils.clip_grad_norm_(self.model.parameters(), cfg.grad_clip)
-        self.adamw.step()
-        if self.muon is not None:
-            self.muon.step()
-        self.adamw.zero_grad(set_to_none=True)
-        if self.muon is not None:
-            self.muon.zero_grad(set_to_none=True)
-        return loss_value
+        return total
 
+    def nonfinite_reason(self, loss: torch.Tensor) -> str | None:
+        """Why this step must be skipped (non-finite loss or gradient), or None; one host sync."""
+        grads = [p.grad for p in self.model.parameters() if p.grad is not None]
+        checks = torch.stack([torch.isfinite(loss).all()] + [torch.isfinite(g).all() for g in grads])
+        if bool(checks.all()):
+            return None
+        if not bool(checks[0]):
+            return f"non-finite loss ({float(loss)})"
+        names = [n for n, p in self.model.named_parameters() if p.grad is not None]
+        bad = [n for n, ok in zip(names, checks[1:].tolist()) if not ok]
+        return f"non-finite gradient in {bad[0]}" + (f" and {len(bad) - 1} more" if len(bad) > 1 else "")
+
+    def zero_grad(self) -> None:
+        for opt in self.optimizers():
+            opt.zero_grad(set_to_none=True)
+
+    def step(self, record_grads: bool = False) -> StepResult:
+        """One training step: schedule, forward/backward, non-finite check, clip, optimizers.
+
+        With ``record_grads`` the raw gradient norms of Muon matrices go to ``self.grad_norms``."""
+        t0 = time.perf_counter()
+        lr, muon_lr = self.set_lr()
+        loss = self.forward_backward()
+        skipped = self.nonfinite_reason(loss)
+        if skipped is None:
+            if record_grads:
+                self.grad_norms = gradient_norms(self.model, self.assignments)
+            if self.cfg.grad_clip > 0:
+                torch.nn.utils.clip_grad_norm_(self.model.parameters(), self.cfg.grad_clip)
+            for opt in self.optimizers():
+                opt.step()
+        self.zero_grad()
+        self._steps_done += 1
+        self.n_skipped += skipped is not None
+        self.skipped_in_a_row = self.skipped_in_a_row + 1 if skipped else 0
+        if self.device.type == "cuda":
+            torch.cuda.synchronize(self.device)
+        stats = dict(self.muon.last_stats) if self.muon is not None and skipped is None else {}
+        return StepResult(self._steps_done, float(loss), lr, muon_lr, time.perf_counter() - t0, skipped, stats)
+
+    # --------------------------------------------------------------- evaluation
     @torch.no_grad()
     def evaluate(self) -> float:
+        """Mean validation loss over the fixed evaluation batches; updates ``last_val``."""
         self.model.eval()
         losses = []
         for x, y in self.eval_batches:
@@ -333,19 +290,89 @@ class _Run:
                 _, loss = self.model(x.to(self.device), y.to(self.device))
             losses.append(float(loss))
         self.model.train()
-        return float(np.mean(losses))
+        self.last_val = float(np.mean(losses))
+        return self.last_val
+
+    def diagnostics(self) -> dict:
+        """Spectral and attention diagnostics on the fixed diagnostic batch (`geomtrain.diagnostics`)."""
+        return collect_diagnostics(self.model, self.assignments, self.diag_batch.to(self.device), grad_norms=self.grad_norms)
+
+    # --------------------------------------------------------------- state
+    def state_dict(self) -> dict:
+        return {
+            "format": 2, "step": self._steps_done, "best_val": self.best_val, "last_val": self.last_val,
+            "n_skipped": self.n_skipped, "skipped_in_a_row": self.skipped_in_a_row,
+            "model": self.model.state_dict(), "adamw": self.adamw.state_dict(),
+            "muon": self.muon.state_dict() if self.muon is not None else None,
+            "rng": rng_state(), "config": self.cfg.to_dict(), "model_config": self.model_cfg.to_dict(),
+            "assignment": [a.to_dict() for a in self.assignments],
+        }
+
+    def load_state_dict(self, ckpt: dict) -> None:
+        """Restore a `state_dict`; a checkpoint of another model shape is a `CheckpointError` naming the keys."""
+        saved = ckpt.get("model_config") or {}
+        differ = {k: (saved.get(k), v) for k, v in self.model_cfg.to_dict().items() if saved.get(k) != v}
+        if differ:
+            listed = "; ".join(f"{k}: checkpoint {a!r}, now {b!r}" for k, (a, b) in differ.items())
+            raise CheckpointError(f"the checkpoint is of another model ({listed})")
+        assigned = [(a.name, a.optimizer, a.manifold_name) for a in self.assignments]
+        saved_assigned = [(a["name"], a["optimizer"], a.get("manifold")) for a in ckpt.get("assignment", [])]
+        if saved_assigned and saved_assigned != assigned:
+            raise CheckpointError("the checkpoint has another manifold assignment (preset or rules changed)")
+        self.model.load_state_dict(ckpt["model"])
+        self.adamw.load_state_dict(ckpt["adamw"])
+        if self.muon is not None and ckpt["muon"] is not None:
+            self.muon.load_state_dict(ckpt["muon"])
+        self._steps_done, self.best_val, self.last_val = ckpt["step"], ckpt["best_val"], ckpt["last_val"]
+        self.n_skipped, self.skipped_in_a_row = ckpt.get("n_skipped", 0), ckpt.get("skipped_in_a_row", 0)
+        set_rng_state(ckpt["rng"])
 
 
-def _finite_or_none(x: float) -> float | None:
-    return x if math.isfinite(x) else None
+# ----------------------------------------------------------------------------- stop signals
+class StopSignals:
+    """SIGINT and SIGTERM become a flag checked between steps, so a step is never half-applied.
+
+    A second signal of the same kind gives up at once (KeyboardInterrupt / SystemExit(143))."""
+
+    CODES = {"SIGINT": 130, "SIGTERM": 143}
+
+    def __init__(self) -> None:
+        self.received: str | None = None
+        self._previous: dict = {}
+
+    def __enter__(self):
+        if threading.current_thread() is threading.main_thread():  # signals only work there
+            for sig in (signal.SIGINT, signal.SIGTERM):
+                self._previous[sig] = signal.signal(sig, self._handle)
+        return self
+
+    def _handle(self, signum, frame) -> None:
+        name = signal.Signals(signum).name
+        if self.received is not None:
+            if signum == signal.SIGINT:
+                raise KeyboardInterrupt
+            raise SystemExit(self.CODES[name])
+        self.received = name
+
+    def requested(self, ddp: bool) -> bool:
+        """Whether any rank received a stop signal (an all-reduce under DDP, so all ranks agree)."""
+        flag = self.received is not None
+        if ddp:
+            t = torch.tensor([float(flag)], device=_comm_device())
+            dist.all_reduce(t, op=dist.ReduceOp.MAX)
+            flag = bool(t.item())
+            self.received = self.received or ("SIGTERM" if flag else None)
+        return flag
+
+    def __exit__(self, *exc) -> None:
+        for sig, previous in self._previous.items():
+            signal.signal(sig, previous)
 
 
-def _truncate_jsonl(path: Path, step: int) -> None:
-    """Drop records logged after ``step`` (a resumed run rewrites them identically)."""
-    if not path.exists():
-        return
-    keep = [line for line in path.read_text().splitlines() if line and json.loads(line).get("step", 0) <= step]
-    _atomic_write_text(path, "".join(line + "\n" for line in keep))
+def _comm_device() -> torch.device:
+    if dist.get_backend() == "nccl":
+        return torch.device("cuda", torch.cuda.current_device())
+    return torch.device("cpu")
 
 
 @contextlib.contextmanager
@@ -365,91 +392,126 @@ def distributed_from_env():
         dist.destroy_process_group()
 
 
-def train(cfg: TrainConfig, resume: bool = False, assignments=None, print_fn=print, on_finish=None,
-          custom_manifolds=None) -> dict:
+# ----------------------------------------------------------------------------- the loop
+def train(cfg: TrainConfig, resume: bool = False, assignments=None, print_fn: Callable = print, on_finish=None,
+          custom_manifolds=None, overwrite: bool = False, allow_config_change: bool = False) -> dict:
     """Run (or with ``resume=True`` continue) one training run; returns the final status dict.
 
-    ``custom_manifolds`` maps extra names usable in ``cfg.rules`` to ``GramManifold`` instances;
-    ``assignments`` overrides preset and rules entirely; ``on_finish(model)`` is called with the
-    trained model before returning."""
-    run = _Run(cfg, resume=resume, assignments_override=assignments, custom_manifolds=custom_manifolds)
-    out = run.out
-    if run.master:
-        out.mkdir(parents=True, exist_ok=True)
-        _atomic_write_text(out / "config.json", json.dumps(cfg.to_dict(), indent=2))
-        _atomic_write_text(out / "env.json", json.dumps(environment_info(run.device, cfg.seed), indent=2))
-        _atomic_write_text(out / "assignment.json", json.dumps([a.to_dict() for a in run.assignments], indent=2))
-        table = format_table(run.assignments)
-        _atomic_write_text(out / "assignment.txt", table + "\n")
+    ``overwrite`` replaces a run already in the folder; ``allow_config_change`` lets a resume change
+    run-defining keys (recorded). ``custom_manifolds`` maps extra names usable in ``cfg.rules`` to
+    ``GramManifold`` instances; ``assignments`` overrides preset and rules entirely;
+    ``on_finish(model)`` is called with the trained model before returning. Raises `RunFolderError`
+    (a ValueError) for a folder that cannot be used as asked."""
+    master = not (dist.is_available() and dist.is_initialized()) or dist.get_rank() == 0
+    folder = RunFolder(cfg.resolved_out_dir(), master=master)
+    trainer = Trainer(cfg, assignments=assignments, custom_manifolds=custom_manifolds)
+    if folder.open(cfg.to_dict(), resume=resume, overwrite=overwrite, allow_config_change=allow_config_change):
+        trainer.load_state_dict(folder.load_checkpoint(map_location=trainer.device))
+        folder.truncate_logs(trainer.steps_done)
+        print_fn(f"resuming {folder.path} from step {trainer.steps_done}")
+    elif resume:
+        print_fn(f"no checkpoint in {folder.path} yet: starting from step 0")
+    table = format_table(trainer.assignments)
+    folder.write_run_info(cfg.to_dict(), environment_record(trainer.device, seed=cfg.seed), [a.to_dict() for a in trainer.assignments], table)
+    if master:
         print_fn(table)
-    if run.step >= cfg.max_iters:
-        return run.write_status("finished", final_val_loss=run.last_val)
-    run.write_status("running")
+    try:
+        status = _loop(trainer, folder, print_fn)
+    except BaseException as exc:
+        if not isinstance(exc, (KeyboardInterrupt, SystemExit)):
+            with contextlib.suppress(OSError):
+                folder.write_status("failed", step=trainer.steps_done, error=f"{type(exc).__name__}: {exc}"[:500])
+        raise
+    if on_finish is not None:
+        on_finish(trainer.model)
+    if master:
+        print_fn(f"{status['status']} at step {status['step']}: val loss {trainer.last_val} "
+                 f"(best {_finite_or_none(trainer.best_val)}); outputs in {folder.path}")
+    return status
 
-    progress = None
-    if cfg.progress and run.master:
-        from tqdm.auto import tqdm
 
-        progress = tqdm(total=cfg.max_iters, initial=run.step, desc=f"{cfg.preset}", dynamic_ncols=True)
-    tokens_per_step = cfg.batch_size * cfg.grad_accum * run.block
+def _finite_or_none(x: float | None) -> float | None:
+    return x if x is not None and math.isfinite(x) else None
+
+
+def _status(trainer: Trainer, folder: RunFolder, status: str, **extra: Any) -> dict:
+    return folder.write_status(status, step=trainer.steps_done, best_val_loss=_finite_or_none(trainer.best_val),
+                               last_val_loss=trainer.last_val, n_skipped=trainer.n_skipped, **extra)
+
+
+def _loop(trainer: Trainer, folder: RunFolder, print_fn: Callable) -> dict:
+    """The training loop proper: step, log, evaluate, checkpoint, stop. Returns the status record."""
+    cfg = trainer.cfg
+    if trainer.steps_done >= cfg.max_iters:
+        return _status(trainer, folder, "finished", final_val_loss=trainer.last_val)
+    _status(trainer, folder, "running")
+    progress = _progress_bar(cfg, trainer) if folder.master else None
+    tokens_per_step = cfg.batch_size * cfg.grad_accum * trainer.block
     step_times: list[float] = []
-    status = None
     ckpt_every = cfg.checkpoint_interval or cfg.eval_interval
-    with _Interrupt() as interrupt:
-        while run.step < cfg.max_iters:
-            lr, muon_lr = run.set_lr()
-            t0 = time.perf_counter()
-            next_step = run.step + 1
+    end: dict | None = None
+    with StopSignals() as stop:
+        while trainer.steps_done < cfg.max_iters and end is None:
+            next_step = trainer.steps_done + 1
             is_eval = next_step % cfg.eval_interval == 0 or next_step == cfg.max_iters
-            loss = run.train_step(record_grads=is_eval and cfg.diagnostics)
-            dt = time.perf_counter() - t0
-            if not math.isfinite(loss):
-                status = run.write_status("diverged", diverged_step=run.step, reason=f"non-finite training loss ({loss})")
-                break
-            run.step += 1
-            step_times.append(dt)
-            record = {"kind": "train", "step": run.step, "loss": loss, "lr": lr, "muon_lr": muon_lr,
-                      "ms_per_step": 1000 * dt, "tokens_per_s": tokens_per_step / dt}
-            if run.muon is not None and getattr(run.muon, "last_stats", None):
-                record["muon"] = jsonable(run.muon.last_stats)
-            if run.step % cfg.log_interval == 0 or run.step == cfg.max_iters:
-                run.log(record)
+            r = trainer.step(record_grads=is_eval and cfg.diagnostics)
+            step_times.append(r.seconds)
+            if r.step % cfg.log_interval == 0 or r.step == cfg.max_iters or r.skipped:
+                folder.log(_train_record(r, tokens_per_step, trainer.n_skipped))
             if progress is not None:
                 progress.update(1)
-                progress.set_postfix(loss=f"{loss:.3f}", tok_s=f"{tokens_per_step / dt:,.0f}")
-            if is_eval:
-                val = run.evaluate()
-                run.last_val = val
-                run.log({"kind": "eval", "step": run.step, "val_loss": val, "train_loss": loss})
-                if cfg.diagnostics and run.master:
-                    diag = collect_diagnostics(run.model, run.assignments, run.diag_batch.to(run.device),
-                                               grad_norms=run.grad_norms)
-                    run.log({"step": run.step, **diag}, "diagnostics.jsonl")
-                if progress is not None:
-                    progress.write(f"step {run.step}: val loss {val:.4f}")
-                if not math.isfinite(val) or val > run.best_val + cfg.divergence_margin:
-                    status = run.write_status("diverged", diverged_step=run.step,
-                                              reason=f"val loss {val:.4g} vs best {run.best_val:.4g} + margin {cfg.divergence_margin}")
-                    break
-                run.best_val = min(run.best_val, val)
-                if run.step % ckpt_every == 0 or run.step == cfg.max_iters:
-                    run.save()
-            if interrupt.requested or (cfg.stop_after is not None and run.step >= cfg.stop_after):
-                run.save()
-                status = run.write_status("interrupted")
-                break
+                progress.set_postfix(loss=f"{r.loss:.3f}", tok_s=f"{tokens_per_step / r.seconds:,.0f}")
+            if r.skipped and progress is not None:
+                progress.write(f"step {r.step}: update skipped ({r.skipped})")
+            if trainer.skipped_in_a_row >= cfg.nonfinite_patience:
+                end = {"status": "diverged", "diverged_step": r.step,
+                       "reason": f"{trainer.skipped_in_a_row} steps in a row skipped, last: {r.skipped}"}
+            elif is_eval:
+                end = _evaluate(trainer, folder, progress, r.loss)
+                if end is None and (r.step % ckpt_every == 0 or r.step == cfg.max_iters):
+                    folder.save_checkpoint(trainer.state_dict())
+            if end is None and (stop.requested(trainer.ddp) or (cfg.stop_after is not None and r.step >= cfg.stop_after)):
+                folder.save_checkpoint(trainer.state_dict())
+                end = {"status": "interrupted", **({"signal": stop.received} if stop.received else {})}
     if progress is not None:
         progress.close()
     ms = 1000 * float(np.median(step_times)) if step_times else None
-    if status is None:
-        run.save()
-        status = run.write_status("finished", final_val_loss=run.last_val, ms_per_step=ms)
-    else:
-        status = run.write_status(status["status"], ms_per_step=ms,
-                                  **{k: status[k] for k in ("diverged_step", "reason") if k in status})
-    if on_finish is not None:
-        on_finish(run.model)
-    if run.master:
-        print_fn(f"{status['status']} at step {status['step']}: val loss {run.last_val} (best {_finite_or_none(run.best_val)}); outputs in {out}")
-    return status
+    if end is None:
+        folder.save_checkpoint(trainer.state_dict())
+        end = {"status": "finished", "final_val_loss": trainer.last_val}
+    return _status(trainer, folder, end.pop("status"), ms_per_step=ms, **end)
+
+
+def _train_record(r: StepResult, tokens_per_step: int, n_skipped: int) -> dict:
+    record = {"kind": "train", "step": r.step, "loss": r.loss, "lr": r.lr, "muon_lr": r.muon_lr,
+              "ms_per_step": 1000 * r.seconds, "tokens_per_s": tokens_per_step / r.seconds}
+    if r.muon:
+        record["muon"] = to_jsonable(r.muon)
+    if r.skipped:
+        record.update(skipped=r.skipped, n_skipped=n_skipped)
+    return record
+
+
+def _evaluate(trainer: Trainer, folder: RunFolder, progress, train_loss: float) -> dict | None:
+    """Evaluation phase: val loss, diagnostics, divergence test. Returns the end record if diverged."""
+    cfg, step = trainer.cfg, trainer.steps_done
+    val = trainer.evaluate()
+    folder.log({"kind": "eval", "step": step, "val_loss": val, "train_loss": train_loss})
+    if cfg.diagnostics and folder.master:
+        folder.log_diagnostics({"step": step, **trainer.diagnostics()})
+    if progress is not None:
+        progress.write(f"step {step}: val loss {val:.4f}")
+    if not math.isfinite(val) or val > trainer.best_val + cfg.divergence_margin:
+        return {"status": "diverged", "diverged_step": step,
+                "reason": f"val loss {val:.4g} vs best {trainer.best_val:.4g} + margin {cfg.divergence_margin}"}
+    trainer.best_val = min(trainer.best_val, val)
+    return None
+
+
+def _progress_bar(cfg: TrainConfig, trainer: Trainer):
+    if not cfg.progress:
+        return None
+    from tqdm.auto import tqdm
+
+    return tqdm(total=cfg.max_iters, initial=trainer.steps_done, desc=f"{cfg.preset}", dynamic_ncols=True)
 

@@ -98,7 +98,8 @@ def test_divergence_on_val_loss_stops_and_keeps_last_good_checkpoint(data_dir, t
     assert all(torch.isfinite(t).all() for t in ckpt["model"].values())
 
 
-def test_non_finite_loss_stops_before_any_update(data_dir, tmp_path, monkeypatch):
+def _poison_forward(monkeypatch, bad_calls):
+    """Make the training forward pass return a NaN loss on the given (1-based) calls."""
     import geomtrain.model as gm
 
     calls = {"n": 0}
@@ -108,14 +109,29 @@ def test_non_finite_loss_stops_before_any_update(data_dir, tmp_path, monkeypatch
         logits, loss = original(self, idx, targets)
         if targets is not None and self.training:
             calls["n"] += 1
-            if calls["n"] == 6:
+            if calls["n"] in bad_calls:
                 loss = loss * float("nan")
         return logits, loss
 
     monkeypatch.setattr(gm.GPT, "forward", poisoned)
+
+
+def test_non_finite_loss_skips_that_step_and_counts_it(data_dir, tmp_path, monkeypatch):
+    _poison_forward(monkeypatch, {6})
     status = train(_cfg(data_dir, tmp_path / "nan", preset="hetero"), print_fn=lambda *a: None)
-    assert status["status"] == "diverged" and status["diverged_step"] == 5
-    assert "non-finite" in status["reason"]
+    assert status["status"] == "finished" and status["step"] == 8 and status["n_skipped"] == 1
+    skipped = [r for r in _records(tmp_path / "nan", "train") if r.get("skipped")]
+    assert [r["step"] for r in skipped] == [6] and "non-finite loss" in skipped[0]["skipped"]
+    ckpt = load_checkpoint(tmp_path / "nan" / "ckpt.pt")
+    assert all(torch.isfinite(t).all() for t in ckpt["model"].values())
+
+
+def test_non_finite_loss_for_patience_steps_is_divergence(data_dir, tmp_path, monkeypatch):
+    _poison_forward(monkeypatch, set(range(5, 100)))
+    status = train(_cfg(data_dir, tmp_path / "nan", preset="hetero", nonfinite_patience=3, max_iters=12),
+                   print_fn=lambda *a: None)
+    assert status["status"] == "diverged" and status["diverged_step"] == 7
+    assert "3 steps in a row skipped" in status["reason"]
     ckpt = load_checkpoint(tmp_path / "nan" / "ckpt.pt")
     assert ckpt["step"] == 4 and all(torch.isfinite(t).all() for t in ckpt["model"].values())
 

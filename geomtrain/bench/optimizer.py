@@ -214,7 +214,8 @@ def _machine(device: str) -> dict:
 _DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float64": torch.float64}
 
 
-def _cmd_optimizer(args: argparse.Namespace, argv: list[str]) -> int:
+def _cmd_optimizer(args: argparse.Namespace) -> int:
+    argv = getattr(args, "argv", [])[1:]
     device = args.device
     if device == "auto":
         device = "cuda" if torch.cuda.is_available() else "cpu"

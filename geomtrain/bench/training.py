@@ -1,6 +1,6 @@
 """Training speed per preset, measured side by side in one process.
 
-``measure_training_speed`` builds one run per preset (same model, data, batch and seed), does
+``measure_step_times`` is the timing loop; ``measure_training_speed`` builds one trainer per preset (same model, data, batch and seed), does
 ``warmup`` untimed steps, then times ``steps`` full training steps (forward, backward, clipping,
 AdamW and Manifold Muon) and reports the median ms per step, tokens per second and the ratios to
 ``adamw`` and ``unconstrained``. Presets are interleaved round-robin, step by step, so slow drift
@@ -9,14 +9,34 @@ of a shared machine affects all of them alike. ``geomtrain bench train`` prints 
 from __future__ import annotations
 
 import statistics
-import tempfile
-import time
-from typing import Sequence
+from typing import Mapping, Sequence
 
 from ..assign import PRESETS
-from ..config import make_config
+from ..config import TrainConfig, make_config
+from ..model import model_config
 
-__all__ = ["measure_training_speed", "format_speed_table", "add_parser"]
+__all__ = ["measure_step_times", "measure_training_speed", "format_speed_table", "add_parser"]
+
+
+def measure_step_times(configs: Mapping[str, TrainConfig], steps: int = 10, warmup: int = 2) -> dict[str, list[float]]:
+    """Seconds per full training step of each config, ``steps`` timed after ``warmup`` untimed ones.
+
+    The one timing loop of the project (``bench train`` and the study's overhead suite): one
+    trainer per config, stepped **interleaved** round-robin so a shared machine's slow drift hits
+    them all alike; on CUDA the step time includes a ``torch.cuda.synchronize``. Nothing is
+    written (the trainers have no run folder)."""
+    from ..train import Trainer
+
+    if steps < 1 or warmup < 0:
+        raise ValueError(f"need steps >= 1 and warmup >= 0; got {steps}, {warmup}")
+    trainers = {label: Trainer(cfg) for label, cfg in configs.items()}
+    times: dict[str, list[float]] = {label: [] for label in configs}
+    for i in range(warmup + steps):
+        for label, trainer in trainers.items():
+            seconds = trainer.step().seconds
+            if i >= warmup:
+                times[label].append(seconds)
+    return times
 
 
 def measure_training_speed(
@@ -30,35 +50,18 @@ def measure_training_speed(
     seed: int = 0,
 ) -> list[dict]:
     """Median step time of each preset; rows with ``preset``, ``ms_per_step``, ``tokens_per_s`` and ratios."""
-    from ..train import _Run  # the trainer's own step, not a re-implementation
-
-    runs = {}
-    with tempfile.TemporaryDirectory() as tmp:
-        for preset in presets:
-            overrides = dict(model=model, data_dir=data_dir, preset=preset, out_dir=f"{tmp}/{preset}", seed=seed,
-                             max_iters=warmup + steps, warmup_iters=1, progress=False, diagnostics=False,
-                             eval_iters=1, device=device)
-            if batch_size is not None:
-                overrides["batch_size"] = batch_size
-            runs[preset] = _Run(make_config(overrides), resume=False)
-        times: dict[str, list[float]] = {p: [] for p in presets}
-        for i in range(warmup + steps):
-            for preset, run in runs.items():
-                run.set_lr()
-                t0 = time.perf_counter()
-                run.train_step()
-                if run.device.type == "cuda":
-                    import torch
-
-                    torch.cuda.synchronize()
-                dt = time.perf_counter() - t0
-                run.step += 1
-                if i >= warmup:
-                    times[preset].append(dt)
+    configs = {}
+    for preset in presets:
+        overrides = dict(model=model, data_dir=data_dir, preset=preset, seed=seed, max_iters=warmup + steps,
+                         warmup_iters=1, progress=False, diagnostics=False, eval_iters=1, device=device)
+        if batch_size is not None:
+            overrides["batch_size"] = batch_size
+        configs[preset] = make_config(overrides)
+    times = measure_step_times(configs, steps, warmup)
     rows = []
-    for preset, run in runs.items():
+    for preset, cfg in configs.items():
         ms = 1000 * statistics.median(times[preset])
-        tokens = run.cfg.batch_size * run.cfg.grad_accum * run.block
+        tokens = cfg.batch_size * cfg.grad_accum * (cfg.block_size or model_config(cfg.model).block_size)
         rows.append({"preset": preset, "ms_per_step": ms, "tokens_per_s": tokens / (ms / 1000)})
     base = {r["preset"]: r["ms_per_step"] for r in rows}
     for r in rows:
@@ -76,7 +79,7 @@ def format_speed_table(rows: list[dict]) -> str:
     return "\n".join(lines)
 
 
-def _cmd_train(args, argv: list[str]) -> int:
+def _cmd_train(args) -> int:
     import json
 
     presets = [s.strip() for s in args.presets.split(",") if s.strip()]

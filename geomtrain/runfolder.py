@@ -1,0 +1,258 @@
+"""`RunFolder`: every file of one training run, and the rules that keep it whole.
+
+A run folder holds::
+
+    config.json          the run's TrainConfig (resumes that change it append to config_history.jsonl)
+    env.json             versions, machine, threads, device, seed, git commit, command line
+    assignment.json/.txt parameter, shape, optimizer, manifold
+    metrics.jsonl        {"kind": "train", "step", "loss", ...} and {"kind": "eval", "step", "val_loss"}
+    diagnostics.jsonl    spectral and attention diagnostics per evaluation
+    ckpt.pt              the last good checkpoint (atomic), verified against ckpt.json on load
+    ckpt.json            {"sha256", "bytes", "step", "previous": {...}}: the checkpoint's checksum
+    status.json          running | finished | diverged | interrupted | failed, step, pid, losses
+
+Guarantees (tested in ``tests/test_faults.py``):
+
+- **Never appended to by accident**: a folder that holds a run is refused unless the caller
+  resumes it or asks to overwrite it.
+- **Never half-written**: every file but the JSONL logs is written atomically (temporary file,
+  fsync, rename); a torn last JSONL line (a killed process) is cut with a warning on resume.
+- **Never unverified**: ``ckpt.json`` is written *before* the checkpoint is renamed into place
+  and names both the new checkpoint's sha256 and the previous one's, so a kill between the two
+  renames leaves a checkpoint that still verifies; anything else that does not match is
+  corruption, refused with one line naming the file, and nothing is overwritten.
+- **Never silently changed**: a resume whose run-defining config keys differ is refused naming
+  them, unless allowed; then the change is recorded in ``config_history.jsonl``.
+"""
+from __future__ import annotations
+
+import hashlib
+import io
+import os
+import socket
+import time
+import warnings
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from ._io import (append_jsonl, atomic_write_bytes, atomic_write_json, atomic_write_text, read_json, read_jsonl,
+                  truncate_jsonl)
+from .config import RUN_DEFINING_KEYS
+
+__all__ = ["RunFolder", "RunFolderError", "CheckpointError", "config_changes", "pid_alive", "load_verified_checkpoint",
+           "status_summary"]
+
+CHECKPOINT_FORMAT = 2
+_RUN_FILES = ("config.json", "env.json", "assignment.json", "assignment.txt", "metrics.jsonl", "diagnostics.jsonl",
+              "ckpt.pt", "ckpt.json", "status.json", "config_history.jsonl")
+
+
+class RunFolderError(ValueError):
+    """A run folder that cannot be used as asked (exists, differs, unwritable): one line."""
+
+
+class CheckpointError(RunFolderError):
+    """A checkpoint that is corrupted, unverifiable or of another run."""
+
+
+def config_changes(old: dict, new: dict, keys=RUN_DEFINING_KEYS) -> dict[str, tuple[Any, Any]]:
+    """``{key: (old, new)}`` for the run-defining keys whose values differ."""
+    return {k: (old.get(k), new.get(k)) for k in keys if old.get(k) != new.get(k)}
+
+
+def pid_alive(pid: int | None, host: str | None = None) -> bool | None:
+    """Whether process ``pid`` runs on this machine (``None``: unknown, e.g. another host)."""
+    if not pid or (host and host != socket.gethostname()):
+        return None
+    try:
+        os.kill(int(pid), 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+def _sha256(data: bytes) -> str:
+    return hashlib.sha256(data).hexdigest()
+
+
+class RunFolder:
+    """All I/O of one run folder. Only the writer (``master``, rank 0 under DDP) touches files;
+    reads work on every rank."""
+
+    def __init__(self, path: str | os.PathLike, master: bool = True):
+        self.path = Path(path)
+        self.master = master
+
+    def __repr__(self) -> str:
+        return f"RunFolder({str(self.path)!r})"
+
+    def file(self, name: str) -> Path:
+        return self.path / name
+
+    # ------------------------------------------------------------------ state of the folder
+    def holds_run(self) -> bool:
+        """True when any run file is present (a run started here before)."""
+        return any(self.file(n).exists() for n in ("config.json", "metrics.jsonl", "ckpt.pt", "status.json"))
+
+    def has_checkpoint(self) -> bool:
+        return self.file("ckpt.pt").exists()
+
+    def read_config(self) -> dict | None:
+        return read_json(self.file("config.json"))
+
+    def read_status(self) -> dict | None:
+        """``status.json``, with a ``running`` status whose process is gone reported as ``stale``."""
+        status = read_json(self.file("status.json"))
+        if isinstance(status, dict) and status.get("status") == "running" \
+                and pid_alive(status.get("pid"), status.get("host")) is False:
+            status = {**status, "status": "stale", "reason": f"status says running, but pid {status.get('pid')} is gone "
+                                                                "(killed?); resume with --resume"}
+        return status
+
+    def read_metrics(self) -> list[dict]:
+        return read_jsonl(self.file("metrics.jsonl"))
+
+    def read_diagnostics(self) -> list[dict]:
+        return read_jsonl(self.file("diagnostics.jsonl"))
+
+    # ------------------------------------------------------------------ opening
+    def open(self, config: dict, *, resume: bool = False, overwrite: bool = False,
+             allow_config_change: bool = False) -> bool:
+        """Make the folder ready for a run with ``config``; returns True when a checkpoint should be loaded.
+
+        - a folder holding a run, without ``resume`` or ``overwrite``: `RunFolderError`;
+        - ``overwrite``: the run files are deleted first (other files are left alone);
+        - ``resume`` without a checkpoint: starts clean (logs of the unfinished start removed);
+        - ``resume`` with different run-defining keys: `RunFolderError` naming them, unless
+          ``allow_config_change`` (then recorded in ``config_history.jsonl``)."""
+        if resume and overwrite:
+            raise RunFolderError("--resume and --overwrite exclude each other")
+        if self.holds_run() and not (resume or overwrite):
+            status = self.read_status() or {}
+            raise RunFolderError(f"{self.path} already holds a run (status {status.get('status', 'unknown')}, step "
+                                 f"{status.get('step', '?')}); pass --resume to continue it, --overwrite to replace it, "
+                                 "or choose another --out-dir")
+        if overwrite:
+            self._remove_run_files()
+        if resume and self.has_checkpoint():
+            self._check_resume_config(config, allow_config_change)
+            return True
+        if resume and self.holds_run():
+            self._remove_run_files()  # nothing to resume from: a clean start, no duplicated log lines
+        if self.master:
+            try:
+                self.path.mkdir(parents=True, exist_ok=True)
+            except OSError as exc:
+                raise RunFolderError(f"cannot create run folder {self.path}: {exc.strerror or exc}") from None
+            if not os.access(self.path, os.W_OK):
+                raise RunFolderError(f"run folder {self.path} is not writable")
+        return False
+
+    def _remove_run_files(self) -> None:
+        if self.master:
+            for name in _RUN_FILES:
+                self.file(name).unlink(missing_ok=True)
+
+    def _check_resume_config(self, config: dict, allow: bool) -> None:
+        old = self.read_config()
+        if old is None:
+            return
+        changes = config_changes(old, config)
+        if not changes:
+            return
+        listed = "; ".join(f"{k}: {a!r} -> {b!r}" for k, (a, b) in changes.items())
+        if not allow:
+            raise RunFolderError(f"resume of {self.path} would change the run ({listed}); pass --allow-config-change "
+                                 "to continue with the new values (recorded in config_history.jsonl)")
+        if self.master:
+            step = (read_json(self.file("ckpt.json")) or {}).get("step")
+            append_jsonl(self.file("config_history.jsonl"), {"step": step, "time": time.time(),
+                                                             "changes": {k: {"old": a, "new": b} for k, (a, b) in changes.items()}})
+
+    # ------------------------------------------------------------------ writing
+    def write_run_info(self, config: dict, environment: dict, assignment: list[dict], table: str) -> None:
+        if self.master:
+            atomic_write_json(self.file("config.json"), config)
+            atomic_write_json(self.file("env.json"), environment)
+            atomic_write_json(self.file("assignment.json"), assignment)
+            atomic_write_text(self.file("assignment.txt"), table + "\n")
+
+    def log(self, record: dict) -> None:
+        if self.master:
+            append_jsonl(self.file("metrics.jsonl"), record)
+
+    def log_diagnostics(self, record: dict) -> None:
+        if self.master:
+            append_jsonl(self.file("diagnostics.jsonl"), record)
+
+    def truncate_logs(self, step: int) -> None:
+        """Drop log records after ``step`` (a resumed run writes them again, identically)."""
+        if self.master:
+            truncate_jsonl(self.file("metrics.jsonl"), step)
+            truncate_jsonl(self.file("diagnostics.jsonl"), step)
+
+    def write_status(self, status: str, **info: Any) -> dict:
+        record = {"status": status, **info, "pid": os.getpid(), "host": socket.gethostname(), "updated": time.time()}
+        if self.master:
+            atomic_write_json(self.file("status.json"), record)
+        return record
+
+    # ------------------------------------------------------------------ checkpoints
+    def save_checkpoint(self, state: dict) -> None:
+        """Serialise ``state``; write ``ckpt.json`` (new and previous sha256) and then ``ckpt.pt``, atomically."""
+        if not self.master:
+            return
+        buf = io.BytesIO()
+        torch.save(state, buf)
+        data = buf.getvalue()
+        previous = read_json(self.file("ckpt.json"))
+        previous = {k: previous.get(k) for k in ("sha256", "bytes", "step")} if isinstance(previous, dict) else None
+        atomic_write_json(self.file("ckpt.json"), {"format": CHECKPOINT_FORMAT, "sha256": _sha256(data), "bytes": len(data),
+                                                   "step": state.get("step"), "previous": previous})
+        atomic_write_bytes(self.file("ckpt.pt"), data)
+
+    def load_checkpoint(self, map_location: Any = "cpu") -> dict:
+        """The verified checkpoint; `CheckpointError` (one line, naming the file) when it does not verify."""
+        return load_verified_checkpoint(self.file("ckpt.pt"), map_location)
+
+
+def load_verified_checkpoint(path: str | os.PathLike, map_location: Any = "cpu") -> dict:
+    """Load ``path`` after checking it against the ``ckpt.json`` beside it.
+
+    A checkpoint without ``ckpt.json`` (written before checksums existed) loads with a warning."""
+    path = Path(path)
+    try:
+        data = path.read_bytes()
+    except FileNotFoundError:
+        raise CheckpointError(f"no checkpoint at {path}") from None
+    except OSError as exc:
+        raise CheckpointError(f"cannot read checkpoint {path}: {exc.strerror or exc}") from None
+    manifest = read_json(path.with_name(path.stem + ".json"))
+    if isinstance(manifest, dict) and manifest.get("sha256"):
+        digest = _sha256(data)
+        known = {manifest["sha256"], (manifest.get("previous") or {}).get("sha256")}
+        if digest not in known:
+            raise CheckpointError(f"checkpoint {path} is corrupted (sha256 {digest[:12]}... matches neither "
+                                  f"{path.stem}.json entry); nothing was changed: restore it or start over with --overwrite")
+    else:
+        warnings.warn(f"{path}: no checksum file beside it; loading unverified", RuntimeWarning, stacklevel=2)
+    try:
+        return torch.load(io.BytesIO(data), map_location=map_location, weights_only=False)
+    except Exception as exc:  # an unverified file that does not unpickle: still one line
+        raise CheckpointError(f"checkpoint {path} cannot be read ({type(exc).__name__}: {str(exc)[:120]})") from None
+
+
+def status_summary(folder: RunFolder) -> str:
+    """One line: status, step and the last losses of a run folder."""
+    status = folder.read_status() or {"status": "unknown"}
+    parts = [status.get("status", "unknown"), f"step {status.get('step', '?')}"]
+    if status.get("last_val_loss") is not None:
+        parts.append(f"val {status['last_val_loss']:.4f}")
+    if status.get("reason"):
+        parts.append(str(status["reason"]))
+    return ", ".join(parts)
+
