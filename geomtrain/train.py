@@ -470,6 +470,7 @@ def _loop(trainer: Trainer, folder: RunFolder, print_fn: Callable) -> dict:
                 end = _evaluate(trainer, folder, progress, r.loss)
                 if end is None and (r.step % ckpt_every == 0 or r.step == cfg.max_iters):
                     folder.save_checkpoint(trainer.state_dict())
+                    _status(trainer, folder, "running", checkpoint_step=r.step)
             if end is None and (stop.requested(trainer.ddp) or (cfg.stop_after is not None and r.step >= cfg.stop_after)):
                 folder.save_checkpoint(trainer.state_dict())
                 end = {"status": "interrupted", **({"signal": stop.received} if stop.received else {})}
