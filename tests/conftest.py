@@ -21,3 +21,16 @@ try:  # keep torch from oversubscribing the 2 cores when the caller did not set 
         torch.set_num_threads(1)
 except ImportError:  # pragma: no cover
     pass
+
+
+import pytest  # noqa: E402
+
+
+@pytest.fixture(scope="session")
+def data_dir(tmp_path_factory):
+    """The classics corpus with the GPT-2 tokenizer, prepared once per test session (~3 s)."""
+    from geomtrain.data import prepare
+
+    out = tmp_path_factory.mktemp("data") / "classics"
+    prepare(out, dataset="classics")
+    return str(out)

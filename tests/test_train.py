@@ -13,15 +13,7 @@ import torch
 
 from geomtrain.cli import main as cli_main
 from geomtrain.config import make_config
-from geomtrain.data import prepare
 from geomtrain.train import load_checkpoint, lr_at, train
-
-
-@pytest.fixture(scope="session")
-def data_dir(tmp_path_factory):
-    out = tmp_path_factory.mktemp("data") / "classics"
-    prepare(out, dataset="classics")
-    return str(out)
 
 
 def _cfg(data_dir, out_dir, **kw):

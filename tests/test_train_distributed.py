@@ -9,15 +9,7 @@ import pytest
 import torch
 
 from geomtrain.config import make_config
-from geomtrain.data import prepare
 from geomtrain.train import load_checkpoint, train
-
-
-@pytest.fixture(scope="module")
-def data_dir(tmp_path_factory):
-    out = tmp_path_factory.mktemp("ddpdata") / "classics"
-    prepare(out, dataset="classics")
-    return str(out)
 
 
 def _losses(run_dir):
