@@ -21,8 +21,9 @@ import platform
 import subprocess
 import sys
 import warnings
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 __all__ = [
     "atomic_write", "atomic_write_bytes", "atomic_write_text", "atomic_write_json", "atomic_torch_save",
@@ -96,6 +97,8 @@ def to_jsonable(obj: Any) -> Any:
         return [to_jsonable(v) for v in obj]
     if isinstance(obj, Path):
         return str(obj)
+    if callable(getattr(obj, "numel", None)) and obj.numel() == 1:  # a one-element tensor is a number
+        return to_jsonable(obj.item())
     if hasattr(obj, "tolist") and callable(obj.tolist):  # torch tensors, numpy arrays and scalars
         return to_jsonable(obj.tolist())
     if isinstance(obj, float) and not math.isfinite(obj):

@@ -13,8 +13,8 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import sys
+from collections.abc import Callable
 from pathlib import Path
-from typing import Callable
 
 __all__ = ["main", "build_parser", "COMMANDS", "UsageError"]
 

@@ -12,9 +12,10 @@ import re
 import tomllib
 import types
 import typing
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Mapping, Sequence
+from typing import Any
 
 __all__ = ["TrainConfig", "MODEL_DEFAULTS", "load_toml", "make_config", "field_kind", "parse_value", "parse_assignments",
            "RUN_DEFINING_KEYS", "import_manifold_modules"]
@@ -73,7 +74,7 @@ class TrainConfig:
     def to_dict(self) -> dict:
         return dataclasses.asdict(self)
 
-    def validate(self, custom_names: tuple[str, ...] = ()) -> "TrainConfig":
+    def validate(self, custom_names: tuple[str, ...] = ()) -> TrainConfig:
         """Raise ``ValueError`` (one line, naming the valid choices) on a bad value; return self.
 
         The one validation site: flags, TOML, ``--set``, the study and resume all end here.

@@ -24,14 +24,15 @@ Per attention layer, on a fixed validation batch (causal rows $p$ of the softmax
 """
 from __future__ import annotations
 
-import math
-from typing import Mapping, Sequence
+from collections.abc import Mapping, Sequence
 
 import torch
 
 from manifolds import Euclidean, to_tall
 
-__all__ = ["matrix_stats", "softmax_row_stats", "attention_stats", "collect_diagnostics", "gradient_norms", "module_kind", "jsonable"]
+from ._io import to_jsonable
+
+__all__ = ["matrix_stats", "softmax_row_stats", "attention_stats", "collect_diagnostics", "gradient_norms", "module_kind"]
 
 
 def module_kind(name: str) -> str:
@@ -133,7 +134,7 @@ def collect_diagnostics(
     out = {"matrices": rows}
     if idx is not None:
         out["attention"] = attention_stats(model, idx)
-    return jsonable(out)
+    return to_jsonable(out)
 
 
 def gradient_norms(model, assignments: Sequence) -> dict[str, float]:
@@ -150,16 +151,3 @@ def gradient_norms(model, assignments: Sequence) -> dict[str, float]:
             out[f"{a.name}[q]"] = float(g[:C].norm())
             out[f"{a.name}[k]"] = float(g[C:2 * C].norm())
     return out
-
-
-def jsonable(obj):
-    """A JSON-ready copy: tensors become numbers or lists, non-finite floats become None."""
-    if isinstance(obj, dict):
-        return {str(k): jsonable(v) for k, v in obj.items()}
-    if isinstance(obj, (list, tuple)):
-        return [jsonable(v) for v in obj]
-    if isinstance(obj, torch.Tensor):
-        return jsonable(obj.item() if obj.numel() == 1 else obj.tolist())
-    if isinstance(obj, float) and not math.isfinite(obj):
-        return None
-    return obj

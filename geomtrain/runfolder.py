@@ -37,8 +37,15 @@ from typing import Any
 
 import torch
 
-from ._io import (append_jsonl, atomic_write_bytes, atomic_write_json, atomic_write_text, read_json, read_jsonl,
-                  truncate_jsonl)
+from ._io import (
+    append_jsonl,
+    atomic_write_bytes,
+    atomic_write_json,
+    atomic_write_text,
+    read_json,
+    read_jsonl,
+    truncate_jsonl,
+)
 from .config import RUN_DEFINING_KEYS
 
 __all__ = ["RunFolder", "RunFolderError", "CheckpointError", "config_changes", "pid_alive", "load_verified_checkpoint",

@@ -9,7 +9,7 @@ of a shared machine affects all of them alike. ``geomtrain bench train`` prints 
 from __future__ import annotations
 
 import statistics
-from typing import Mapping, Sequence
+from collections.abc import Mapping, Sequence
 
 from ..assign import PRESETS
 from ..config import TrainConfig, make_config
