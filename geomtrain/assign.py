@@ -63,13 +63,6 @@ def target_names(custom_names: Iterable[str] = ()) -> tuple[str, ...]:
     return manifold_names() + tuple(n.lower() for n in custom_names) + (ADAMW,)
 
 
-def __getattr__(name: str):
-    # ``TARGETS`` (kept for callers): computed on access, so names registered later are included.
-    if name == "TARGETS":
-        return target_names()
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-
-
 @dataclass(frozen=True)
 class Rule:
     """``pattern`` (an fnmatch glob on parameter names) -> ``target`` (manifold spec, ``adamw`` or instance)."""
