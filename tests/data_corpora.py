@@ -4,6 +4,7 @@ A pytest plugin: the data test modules import its helpers and load its fixtures 
 ``pytest_plugins = ["data_corpora"]``. It holds no assertions, so it is not assertion-rewritten
 (PYTEST_DONT_REWRITE), which lets a module import it before pytest loads it as a plugin.
 """
+
 from __future__ import annotations
 
 import numpy as np

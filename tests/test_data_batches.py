@@ -1,4 +1,5 @@
 """Batches: stateless in (seed, step), rank slices of one global batch, fixed evaluation batches."""
+
 from __future__ import annotations
 
 import numpy as np
@@ -35,10 +36,7 @@ def test_get_batch_is_stateless_and_deterministic(tokens):
 def test_rank_slices_form_the_global_batch(tokens, world_size):
     B = 8 // world_size
     x_all, y_all = data.get_batch(tokens, 8, 16, seed=3, step=5)
-    parts = [
-        data.get_batch(tokens, B, 16, seed=3, step=5, rank=r, world_size=world_size)
-        for r in range(world_size)
-    ]
+    parts = [data.get_batch(tokens, B, 16, seed=3, step=5, rank=r, world_size=world_size) for r in range(world_size)]
     assert torch.equal(torch.cat([p[0] for p in parts]), x_all)
     assert torch.equal(torch.cat([p[1] for p in parts]), y_all)
     with pytest.raises(ValueError, match="rank"):
@@ -67,8 +65,7 @@ def test_eval_batches_are_fixed(tokens):
     assert len(batches) == 3 and torch.equal(batches[0][0], a[0])
     assert not torch.equal(batches[0][0], batches[1][0])
     assert [
-        torch.equal(p[0], q[0])
-        for p, q in zip(batches, data.iter_eval_batches(tokens, 4, 16, 3, seed=0), strict=True)
+        torch.equal(p[0], q[0]) for p, q in zip(batches, data.iter_eval_batches(tokens, 4, 16, 3, seed=0), strict=True)
     ] == [True] * 3
     halves = [data.fixed_batch(tokens, 2, 16, seed=0, rank=r, world_size=2)[0] for r in range(2)]
     assert torch.equal(torch.cat(halves), a[0])

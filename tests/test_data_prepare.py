@@ -1,4 +1,5 @@
 """prepare: corpora into a prepared folder (manifest, split rule, idempotence, rebuilds)."""
+
 from __future__ import annotations
 
 import json

@@ -1,4 +1,5 @@
 """Tokenizers: the offline GPT-2 BPE and the byte-level BPEs trained on a corpus's train split."""
+
 from __future__ import annotations
 
 import hashlib

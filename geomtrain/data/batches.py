@@ -5,6 +5,7 @@ resumed at step ``k`` sees exactly the batches it would have seen, and a ``world
 sees the same global batch as a single process. Evaluation batches come from a separate seed
 stream and are the same on every call.
 """
+
 from __future__ import annotations
 
 import os
@@ -140,7 +141,5 @@ def fixed_batch(
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """One evaluation batch, the same every call (the first of :func:`iter_eval_batches`)."""
     return next(
-        iter_eval_batches(
-            tokens, batch_size, block_size, 1, seed, rank=rank, world_size=world_size, device=device
-        )
+        iter_eval_batches(tokens, batch_size, block_size, 1, seed, rank=rank, world_size=world_size, device=device)
     )

