@@ -29,8 +29,8 @@ from __future__ import annotations
 
 import difflib
 import fnmatch
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Iterable, Mapping, Sequence, Union
 
 import torch
 
@@ -55,7 +55,7 @@ _PRESET_TABLE = {
 }
 PRESETS = tuple(_PRESET_TABLE)
 
-Target = Union[str, GramManifold]
+Target = str | GramManifold
 
 
 def target_names(custom_names: Iterable[str] = ()) -> tuple[str, ...]:
@@ -86,7 +86,8 @@ class Assignment:
     manifold: GramManifold | None = None
 
     def to_dict(self) -> dict:
-        return {"name": self.name, "shape": list(self.shape), "optimizer": self.optimizer, "manifold": self.manifold_name}
+        return {"name": self.name, "shape": list(self.shape), "optimizer": self.optimizer,
+                "manifold": self.manifold_name}
 
 
 def preset_rules(preset: str) -> list[Rule]:

@@ -38,12 +38,13 @@ import torch
 
 from .matrix_sign import MSIGN_METHODS, polar
 
-__all__ = ["GramManifold", "to_tall", "from_tall", "POLAR_METHODS"]
+__all__ = ["GramManifold", "to_tall", "from_tall", "size_tuple", "sym", "POLAR_METHODS", "SUPPORTED_DTYPES"]
 
 # What `polar` accepts: "auto" (SVD on CPU, Polar Express elsewhere) or any msign method.
 POLAR_METHODS = ("auto",) + MSIGN_METHODS
 
-_SUPPORTED_DTYPES = (torch.float32, torch.float64)
+# Manifold operations run in these dtypes only: half precision cannot meet the tolerances below.
+SUPPORTED_DTYPES = (torch.float32, torch.float64)
 # Default tolerances of the on-manifold / on-tangent checks, per dtype. float32 rounding of a
 # Gram product of O(1) entries is ~n * 6e-8; 1e-5 leaves room for n up to a few hundred.
 _CHECK_ATOL = {torch.float32: 1e-5, torch.float64: 1e-10}
@@ -66,12 +67,13 @@ def from_tall(t: torch.Tensor, like: torch.Tensor) -> torch.Tensor:
     return t.mT if is_wide(like) else t
 
 
-def _size_tuple(size: tuple) -> tuple:
+def size_tuple(size: tuple) -> tuple:
     """``random(3, 4)`` and ``random((3, 4))`` both mean shape ``(3, 4)``."""
     return tuple(size[0]) if len(size) == 1 and isinstance(size[0], (tuple, list, torch.Size)) else tuple(size)
 
 
-def _sym(M: torch.Tensor) -> torch.Tensor:
+def sym(M: torch.Tensor) -> torch.Tensor:
+    r"""Symmetric part $\tfrac12 (M + M^\top)$ of a (batched) square matrix."""
     return 0.5 * (M + M.mT)
 
 
@@ -173,7 +175,7 @@ class GramManifold(geoopt.Manifold, metaclass=abc.ABCMeta):
             F = self.project_gram(C @ G @ C - eye)
             if float(F.abs().max()) <= tol:
                 return from_tall(T @ C, like=X)
-            C = C - _sym(self._solve_masked(C @ G, F))
+            C = C - sym(self._solve_masked(C @ G, F))
         raise RuntimeError(
             f"{type(self).__name__}: generic Newton retraction did not converge in "
             f"{self.max_newton_steps} steps (point too far from the manifold); take a smaller step "
@@ -184,7 +186,7 @@ class GramManifold(geoopt.Manifold, metaclass=abc.ABCMeta):
     def _validate(self, x: torch.Tensor, name: str = "x") -> None:
         if x.dim() < 2:
             raise ValueError(f"{type(self).__name__} needs (..., m, n) matrices; got {name} of shape {tuple(x.shape)}")
-        if x.dtype not in _SUPPORTED_DTYPES:
+        if x.dtype not in SUPPORTED_DTYPES:
             raise TypeError(
                 f"{type(self).__name__} operations need float32 or float64; got {name} of dtype {x.dtype} "
                 "(keep parameters in float32 and autocast the forward pass, or call .float())"
@@ -200,7 +202,7 @@ class GramManifold(geoopt.Manifold, metaclass=abc.ABCMeta):
 
     def proju(self, x: torch.Tensor, u: torch.Tensor) -> torch.Tensor:
         r"""Orthogonal projection onto $T_x$: $u - x S$, $P(GS + SG) = L_x(u)$ (generic solve)."""
-        S = _sym(self._solve_masked(self.gram(x), self.tangent_constraint(x, u)))
+        S = sym(self._solve_masked(self.gram(x), self.tangent_constraint(x, u)))
         return u - from_tall(to_tall(x) @ S, like=x)
 
     def egrad2rgrad(self, x: torch.Tensor, u: torch.Tensor) -> torch.Tensor:
@@ -231,7 +233,7 @@ class GramManifold(geoopt.Manifold, metaclass=abc.ABCMeta):
         Generic points of $\mathcal M_P$ come from $\operatorname{projx}(Q D)$ ($Q$ polar of a
         Gaussian, $D$ diagonal with log-normal entries) moved along a random tangent direction.
         """
-        size = _size_tuple(size)
+        size = size_tuple(size)
         dtype = dtype or torch.get_default_dtype()
         Q = polar(torch.randn(*size, dtype=dtype, device=device, generator=generator), "svd")
         k = min(size[-2], size[-1])
@@ -242,7 +244,7 @@ class GramManifold(geoopt.Manifold, metaclass=abc.ABCMeta):
 
     def origin(self, *size, dtype=None, device=None, seed=42):
         """A deterministic point: the rectangular identity (on every Gram-space manifold)."""
-        size = _size_tuple(size)
+        size = size_tuple(size)
         eye = torch.eye(size[-2], size[-1], dtype=dtype or torch.get_default_dtype(), device=device)
         return eye.expand(*size).clone()
 

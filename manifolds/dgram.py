@@ -23,7 +23,7 @@ from __future__ import annotations
 
 import torch
 
-from .base import GramManifold, _size_tuple, _SUPPORTED_DTYPES, from_tall, to_tall
+from .base import SUPPORTED_DTYPES, GramManifold, from_tall, size_tuple, to_tall
 from .matrix_sign import polar
 
 __all__ = ["DGram"]
@@ -68,14 +68,15 @@ class DGram(GramManifold):
 
     def _check_point_on_manifold(self, x, *, atol=None, rtol=None):
         ok, reason = super()._check_point_on_manifold(x, atol=atol, rtol=rtol)
-        if ok and x.dtype in _SUPPORTED_DTYPES and x.numel() and bool((self.column_norms(x) == 0).any()):
+        if ok and x.dtype in SUPPORTED_DTYPES and x.numel() and bool((self.column_norms(x) == 0).any()):
             return False, "DGram point has a zero column (not a manifold point)"
         return ok, reason
 
     def random(self, *size, dtype=None, device=None, generator=None):
         """Polar factor of a Gaussian with log-normal column norms ``exp(N(0, 0.5^2))``."""
-        size = _size_tuple(size)
+        size = size_tuple(size)
         Q = polar(torch.randn(*size, dtype=dtype, device=device, generator=generator), "svd")
         T = to_tall(Q)
-        d = torch.exp(0.5 * torch.randn(*T.shape[:-2], 1, T.shape[-1], dtype=T.dtype, device=device, generator=generator))
+        log_norms = torch.randn(*T.shape[:-2], 1, T.shape[-1], dtype=T.dtype, device=device, generator=generator)
+        d = torch.exp(0.5 * log_norms)
         return from_tall(T * d, like=Q)

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import torch
 
-from .base import GramManifold, _size_tuple
+from .base import GramManifold, size_tuple
 
 __all__ = ["Euclidean"]
 
@@ -33,5 +33,5 @@ class Euclidean(GramManifold):
 
     def random(self, *size, dtype=None, device=None, generator=None):
         """A standard Gaussian matrix."""
-        size = _size_tuple(size)
+        size = size_tuple(size)
         return torch.randn(*size, dtype=dtype, device=device, generator=generator)

@@ -7,11 +7,15 @@ $$\operatorname{msign}(X) = U V^\top = X (X^\top X)^{-1/2}.$$
 It is the nearest matrix with orthonormal columns (rows, if $X$ is wide) to $X$, the Stiefel
 retraction, and the steepest-descent direction of Muon. Three methods are provided:
 
-| method            | how                                               | accuracy (singular values of the result)                       |
-|-------------------|---------------------------------------------------|-----------------------------------------------------------------|
-| ``"svd"``         | exact thin SVD, in float64 or float32             | within ~10 ulp of 1 (float32: 1.4e-6 measured) (any conditioning, rank-deficient: arbitrary orthonormal completion) |
-| ``"polar_express"`` | odd quintic iteration with the optimal per-step coefficients of Amsel et al. (2025), then the fixed $(15/8, -10/8, 3/8)$ map | 5 steps (Muon's choice): $[0.86, 1.14]$-ish for $\sigma/\|X\|_F \ge 10^{-3}$; 12 steps in float32: $|\sigma-1| \lesssim 10^{-5}$ |
-| ``"newton_schulz"`` | classical cubic $X \leftarrow \tfrac32 X - \tfrac12 X X^\top X$ | quadratic convergence once $\sigma \in (0, \sqrt 3)$; slow for small $\sigma$ |
+- ``"svd"``: exact thin SVD, in float64 or float32. Singular values within ~10 ulp of 1
+  (float32: 1.4e-6 measured) at any conditioning; a rank-deficient input gets an arbitrary
+  orthonormal completion.
+- ``"polar_express"``: odd quintic iteration with the optimal per-step coefficients of Amsel et
+  al. (2025), then the fixed $(15/8, -10/8, 3/8)$ map. 5 steps (Muon's choice) leave singular
+  values in about $[0.86, 1.14]$ for $\sigma/\|X\|_F \ge 10^{-3}$; 12 steps in float32 give
+  $|\sigma-1| \lesssim 10^{-5}$.
+- ``"newton_schulz"``: the classical cubic $X \leftarrow \tfrac32 X - \tfrac12 X X^\top X$;
+  quadratic convergence once $\sigma \in (0, \sqrt 3)$, slow for small $\sigma$.
 
 Iterative methods compute in ``compute_dtype`` (default: the input's, but at least float32 on
 CPU; ``torch.bfloat16`` is allowed and is what Muon uses on GPUs for *directions*). They converge

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import torch
 
-from .base import GramManifold, _size_tuple, from_tall, to_tall
+from .base import GramManifold, from_tall, size_tuple, to_tall
 
 __all__ = ["Oblique"]
 
@@ -40,5 +40,5 @@ class Oblique(GramManifold):
 
     def random(self, *size, dtype=None, device=None, generator=None):
         """Gaussian matrix with normalised columns (uniform on each sphere)."""
-        size = _size_tuple(size)
+        size = size_tuple(size)
         return self.projx(torch.randn(*size, dtype=dtype, device=device, generator=generator))

@@ -21,7 +21,8 @@ from __future__ import annotations
 import inspect
 import re
 import types
-from typing import Any, Callable, Mapping
+from collections.abc import Callable, Mapping
+from typing import Any
 
 from .base import GramManifold
 from .bounded import BoundedDGram

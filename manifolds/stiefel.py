@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import torch
 
-from .base import GramManifold, _size_tuple, _sym, from_tall, to_tall
+from .base import GramManifold, from_tall, size_tuple, sym, to_tall
 from .matrix_sign import polar
 
 __all__ = ["Stiefel"]
@@ -29,7 +29,7 @@ class Stiefel(GramManifold):
     def proju(self, x: torch.Tensor, u: torch.Tensor) -> torch.Tensor:
         r"""$U - W \operatorname{sym}(W^\top U)$."""
         T = to_tall(x)
-        return u - from_tall(T @ _sym(T.mT @ to_tall(u, like=x)), like=x)
+        return u - from_tall(T @ sym(T.mT @ to_tall(u, like=x)), like=x)
 
     def projx(self, x: torch.Tensor) -> torch.Tensor:
         r"""Polar factor $X (X^\top X)^{-1/2}$."""
@@ -38,5 +38,5 @@ class Stiefel(GramManifold):
 
     def random(self, *size, dtype=None, device=None, generator=None):
         """Polar factor of a Gaussian matrix (Haar-distributed)."""
-        size = _size_tuple(size)
+        size = size_tuple(size)
         return polar(torch.randn(*size, dtype=dtype, device=device, generator=generator), "svd")

@@ -4,8 +4,18 @@ import torch
 
 import manifolds
 from manifolds import (
-    MANIFOLDS, BoundedDGram, DGram, Euclidean, GramManifold, Oblique, Stiefel, get_manifold, manifold_names,
-    parse_spec, register, unregister,
+    MANIFOLDS,
+    BoundedDGram,
+    DGram,
+    Euclidean,
+    GramManifold,
+    Oblique,
+    Stiefel,
+    get_manifold,
+    manifold_names,
+    parse_spec,
+    register,
+    unregister,
 )
 
 BUILTIN = {"stiefel": Stiefel, "dgram": DGram, "oblique": Oblique, "euclidean": Euclidean, "bdgram": BoundedDGram}
@@ -124,7 +134,8 @@ def test_user_registration_round_trip(user_name):
     assert m.key() != get_manifold(f"{user_name}@3").key()
     with pytest.raises(ValueError, match=f"bad manifold spec '{user_name}': .*missing 1 required positional"):
         get_manifold(user_name)
-    with pytest.raises(ValueError, match=r"scale must be a number > 0; got 'big'; test-scaled takes \(scale, \*\*kwargs\)"):
+    refused = r"scale must be a number > 0; got 'big'; test-scaled takes \(scale, \*\*kwargs\)"
+    with pytest.raises(ValueError, match=refused):
         get_manifold(f"{user_name}@big")
     unregister(user_name)
     with pytest.raises(ValueError, match=f"unknown manifold '{user_name}@2'"):
