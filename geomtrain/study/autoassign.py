@@ -31,13 +31,14 @@ instability; one seed.
 from __future__ import annotations
 
 import dataclasses
-import json
 import math
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable, Mapping
 
-__all__ = ["Policy", "GRANULARITIES", "groups_for", "rules_for", "probe", "propose", "matching_preset"]
+from .._io import read_json, read_jsonl
+
+__all__ = ["Policy", "GRANULARITIES", "groups_for", "rules_for", "probe", "saturation_guard", "propose", "matching_preset"]
 
 GRANULARITIES = ("module", "kind", "layer")
 
@@ -95,12 +96,6 @@ def matching_preset(choice: Mapping[str, str]) -> str | None:
     return None
 
 
-def _read_jsonl(path: Path) -> list[dict]:
-    if not path.exists():
-        return []
-    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
-
-
 def probe(base: Mapping, rules: list[str], out_dir: Path, seed: int, probe_iters: int, print_fn: Callable = print) -> dict:
     """Train (or reuse) the first ``probe_iters`` steps of a run with ``rules``; return its end
     state: val loss, status, and per-layer attention entropy / max |logit| and Q/K spectral norms
@@ -111,9 +106,8 @@ def probe(base: Mapping, rules: list[str], out_dir: Path, seed: int, probe_iters
     out_dir = Path(out_dir)
     cfg = make_config({**base, "preset": "adamw", "rules": list(rules), "seed": seed, "out_dir": str(out_dir),
                        "stop_after": probe_iters, "progress": False})
-    status_path = out_dir / "status.json"
-    status = json.loads(status_path.read_text()) if status_path.exists() else None
-    old_cfg = json.loads((out_dir / "config.json").read_text()) if (out_dir / "config.json").exists() else None
+    status = read_json(out_dir / "status.json")
+    old_cfg = read_json(out_dir / "config.json")
     ignore = ("progress", "out_dir")
     same = old_cfg is not None and ({k: v for k, v in old_cfg.items() if k not in ignore}
                                     == {k: v for k, v in cfg.to_dict().items() if k not in ignore})
@@ -121,14 +115,11 @@ def probe(base: Mapping, rules: list[str], out_dir: Path, seed: int, probe_iters
                 and (status.get("status") in ("diverged", "failed") or status.get("step", 0) >= probe_iters))
     if not reusable:
         resume = (out_dir / "ckpt.pt").exists() and same
-        if not resume:
-            for name in ("metrics.jsonl", "diagnostics.jsonl", "status.json", "ckpt.pt"):
-                (out_dir / name).unlink(missing_ok=True)
-        status = train(cfg, resume=resume, print_fn=lambda *a, **k: None)
+        status = train(cfg, resume=resume, overwrite=not resume, print_fn=lambda *a, **k: None)  # else: a fresh start
         if status.get("status") == "interrupted" and status.get("step", 0) < probe_iters:
             raise KeyboardInterrupt  # Ctrl-C inside a probe: stop the search, never decide on a cut-short probe
-    evals = [m for m in _read_jsonl(out_dir / "metrics.jsonl") if m.get("kind") == "eval"]
-    diags = _read_jsonl(out_dir / "diagnostics.jsonl")
+    evals = [m for m in read_jsonl(out_dir / "metrics.jsonl") if m.get("kind") == "eval"]
+    diags = read_jsonl(out_dir / "diagnostics.jsonl")
     last = diags[-1] if diags else {}
     att = sorted(last.get("attention", []), key=lambda a: a.get("layer", 0))
     qk = {}
@@ -145,7 +136,10 @@ def probe(base: Mapping, rules: list[str], out_dir: Path, seed: int, probe_iters
     }
 
 
-def _guard(trial: dict, ref: dict, policy: Policy) -> tuple[bool, str]:
+def saturation_guard(trial: dict, ref: dict, policy: Policy) -> tuple[bool, str]:
+    """``(passed, why)``: in every layer, the ``trial`` probe's mean attention entropy stays at
+    least ``policy.entropy_ratio`` x the all-safe probe ``ref``'s, and its max |logit| at most
+    ``policy.logit_ratio`` x (layers without a value are skipped)."""
     for layer, (h, h0) in enumerate(zip(trial["mean_entropy"], ref["mean_entropy"])):
         if h is None or h0 is None:
             continue
@@ -193,7 +187,7 @@ def propose(base: Mapping, probe_dir: str | Path, seed: int = 0, probe_iters: in
         elif current["val_loss"] is None or not trial["val_loss"] < current["val_loss"] - policy.min_gain:
             ok, why = False, f"no gain: val loss {trial['val_loss']:.4f} vs {current['val_loss']:.4f}"
         else:
-            ok, why = _guard(trial, ref, policy)
+            ok, why = saturation_guard(trial, ref, policy)
             if ok:
                 why = f"val loss {trial['val_loss']:.4f} < {current['val_loss']:.4f}; " + why
         decisions.append({"group": g, "candidate": policy.free, "accepted": ok, "reason": why})

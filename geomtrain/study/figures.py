@@ -6,10 +6,10 @@ global state, no GUI backend, safe under ``Agg`` and in threads; :func:`save` wr
 notebook, ``display(fig)`` (or leaving ``fig`` as the last expression with the inline backend)
 shows one.
 
-A *summary* is what :func:`geomtrain.study.collect` returns (and ``summary.json`` holds):
+A *summary* is what :func:`geomtrain.study.collect.collect` returns (and ``summary.json`` holds):
 ``{"variants": [...], "runs": [...], "table": [...], "study": {...}}``; each run has its eval
 curve, training loss and the per-evaluation diagnostics as per-layer lists (see
-:mod:`geomtrain.study`). Conventions used below:
+:mod:`geomtrain.study.collect`). Conventions used below:
 
 - the "attention Q/K" spectral norm of a layer is $\max(\sigma_{\max}(W_Q), \sigma_{\max}(W_K))$,
   and the logit bound uses the product $\sigma_{\max}(W_Q)\,\sigma_{\max}(W_K)$;
@@ -26,6 +26,8 @@ from typing import Iterable, Sequence
 
 import numpy as np
 from matplotlib.figure import Figure
+
+from .._io import atomic_write_bytes
 
 __all__ = [
     "PRESET_COLORS", "color_of", "png_bytes", "save", "val_loss", "sigma_max", "attention", "overhead",
@@ -95,7 +97,7 @@ def save(fig: Figure | None, path: str | Path, dpi: int = 90, compact: bool = Tr
         return None
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_bytes(png_bytes(fig, dpi=dpi, compact=compact))
+    atomic_write_bytes(path, png_bytes(fig, dpi=dpi, compact=compact))
     return path
 
 
@@ -321,7 +323,7 @@ def overhead(summary: dict) -> Figure:
 
 
 def overhead_solvers(rows: Sequence[dict], title: str = "") -> Figure:
-    """Grouped bars from :func:`geomtrain.study.measure_overhead`: ms per step per preset, one bar
+    """Grouped bars from :func:`geomtrain.study.overhead.measure_overhead`: ms per step per preset, one bar
     per Muon solver, with the p10-p90 range and the ratio to ``adamw`` on top."""
     presets = list(dict.fromkeys(r["preset"] for r in rows))
     solvers = list(dict.fromkeys(r["solver"] for r in rows if r["solver"] != "-"))
@@ -480,7 +482,7 @@ def sweep(summary: dict) -> Figure | None:
 
 
 def toy_saturation(result: dict) -> Figure:
-    """The controlled demonstration (:func:`geomtrain.study.toy_attention`): one attention layer
+    """The controlled demonstration (:func:`geomtrain.study.toy.toy_attention`): one attention layer
     with $W_Q, W_K$ scaled by $s$; logits, entropy, softmax Jacobian and gradients against $s$,
     and (last panel) every row's Jacobian norm against its top-two logit gap."""
     s = np.asarray(result["scale"], dtype=float)
