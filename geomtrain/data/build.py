@@ -4,8 +4,8 @@ The phases, in order: check the request and fetch the data packages it needs
 (:func:`_ensure_sources`), describe the wanted result (:func:`_expected_manifest`), stop if the
 folder already holds it (:func:`_up_to_date`), clear the folder's manifest and leftovers
 (:func:`_reset_folder`), train the BPE if one is asked for (:func:`_make_tokenizer`), tokenize
-into the two splits (:func:`_write_token_files`), write the manifest last and fill the
-verification cache.
+into the two splits (:func:`_write_token_files`), write the manifest last and check the result,
+which fills the verification cache (:func:`_write_manifest`).
 """
 
 from __future__ import annotations
@@ -118,11 +118,7 @@ def prepare(
         "created": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
         "prepare_seconds": round(time.time() - t0, 3),
     }
-    atomic_write_json(out / MANIFEST_NAME, manifest)
-    time.sleep(RACY_MARGIN_NS / 1e9)  # so the self-check's cache entries are not racy (see folder)
-    problems = verify(out, check_hashes="cached")  # a self-check that also fills verified.json
-    if problems:  # pragma: no cover - a disk that changes what was just written
-        raise RuntimeError(f"{out}: just prepared, yet {problems[0]}")
+    _write_manifest(out, manifest)
     log.info("%s: prepared (%s) in %.1f s", out, _summary(manifest), manifest["prepare_seconds"])
     return manifest
 
@@ -249,6 +245,15 @@ def _write_token_files(out: Path, docs: Iterable[tuple[str, str]], tok, train_na
         }
     fsync_dir(out)
     return splits
+
+
+def _write_manifest(out: Path, manifest: dict) -> None:
+    """The manifest, atomically and last; then a self-check that also fills ``verified.json``."""
+    atomic_write_json(out / MANIFEST_NAME, manifest)
+    time.sleep(RACY_MARGIN_NS / 1e9)  # so the self-check's cache entries are not racy (see folder)
+    problems = verify(out, check_hashes="cached")
+    if problems:  # pragma: no cover - a disk that changes what was just written
+        raise RuntimeError(f"{out}: just prepared, yet {problems[0]}")
 
 
 def _summary(manifest: dict) -> str:
