@@ -1,6 +1,6 @@
 """Command line: ``geomtrain COMMAND`` with one registry of commands and one error style.
 
-Commands: ``prepare``, ``train``, ``sample``, ``bench``, ``study``, ``report``. Every
+Commands: ``prepare``, ``train``, ``sample``, ``eval``, ``plot``, ``bench``, ``study``, ``report``. Every
 ``TrainConfig`` field is a ``train`` flag (``--max-iters 200``, ``--no-diagnostics``), parsed by
 the one config-text parser (`geomtrain.config.parse_value`); ``--config FILE.toml`` supplies a
 base; flags win; `TrainConfig.validate` checks the result. A user error — a bad flag, a bad
@@ -142,22 +142,62 @@ def _cmd_sample(args) -> int:
     import torch
 
     from .data import load_tokenizer
-    from .model import GPT, GPTConfig
-    from .train import load_checkpoint, resolve_device
+    from .evaluate import load_model
 
     if not args.temperature > 0:
         raise UsageError(f"--temperature must be > 0; got {args.temperature}")
-    device = resolve_device(args.device)
-    ckpt = load_checkpoint(Path(args.run_dir), map_location=device)
-    model = GPT(GPTConfig(**ckpt["model_config"])).to(device)
-    model.load_state_dict(ckpt["model"])
-    model.eval()
+    model, ckpt = load_model(args.run_dir, args.device)
+    device = next(model.parameters()).device
     tok = load_tokenizer(ckpt["config"]["data_dir"])
     ids = tok.encode(args.prompt) or [tok.eot_token]
     idx = torch.tensor([ids], dtype=torch.long, device=device)
     gen = torch.Generator(device=device).manual_seed(args.seed)
     out = model.generate(idx, args.max_new_tokens, temperature=args.temperature, top_k=args.top_k, generator=gen)
     print(tok.decode(out[0].tolist()))
+    return 0
+
+
+# ----------------------------------------------------------------------------- eval
+def _add_eval(sub) -> None:
+    p = sub.add_parser("eval", help="loss and perplexity of a run's checkpoint on a data folder")
+    p.add_argument("run_dir", help="a run folder (holding ckpt.pt) or a checkpoint file")
+    p.add_argument("--data-dir", default=None, help="prepared data folder (default: the run's)")
+    p.add_argument("--split", default="val", help="train or val (default: val)")
+    p.add_argument("--iters", type=_positive_int, default=None, help="batches (default: the run's eval_iters)")
+    p.add_argument("--batch-size", type=_positive_int, default=None, help="sequences per batch (default: the run's, at most 16)")
+    p.add_argument("--seed", type=int, default=None, help="batch sampler seed (default: the run's)")
+    p.add_argument("--device", default="cpu")
+    p.add_argument("--json", action="store_true", help="print the result as one JSON line")
+    p.set_defaults(handler=_cmd_eval)
+
+
+def _cmd_eval(args) -> int:
+    import json
+
+    from .evaluate import evaluate_checkpoint
+
+    r = evaluate_checkpoint(args.run_dir, data_dir=args.data_dir, split=args.split, iters=args.iters,
+                            batch_size=args.batch_size, seed=args.seed, device=args.device)
+    if args.json:
+        print(json.dumps(r))
+    else:
+        print(f"{r['run']} (step {r['step']}) on {r['data_dir']} [{r['split']}]: loss {r['loss']:.4f}, "
+              f"perplexity {r['perplexity']:.2f} ({r['tokens']:,} tokens)")
+    return 0
+
+
+# ----------------------------------------------------------------------------- plot
+def _add_plot(sub) -> None:
+    p = sub.add_parser("plot", help="one PNG comparing runs: losses, sigma_max per module type, attention logits and entropy")
+    p.add_argument("runs", nargs="+", metavar="RUN", help="run folders")
+    p.add_argument("--out", default="runs.png", help="PNG to write (default: runs.png)")
+    p.set_defaults(handler=_cmd_plot)
+
+
+def _cmd_plot(args) -> int:
+    from .plot import plot_runs
+
+    print(f"wrote {plot_runs(args.runs, args.out)}")
     return 0
 
 
@@ -186,7 +226,8 @@ def _add_study_commands(sub) -> None:
 
 
 COMMANDS: dict[str, Callable] = {
-    "prepare": _add_prepare, "train": _add_train, "sample": _add_sample, "bench": _add_bench,
+    "prepare": _add_prepare, "train": _add_train, "sample": _add_sample, "eval": _add_eval, "plot": _add_plot,
+    "bench": _add_bench,
     "study": _add_study_commands,  # adds both `study` and `report`
 }
 """Command name -> function adding its sub-parser (with ``handler(args) -> int`` as default)."""

@@ -29,6 +29,7 @@ class TrainConfig:
     model: str = "mini"                 # a name from geomtrain.model.MODEL_CONFIGS
     data_dir: str = "data/classics"     # prepared by `geomtrain prepare`
     block_size: int | None = None       # context length; None = the model's
+    init_from: str | None = None        # a local Hugging Face GPT-2 folder of the same shape (pretrained weights)
     # manifold assignment
     preset: str = "hetero"              # adamw | unconstrained | all-stiefel | all-dgram | hetero | hetero-inv
     rules: list[str] = field(default_factory=list)  # "GLOB=TARGET", applied before the preset
@@ -67,6 +68,7 @@ class TrainConfig:
     compile: bool = False               # torch.compile the model
     out_dir: str = "runs/{model}-{preset}-s{seed}"
     progress: bool = True               # tqdm progress bar
+    tensorboard: bool = False           # also log every metric and diagnostic to OUT_DIR/tensorboard
 
     def resolved_out_dir(self) -> Path:
         return Path(self.out_dir.format(model=self.model, preset=self.preset, seed=self.seed))
@@ -137,7 +139,7 @@ MODEL_DEFAULTS: dict[str, dict[str, Any]] = {
 
 _FIELDS = {f.name: f for f in dataclasses.fields(TrainConfig)}
 
-RUN_DEFINING_KEYS = ("model", "data_dir", "block_size", "preset", "rules", "max_iters", "batch_size", "grad_accum",
+RUN_DEFINING_KEYS = ("model", "data_dir", "block_size", "init_from", "preset", "rules", "max_iters", "batch_size", "grad_accum",
                      "warmup_iters", "lr", "min_lr", "weight_decay", "beta1", "beta2", "grad_clip", "muon_lr",
                      "muon_momentum", "muon_nesterov", "muon_solver", "muon_weight_decay", "seed", "dtype")
 """Keys whose change makes a different run: a resume that changes one is refused unless allowed."""

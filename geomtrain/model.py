@@ -358,7 +358,45 @@ def from_hf_gpt2_state_dict(sd: dict, n_head: int | None = None, config: GPTConf
     return model
 
 
+def load_hf_gpt2_folder(path: str | Path, block_size: int | None = None) -> GPT:
+    """A `GPT` from a local Hugging Face GPT-2 folder (``config.json`` plus ``model.safetensors``
+    or ``pytorch_model.bin``, as ``save_pretrained`` writes them); nothing is downloaded.
+
+    ``block_size`` smaller than the folder's ``n_positions`` crops the position embedding (the
+    first ``block_size`` rows), as nanoGPT does."""
+    import json
+
+    path = Path(path)
+    try:
+        hf = json.loads((path / "config.json").read_text())
+    except (OSError, ValueError) as exc:
+        raise ValueError(f"{path} is not a Hugging Face model folder (config.json: {exc})") from None
+    if hf.get("model_type", "gpt2") != "gpt2":
+        raise ValueError(f"{path} holds a {hf.get('model_type')!r} model; only gpt2 folders load")
+    if (path / "model.safetensors").exists():
+        try:
+            from safetensors.torch import load_file
+        except ImportError:
+            raise ValueError(f"{path}/model.safetensors needs the safetensors package: pip install safetensors") from None
+        sd = load_file(str(path / "model.safetensors"))
+    elif (path / "pytorch_model.bin").exists():
+        sd = torch.load(path / "pytorch_model.bin", map_location="cpu", weights_only=True)
+    else:
+        raise ValueError(f"{path} has neither model.safetensors nor pytorch_model.bin")
+    n_positions = int(hf.get("n_positions", hf.get("n_ctx", 1024)))
+    config = GPTConfig(block_size=n_positions, vocab_size=int(hf["vocab_size"]), n_layer=int(hf["n_layer"]),
+                       n_head=int(hf["n_head"]), n_embd=int(hf["n_embd"]))
+    model = from_hf_gpt2_state_dict(sd, config=config)
+    if block_size is not None and block_size != n_positions:
+        if block_size > n_positions:
+            raise ValueError(f"block_size {block_size} exceeds the pretrained n_positions {n_positions}")
+        model.config.block_size = block_size
+        model.transformer.wpe.weight = nn.Parameter(model.transformer.wpe.weight[:block_size].detach().clone())
+    return model
+
+
 __all__ = [
+    "load_hf_gpt2_folder",
     "MODEL_CONFIGS",
     "AttentionProbe",
     "Block",

@@ -10,6 +10,7 @@ A run folder holds::
     ckpt.pt              the last good checkpoint (atomic), verified against ckpt.json on load
     ckpt.json            {"sha256", "bytes", "step", "previous": {...}}: the checkpoint's checksum
     status.json          running | finished | diverged | interrupted | failed, step, pid, losses
+    tensorboard/         with ``tensorboard=True``: every number of metrics and diagnostics as a scalar
 
 Guarantees (tested in ``tests/test_faults.py``):
 
@@ -28,7 +29,9 @@ from __future__ import annotations
 
 import hashlib
 import io
+import math
 import os
+import shutil
 import socket
 import time
 import warnings
@@ -49,11 +52,11 @@ from ._io import (
 from .config import RUN_DEFINING_KEYS
 
 __all__ = ["RunFolder", "RunFolderError", "CheckpointError", "config_changes", "pid_alive", "load_verified_checkpoint",
-           "status_summary"]
+           "status_summary", "flatten_numbers"]
 
 CHECKPOINT_FORMAT = 2
 _RUN_FILES = ("config.json", "env.json", "assignment.json", "assignment.txt", "metrics.jsonl", "diagnostics.jsonl",
-              "ckpt.pt", "ckpt.json", "status.json", "config_history.jsonl")
+              "ckpt.pt", "ckpt.json", "status.json", "config_history.jsonl", "init_from.json")
 
 
 class RunFolderError(ValueError):
@@ -82,6 +85,26 @@ def pid_alive(pid: int | None, host: str | None = None) -> bool | None:
     return True
 
 
+def flatten_numbers(record: Any, prefix: str) -> list[tuple[str, float]]:
+    """``(tag, value)`` for every finite number in a nested record; list entries are named by their
+    ``name`` or ``layer`` key (``diagnostics/matrices/transformer.h.0.attn.c_attn.weight/sigma_max``,
+    ``diagnostics/attention/layer0/mean_entropy``), else by position. ``step`` is the x axis, not a tag."""
+    out: list[tuple[str, float]] = []
+    if isinstance(record, dict):
+        for key, value in record.items():
+            if key not in ("step", "kind", "name", "layer"):
+                out += flatten_numbers(value, f"{prefix}/{key}")
+    elif isinstance(record, list):
+        for i, item in enumerate(record):
+            label = item.get("name") if isinstance(item, dict) else None
+            if label is None and isinstance(item, dict) and item.get("layer") is not None:
+                label = f"layer{item['layer']}"
+            out += flatten_numbers(item, f"{prefix}/{label if label is not None else i}")
+    elif isinstance(record, (int, float)) and not isinstance(record, bool) and math.isfinite(record):
+        out.append((prefix, float(record)))
+    return out
+
+
 def _sha256(data: bytes) -> str:
     return hashlib.sha256(data).hexdigest()
 
@@ -93,6 +116,7 @@ class RunFolder:
     def __init__(self, path: str | os.PathLike, master: bool = True):
         self.path = Path(path)
         self.master = master
+        self.tensorboard = None  # a torch.utils.tensorboard.SummaryWriter once enabled
 
     def __repr__(self) -> str:
         return f"RunFolder({str(self.path)!r})"
@@ -163,6 +187,7 @@ class RunFolder:
         if self.master:
             for name in _RUN_FILES:
                 self.file(name).unlink(missing_ok=True)
+            shutil.rmtree(self.file("tensorboard"), ignore_errors=True)
 
     def _check_resume_config(self, config: dict, allow: bool) -> None:
         old = self.read_config()
@@ -188,13 +213,45 @@ class RunFolder:
             atomic_write_json(self.file("assignment.json"), assignment)
             atomic_write_text(self.file("assignment.txt"), table + "\n")
 
+    def write_json(self, name: str, obj: Any) -> None:
+        """Another JSON file of the run (atomic), e.g. ``init_from.json``."""
+        if self.master:
+            atomic_write_json(self.file(name), obj)
+
     def log(self, record: dict) -> None:
         if self.master:
             append_jsonl(self.file("metrics.jsonl"), record)
+            self._scalars(record.get("kind", "metrics"), record)
 
     def log_diagnostics(self, record: dict) -> None:
         if self.master:
             append_jsonl(self.file("diagnostics.jsonl"), record)
+            self._scalars("diagnostics", record)
+
+    # ------------------------------------------------------------------ TensorBoard
+    def enable_tensorboard(self, purge_step: int | None = None) -> None:
+        """Mirror every logged number into ``tensorboard/`` (needs the ``tensorboard`` package:
+        ``pip install 'geomtrain[tensorboard]'``). On resume, ``purge_step`` drops events logged
+        after the checkpoint, as the JSONL logs are truncated."""
+        if not self.master:
+            return
+        try:
+            from torch.utils.tensorboard import SummaryWriter
+        except ImportError:
+            raise RunFolderError("--tensorboard needs the tensorboard package: pip install tensorboard") from None
+        self.tensorboard = SummaryWriter(str(self.file("tensorboard")), purge_step=purge_step)
+
+    def close(self) -> None:
+        if self.tensorboard is not None:
+            self.tensorboard.close()
+            self.tensorboard = None
+
+    def _scalars(self, prefix: str, record: dict) -> None:
+        if self.tensorboard is None or "step" not in record:
+            return
+        for tag, value in flatten_numbers(record, prefix):
+            self.tensorboard.add_scalar(tag, value, global_step=int(record["step"]))
+        self.tensorboard.flush()
 
     def truncate_logs(self, step: int) -> None:
         """Drop log records after ``step`` (a resumed run writes them again, identically)."""

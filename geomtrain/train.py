@@ -40,7 +40,7 @@ from ._io import environment_record, to_jsonable
 from .assign import assign, format_table
 from .config import TrainConfig, import_manifold_modules
 from .diagnostics import collect_diagnostics, gradient_norms
-from .model import GPT, model_config
+from .model import GPT, load_hf_gpt2_folder, model_config
 from .runfolder import CheckpointError, RunFolder, RunFolderError, load_verified_checkpoint
 
 __all__ = ["Trainer", "StepResult", "StopSignals", "train", "lr_at", "build_optimizers", "resolve_device",
@@ -163,9 +163,11 @@ class Trainer:
         self.model_cfg = model_config(cfg.model, **overrides)
         self.block = self.model_cfg.block_size
         self.model = GPT(self.model_cfg).to(self.device)
+        if cfg.init_from:
+            self._load_pretrained(cfg.init_from)
         named = list(self.model.named_parameters())
         self.assignments = assignments or assign(named, preset=cfg.preset, rules=cfg.rules, custom_manifolds=custom_manifolds)
-        self._project_onto_manifolds(dict(named))
+        self.projection = self._project_onto_manifolds(dict(named))
         self.adamw, self.muon = build_optimizers(self.model, self.assignments, cfg)
         self._steps_done = 0
         self.n_skipped = 0
@@ -186,21 +188,41 @@ class Trainer:
         self.diag_batch = gdata.fixed_batch(self.val_tokens, cfg.diag_batch_size, self.block, cfg.seed + 1)[0]
 
     def _load_data(self) -> None:
+        """Token files verified (sizes, cached sha256, ids below the vocabulary) before any use."""
         cfg = self.cfg
-        problems = gdata.verify(cfg.data_dir, check_hashes=False)
-        if problems:
-            raise ValueError(f"data in {cfg.data_dir} is not usable ({problems[0]}); run `geomtrain prepare` first")
+        try:
+            vocab = int(gdata.load_manifest(cfg.data_dir)["vocab_size"])
+        except (OSError, ValueError, KeyError, TypeError):
+            vocab = None  # verify_cached names the problem with the manifest
+        manifest = gdata.verify_cached(cfg.data_dir, vocab_size=vocab)
         self.train_tokens = gdata.load_split(cfg.data_dir, "train")
         self.val_tokens = gdata.load_split(cfg.data_dir, "val")
-        self.vocab_size = int(gdata.load_manifest(cfg.data_dir)["vocab_size"])
+        self.vocab_size = int(manifest["vocab_size"])
 
     @torch.no_grad()
-    def _project_onto_manifolds(self, params: dict) -> None:
-        """Constrained matrices start on their manifold."""
+    def _load_pretrained(self, path: str) -> None:
+        """Weights of a Hugging Face GPT-2 folder whose shape is this run's model (``init_from``)."""
+        pretrained = load_hf_gpt2_folder(path, block_size=self.block)
+        keys = ("vocab_size", "n_layer", "n_head", "n_embd", "bias")
+        differ = [f"{k}: {getattr(pretrained.config, k)!r} there, {getattr(self.model_cfg, k)!r} here" for k in keys
+                  if getattr(pretrained.config, k) != getattr(self.model_cfg, k)]
+        if differ:
+            raise ValueError(f"init_from {path} is not a {self.cfg.model!r} model on this data ({'; '.join(differ)}); "
+                             "choose the matching --model and a data folder with its tokenizer")
+        self.model.load_state_dict(pretrained.state_dict())
+
+    @torch.no_grad()
+    def _project_onto_manifolds(self, params: dict) -> dict[str, float]:
+        r"""Constrained matrices start on their manifold; returns how far each moved,
+        $\|\pi(W) - W\|_F / \|W\|_F$ (large for pretrained weights, 0 for a point already on it)."""
+        moved = {}
         for a in self.assignments:
             if a.manifold is not None and a.manifold_name != "euclidean":
                 p = params[a.name]
-                p.copy_(a.manifold.projx(p.float()).to(p.dtype))
+                projected = a.manifold.projx(p.float())
+                moved[a.name] = float((projected - p.float()).norm() / p.float().norm().clamp_min(1e-30))
+                p.copy_(projected.to(p.dtype))
+        return moved
 
     @property
     def steps_done(self) -> int:
@@ -412,10 +434,15 @@ def train(cfg: TrainConfig, resume: bool = False, assignments=None, print_fn: Ca
         print_fn(f"resuming {folder.path} from step {trainer.steps_done}")
     elif resume:
         print_fn(f"no checkpoint in {folder.path} yet: starting from step 0")
+    if cfg.tensorboard:
+        folder.enable_tensorboard(purge_step=trainer.steps_done + 1 if trainer.steps_done else None)
     table = format_table(trainer.assignments)
     folder.write_run_info(cfg.to_dict(), environment_record(trainer.device, seed=cfg.seed), [a.to_dict() for a in trainer.assignments], table)
     if master:
         print_fn(table)
+    if cfg.init_from and not resume:
+        folder.write_json("init_from.json", {"init_from": cfg.init_from, "relative_move": trainer.projection})
+        print_fn(_projection_table(cfg.init_from, trainer.projection))
     try:
         status = _loop(trainer, folder, print_fn)
     except BaseException as exc:
@@ -423,12 +450,20 @@ def train(cfg: TrainConfig, resume: bool = False, assignments=None, print_fn: Ca
             with contextlib.suppress(OSError):
                 folder.write_status("failed", step=trainer.steps_done, error=f"{type(exc).__name__}: {exc}"[:500])
         raise
+    finally:
+        folder.close()
     if on_finish is not None:
         on_finish(trainer.model)
     if master:
         print_fn(f"{status['status']} at step {status['step']}: val loss {trainer.last_val} "
                  f"(best {_finite_or_none(trainer.best_val)}); outputs in {folder.path}")
     return status
+
+
+def _projection_table(path: str, moved: dict[str, float]) -> str:
+    lines = [f"initialised from {path}; constrained matrices projected onto their manifolds, ||P(W) - W|| / ||W||:"]
+    lines += [f"  {name:<40} {value:.3f}" for name, value in moved.items()]
+    return "\n".join(lines)
 
 
 def _finite_or_none(x: float | None) -> float | None:
