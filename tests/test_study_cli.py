@@ -1,5 +1,6 @@
 """geomtrain.study.cli: bad input is one line and exit 2; the parsers register on any
 ``geomtrain`` command registry and dispatch the sub-modes."""
+
 import argparse
 
 import pytest
@@ -8,20 +9,25 @@ from geomtrain.cli import main as cli_main
 from geomtrain.study import add_report_parser, add_study_parser
 
 
-@pytest.mark.parametrize("argv, needle", [
-    (["--presets", "adamw,nope"], "unknown preset 'nope'; valid: adamw, unconstrained"),
-    (["--suite", "everything"], "unknown suite 'everything'; valid: presets, lr-sweep, bounded, autoassign"),
-    (["--model", "huge"], "unknown model 'huge'; valid:"),
-    (["--set", "colour=red"], "unknown config key 'colour'; valid: model,"),
-    (["--set", "muon_lr=fast"], "bad value 'fast' for muon_lr"),
-    (["--seeds", "0"], "--seeds '0'"),
-    (["--granularity", "atom"], "unknown granularity 'atom'; valid: module, kind, layer"),
-    (["--jobs", "0"], "--jobs must be >= 1; got 0"),
-    (["--suite", "bounded", "--bounds", "0"], "--bounds must be numbers > 0"),
-    (["--tokenizer", "morse"], "argument --tokenizer: invalid choice: 'morse'"),
-])
+@pytest.mark.parametrize(
+    "argv, needle",
+    [
+        (["--presets", "adamw,nope"], "unknown preset 'nope'; valid: adamw, unconstrained"),
+        (["--suite", "everything"], "unknown suite 'everything'; valid: presets, lr-sweep, bounded, autoassign"),
+        (["--model", "huge"], "unknown model 'huge'; valid:"),
+        (["--set", "colour=red"], "unknown config key 'colour'; valid: model,"),
+        (["--set", "muon_lr=fast"], "bad value 'fast' for muon_lr"),
+        (["--seeds", "0"], "--seeds '0'"),
+        (["--granularity", "atom"], "unknown granularity 'atom'; valid: module, kind, layer"),
+        (["--jobs", "0"], "--jobs must be >= 1; got 0"),
+        (["--suite", "bounded", "--bounds", "0"], "--bounds must be numbers > 0"),
+        (["--tokenizer", "morse"], "argument --tokenizer: invalid choice: 'morse'"),
+    ],
+)
 def test_bad_input_is_one_line_exit_2(data_dir, tmp_path, capsys, argv, needle):
-    code = cli_main(["study", "--model", "tiny", "--data-dir", data_dir, "--out", str(tmp_path / "x"), "--dry-run", *argv])
+    code = cli_main(
+        ["study", "--model", "tiny", "--data-dir", data_dir, "--out", str(tmp_path / "x"), "--dry-run", *argv]
+    )
     err = capsys.readouterr().err.strip()
     assert code == 2 and len(err.splitlines()) == 1 and needle in err, err
 
@@ -36,7 +42,11 @@ def test_parsers_register_and_dispatch_the_modes():
     toy = root.parse_args(["study", "toy", "--out", "o"])
     rep = root.parse_args(["report", "o"])
     assert [a.handler.__name__ for a in (study, overhead, toy, rep)] == [
-        "run_study_command", "run_overhead_command", "run_toy_command", "run_report_command"]
+        "run_study_command",
+        "run_overhead_command",
+        "run_toy_command",
+        "run_report_command",
+    ]
     assert overhead.solvers == "tangent" and overhead.steps == 2 and rep.out == "o"
     from geomtrain.study.cli import command_argv
 

@@ -1,18 +1,52 @@
 """geomtrain.study.plan: suites and sweeps, the dry run, every run config validated up front."""
+
 import pytest
 
-from geomtrain.study import StudyError, main as study_main, plan, sweep_variants
+from geomtrain.study import StudyError, plan, sweep_variants
+from geomtrain.study import main as study_main
 from geomtrain.study.plan import parse_seeds, parse_sweep, preset_variants
 
 
 def test_sweep_variants_and_dry_run(data_dir, tmp_path, capsys):
-    assert study_main(["--model", "tiny", "--data-dir", data_dir, "--out", str(tmp_path / "s"), "--presets", "hetero,hetero-inv",
-                       "--sweep", "muon_lr=0.02,0.1", "--dry-run"]) == 0
+    assert (
+        study_main(
+            [
+                "--model",
+                "tiny",
+                "--data-dir",
+                data_dir,
+                "--out",
+                str(tmp_path / "s"),
+                "--presets",
+                "hetero,hetero-inv",
+                "--sweep",
+                "muon_lr=0.02,0.1",
+                "--dry-run",
+            ]
+        )
+        == 0
+    )
     text = capsys.readouterr().out
     assert "4 variants" in text and "hetero-inv__muon_lr-0.1" in text and not (tmp_path / "s").exists()
     assert "  hetero-inv: preset hetero-inv" in text  # the shared value keeps the plain name
-    assert study_main(["--model", "tiny", "--data-dir", data_dir, "--out", str(tmp_path / "b"), "--suite", "bounded",
-                       "--bounds", "1.5", "--dry-run"]) == 0
+    assert (
+        study_main(
+            [
+                "--model",
+                "tiny",
+                "--data-dir",
+                data_dir,
+                "--out",
+                str(tmp_path / "b"),
+                "--suite",
+                "bounded",
+                "--bounds",
+                "1.5",
+                "--dry-run",
+            ]
+        )
+        == 0
+    )
     assert "bdgram@1.5" in capsys.readouterr().out
 
 
@@ -39,7 +73,10 @@ def test_plan_validates_every_run_before_training(tmp_path):
     base = {"model": "tiny", "data_dir": "nowhere", "max_iters": 4}
     study = plan(tmp_path / "s", suite="bounded", bounds=[1.5], presets=["hetero"], seeds=[0, 1], base=base)
     assert [v.name for v in study.variants] == ["hetero", "bdgram1.5+stiefel", "bdgram1.5+dgram"]
-    assert study.config(study.variants[1], 1).rules == ["*.attn.c_attn.weight=bdgram@1.5", "*.attn.c_proj.weight=bdgram@1.5"]
+    assert study.config(study.variants[1], 1).rules == [
+        "*.attn.c_attn.weight=bdgram@1.5",
+        "*.attn.c_proj.weight=bdgram@1.5",
+    ]
     assert not (tmp_path / "s").exists()  # planning writes nothing
     with pytest.raises(StudyError, match="variant nope: unknown preset 'nope'"):
         plan(tmp_path / "s", presets=["adamw", "nope"], base=base)

@@ -1,5 +1,6 @@
 """geomtrain.study.collect / report / figures: the table and every figure from a synthetic
 summary, and a committed study folder re-reported to the same bytes."""
+
 import shutil
 from pathlib import Path
 
@@ -12,32 +13,58 @@ RESULTS = Path(__file__).resolve().parent.parent / "docs" / "results"
 
 def _fake_run(variant, seed, status, n=6, grow=1.0):
     steps = list(range(10, 10 * n + 1, 10))
-    sig = [[1.0 * grow ** i, 0.9 * grow ** i] for i in range(n)]
-    att = {"max_abs_logit": [[5 * grow ** (2 * i)] * 2 for i in range(n)],
-           "mean_entropy": [[2.0 / grow ** i] * 2 for i in range(n)],
-           "saturated_frac": [[min(1.0, 0.1 * i * (grow - 1))] * 2 for i in range(n)],
-           "jacobian_norm": [[0.3 / grow ** (2 * i)] * 2 for i in range(n)]}
+    sig = [[1.0 * grow**i, 0.9 * grow**i] for i in range(n)]
+    att = {
+        "max_abs_logit": [[5 * grow ** (2 * i)] * 2 for i in range(n)],
+        "mean_entropy": [[2.0 / grow**i] * 2 for i in range(n)],
+        "saturated_frac": [[min(1.0, 0.1 * i * (grow - 1))] * 2 for i in range(n)],
+        "jacobian_norm": [[0.3 / grow ** (2 * i)] * 2 for i in range(n)],
+    }
     kinds = {k: sig for k in ("attn_in", "attn_q", "attn_k", "attn_out", "mlp_in", "mlp_out")}
-    return {"variant": variant, "seed": seed, "status": status, "step": steps[-1],
-            "diverged_step": steps[-1] if status == "diverged" else None,
-            "final_val": 4.0 + 0.01 * seed if status == "finished" else None, "best_val": 4.0, "ms_per_step": 10.0 * grow,
-            "attn": "dgram" if grow > 1 else "stiefel", "mlp": "dgram",
-            "eval": {"step": steps, "val": [5.0 - 0.1 * i if grow == 1 else 5.0 - 0.1 * i + (i > 3) * 3 for i in range(n)]},
-            "train": {"step": steps, "loss": [5.0] * n},
-            "diag": {"step": steps, "sigma_max": kinds, "grad_norm": kinds, "attention": att}}
+    return {
+        "variant": variant,
+        "seed": seed,
+        "status": status,
+        "step": steps[-1],
+        "diverged_step": steps[-1] if status == "diverged" else None,
+        "final_val": 4.0 + 0.01 * seed if status == "finished" else None,
+        "best_val": 4.0,
+        "ms_per_step": 10.0 * grow,
+        "attn": "dgram" if grow > 1 else "stiefel",
+        "mlp": "dgram",
+        "eval": {"step": steps, "val": [5.0 - 0.1 * i if grow == 1 else 5.0 - 0.1 * i + (i > 3) * 3 for i in range(n)]},
+        "train": {"step": steps, "loss": [5.0] * n},
+        "diag": {"step": steps, "sigma_max": kinds, "grad_norm": kinds, "attention": att},
+    }
 
 
 def test_figures_from_a_synthetic_summary(tmp_path):
-    variants = [{"name": "hetero", "preset": "hetero", "base": "hetero"},
-                {"name": "hetero-inv__muon_lr-0.1", "preset": "hetero-inv", "base": "hetero-inv",
-                 "sweep": {"key": "muon_lr", "value": 0.1}, "attn": "dgram"},
-                {"name": "hetero-inv__muon_lr-0.02", "preset": "hetero-inv", "base": "hetero-inv",
-                 "sweep": {"key": "muon_lr", "value": 0.02}, "attn": "dgram"}]
+    variants = [
+        {"name": "hetero", "preset": "hetero", "base": "hetero"},
+        {
+            "name": "hetero-inv__muon_lr-0.1",
+            "preset": "hetero-inv",
+            "base": "hetero-inv",
+            "sweep": {"key": "muon_lr", "value": 0.1},
+            "attn": "dgram",
+        },
+        {
+            "name": "hetero-inv__muon_lr-0.02",
+            "preset": "hetero-inv",
+            "base": "hetero-inv",
+            "sweep": {"key": "muon_lr", "value": 0.02},
+            "attn": "dgram",
+        },
+    ]
     runs = [_fake_run("hetero", s, "finished") for s in (0, 1)]
     runs += [_fake_run("hetero-inv__muon_lr-0.1", s, "diverged", grow=1.8) for s in (0, 1)]
     runs += [_fake_run("hetero-inv__muon_lr-0.02", 0, "finished", grow=1.1)]
-    summary = {"study": {"base_config": {"model": "tiny", "max_iters": 60, "muon_lr": 0.02}, "seeds": [0, 1]},
-               "variants": variants, "runs": runs, "table": make_table(variants, runs)}
+    summary = {
+        "study": {"base_config": {"model": "tiny", "max_iters": 60, "muon_lr": 0.02}, "seeds": [0, 1]},
+        "variants": variants,
+        "runs": runs,
+        "table": make_table(variants, runs),
+    }
     assert summary["table"][1]["status"] == "diverged 2/2 (step 60, 60)"
     written = {p.name for p in figures.write_all(summary, tmp_path)}
     assert written == {"val_loss.png", "sigma_max.png", "attention.png", "overhead.png", "mechanism.png", "sweep.png"}

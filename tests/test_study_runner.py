@@ -1,6 +1,7 @@
 """geomtrain.study.runner: a smoke study with its report, skipping done runs, resuming
 interrupted ones, runs shared between suites, parallel workers, run locks, refusing a folder of
 other settings, and a bounded-DGram variant trained by its registry name."""
+
 import json
 import os
 import shutil
@@ -9,23 +10,57 @@ import pytest
 
 from geomtrain.cli import main as cli_main
 from geomtrain.data import load_manifest
-from geomtrain.study import RunLock, collect, load_summary, main as study_main, plan
+from geomtrain.study import RunLock, collect, load_summary, plan
+from geomtrain.study import main as study_main
 from geomtrain.study.runner import train_one
 
-FAST = ["--set", "batch_size=4", "--set", "eval_iters=1", "--set", "log_interval=1", "--set", "diag_batch_size=2",
-        "--set", "block_size=32"]
+FAST = [
+    "--set",
+    "batch_size=4",
+    "--set",
+    "eval_iters=1",
+    "--set",
+    "log_interval=1",
+    "--set",
+    "diag_batch_size=2",
+    "--set",
+    "block_size=32",
+]
 
 
 def _study(data_dir, out, *extra):
-    return study_main(["--model", "tiny", "--data-dir", data_dir, "--iters", "6", "--set", "eval_interval=3",
-                       "--out", str(out), "--quiet", *FAST, *extra])
+    return study_main(
+        [
+            "--model",
+            "tiny",
+            "--data-dir",
+            data_dir,
+            "--iters",
+            "6",
+            "--set",
+            "eval_interval=3",
+            "--out",
+            str(out),
+            "--quiet",
+            *FAST,
+            *extra,
+        ]
+    )
 
 
 def test_smoke_study_report_and_resume(data_dir, tmp_path, capsys):
     out = tmp_path / "study"
     assert _study(data_dir, out, "--presets", "adamw,hetero", "--seeds", "2") == 0
-    for name in ("study.json", "summary.json", "results.csv", "results.md", "val_loss.png", "sigma_max.png",
-                 "attention.png", "overhead.png"):
+    for name in (
+        "study.json",
+        "summary.json",
+        "results.csv",
+        "results.md",
+        "val_loss.png",
+        "sigma_max.png",
+        "attention.png",
+        "overhead.png",
+    ):
         assert (out / name).stat().st_size > 0, name
     study = json.loads((out / "study.json").read_text())
     assert study["seeds"] == [0, 1] and [v["name"] for v in study["variants"]] == ["adamw", "hetero"]
@@ -50,8 +85,29 @@ def test_smoke_study_report_and_resume(data_dir, tmp_path, capsys):
     # a second call trains nothing: every run is skipped
     mtimes = {p: p.stat().st_mtime_ns for p in (out / "runs").rglob("ckpt.pt")}
     capsys.readouterr()
-    assert study_main(["--model", "tiny", "--data-dir", data_dir, "--iters", "6", "--set", "eval_interval=3",
-                       "--out", str(out), *FAST, "--presets", "adamw,hetero", "--seeds", "2", "--no-report"]) == 0
+    assert (
+        study_main(
+            [
+                "--model",
+                "tiny",
+                "--data-dir",
+                data_dir,
+                "--iters",
+                "6",
+                "--set",
+                "eval_interval=3",
+                "--out",
+                str(out),
+                *FAST,
+                "--presets",
+                "adamw,hetero",
+                "--seeds",
+                "2",
+                "--no-report",
+            ]
+        )
+        == 0
+    )
     assert capsys.readouterr().out.count("(skipped)") == 4
     assert mtimes == {p: p.stat().st_mtime_ns for p in (out / "runs").rglob("ckpt.pt")}
 
@@ -73,8 +129,11 @@ def test_interrupted_runs_resume(data_dir, tmp_path):
     assert _study(data_dir, out, "--presets", "adamw") == 0
     status = json.loads((out / "runs" / "adamw" / "s0" / "status.json").read_text())
     assert status["status"] == "finished" and status["step"] == 6
-    steps = [json.loads(line)["step"] for line in (out / "runs" / "adamw" / "s0" / "metrics.jsonl").read_text().splitlines()
-             if json.loads(line)["kind"] == "train"]
+    steps = [
+        json.loads(line)["step"]
+        for line in (out / "runs" / "adamw" / "s0" / "metrics.jsonl").read_text().splitlines()
+        if json.loads(line)["kind"] == "train"
+    ]
     assert steps == [1, 2, 3, 4, 5, 6]  # no duplicated records after the resume
 
 
@@ -82,9 +141,33 @@ def test_suites_sharing_a_runs_dir_reuse_identical_runs(data_dir, tmp_path, caps
     runs = str(tmp_path / "runs")
     assert _study(data_dir, tmp_path / "main", "--presets", "adamw", "--runs-dir", runs) == 0
     capsys.readouterr()
-    assert study_main(["--model", "tiny", "--data-dir", data_dir, "--iters", "6", "--set", "eval_interval=3", *FAST,
-                       "--suite", "lr-sweep", "--presets", "adamw", "--sweep", "muon_lr=0.02,0.05", "--runs-dir", runs,
-                       "--out", str(tmp_path / "sweep"), "--no-report"]) == 0
+    assert (
+        study_main(
+            [
+                "--model",
+                "tiny",
+                "--data-dir",
+                data_dir,
+                "--iters",
+                "6",
+                "--set",
+                "eval_interval=3",
+                *FAST,
+                "--suite",
+                "lr-sweep",
+                "--presets",
+                "adamw",
+                "--sweep",
+                "muon_lr=0.02,0.05",
+                "--runs-dir",
+                runs,
+                "--out",
+                str(tmp_path / "sweep"),
+                "--no-report",
+            ]
+        )
+        == 0
+    )
     out = capsys.readouterr().out
     assert "adamw__muon_lr-0.05 seed 0: training" in out and "adamw seed 0: already finished (skipped)" in out
     rows = {r["variant"]: r for r in collect(tmp_path / "sweep")["table"]}
@@ -101,7 +184,11 @@ def test_parallel_workers_give_the_same_results(data_dir, tmp_path):
     a, b = collect(one)["runs"], collect(two)["runs"]
     assert [(r["variant"], r["seed"], r["status"]) for r in a] == [(r["variant"], r["seed"], r["status"]) for r in b]
     for ra, rb in zip(a, b):
-        assert ra["eval"] == rb["eval"] and ra["train"] == rb["train"] and ra["diag"]["sigma_max"] == rb["diag"]["sigma_max"]
+        assert (
+            ra["eval"] == rb["eval"]
+            and ra["train"] == rb["train"]
+            and ra["diag"]["sigma_max"] == rb["diag"]["sigma_max"]
+        )
     timing = json.loads((two / "study.json").read_text())["timing"]
     assert timing["workers"] == [2] and set(timing["runs"]) == {"adamw/s0", "hetero/s0", "hetero-inv/s0"}
     assert 0 < timing["elapsed_s"] and all(not p.exists() for p in (two / "runs").rglob(".lock"))
@@ -122,8 +209,12 @@ def test_run_lock(tmp_path):
 def test_other_settings_in_the_folder_are_refused(data_dir, tmp_path, capsys):
     out = tmp_path / "study"
     assert _study(data_dir, out, "--presets", "adamw", "--set", "stop_after=1") == 0
-    assert study_main(["--model", "tiny", "--data-dir", data_dir, "--iters", "8", "--out", str(out), *FAST,
-                       "--presets", "adamw"]) == 2
+    assert (
+        study_main(
+            ["--model", "tiny", "--data-dir", data_dir, "--iters", "8", "--out", str(out), *FAST, "--presets", "adamw"]
+        )
+        == 2
+    )
     err = capsys.readouterr().err
     assert "holds a study with other settings (" in err and "max_iters: 6 -> 8" in err
     assert cli_main(["report", str(tmp_path / "nothing-here")]) == 2
@@ -132,8 +223,17 @@ def test_other_settings_in_the_folder_are_refused(data_dir, tmp_path, capsys):
 def test_bounded_variant_trains_by_its_registry_name(data_dir, tmp_path):
     # The bounded suite's rules name the manifold ``bdgram@0.4``; the registry resolves it, no
     # custom-manifold dict: every attention matrix ends on BoundedDGram(0.4), sigma_max <= 0.4.
-    base = dict(model="tiny", data_dir=data_dir, max_iters=4, batch_size=4, warmup_iters=1, eval_interval=4,
-                eval_iters=1, block_size=32, muon_lr=0.2)
+    base = dict(
+        model="tiny",
+        data_dir=data_dir,
+        max_iters=4,
+        batch_size=4,
+        warmup_iters=1,
+        eval_interval=4,
+        eval_iters=1,
+        block_size=32,
+        muon_lr=0.2,
+    )
     study = plan(tmp_path / "study", suite="bounded", bounds=[0.4], presets=[], base=base)
     variant = next(v for v in study.variants if v.name == "bdgram0.4+stiefel")
     assert variant.rules == ["*.attn.c_attn.weight=bdgram@0.4", "*.attn.c_proj.weight=bdgram@0.4"]

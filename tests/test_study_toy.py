@@ -1,4 +1,5 @@
 """geomtrain.study.toy: softmax saturation in one attention layer, and `geomtrain study toy`."""
+
 import json
 
 import numpy as np
@@ -23,5 +24,8 @@ def test_toy_attention_saturates(tmp_path):
     excess = np.log(rows[sel]) - (np.log(2) - gaps[sel])  # 2 exp(-gap) with one competitor, more with several
     assert excess.min() > -0.1 and excess.max() < np.log(32)
     assert cli_main(["study", "toy", "--out", str(tmp_path), "--scales", "1,4"]) == 0
-    assert (tmp_path / "toy_saturation.png").exists() and json.loads((tmp_path / "toy.json").read_text())["scale"] == [1.0, 4.0]
+    assert (tmp_path / "toy_saturation.png").exists() and json.loads((tmp_path / "toy.json").read_text())["scale"] == [
+        1.0,
+        4.0,
+    ]
     assert cli_main(["study", "toy", "--out", str(tmp_path), "--scales", "-1"]) == 2

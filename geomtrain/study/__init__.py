@@ -53,18 +53,53 @@ the validated plan) -> :mod:`~geomtrain.study.runner` (locks, schedulers, ``stud
 beside them :mod:`~geomtrain.study.autoassign` (the probe policy), :mod:`~geomtrain.study.toy`,
 :mod:`~geomtrain.study.overhead` and :mod:`~geomtrain.study.cli` (the command lines).
 """
+
 from .cli import add_report_parser, add_study_parser, main
 from .collect import collect, load_summary, make_table, read_run
 from .overhead import format_overhead_table, measure_overhead
-from .plan import (LR_SWEEP_VALUES, PRESET_ORDER, SUITES, StudyError, StudyPlan, Variant, bounded_variants, plan,
-                   preset_variants, shared_config, sweep_variants)
+from .plan import (
+    LR_SWEEP_VALUES,
+    PRESET_ORDER,
+    SUITES,
+    StudyError,
+    StudyPlan,
+    Variant,
+    bounded_variants,
+    plan,
+    preset_variants,
+    shared_config,
+    sweep_variants,
+)
 from .report import format_attention_table, format_table, report, write_report
 from .runner import RunLock, run_study
 from .toy import toy_attention
 
 __all__ = [
-    "PRESET_ORDER", "SUITES", "LR_SWEEP_VALUES", "Variant", "StudyPlan", "StudyError", "preset_variants",
-    "sweep_variants", "bounded_variants", "shared_config", "plan", "run_study", "RunLock", "collect", "read_run",
-    "make_table", "load_summary", "format_table", "format_attention_table", "write_report", "report",
-    "toy_attention", "measure_overhead", "format_overhead_table", "add_study_parser", "add_report_parser", "main",
+    "PRESET_ORDER",
+    "SUITES",
+    "LR_SWEEP_VALUES",
+    "Variant",
+    "StudyPlan",
+    "StudyError",
+    "preset_variants",
+    "sweep_variants",
+    "bounded_variants",
+    "shared_config",
+    "plan",
+    "run_study",
+    "RunLock",
+    "collect",
+    "read_run",
+    "make_table",
+    "load_summary",
+    "format_table",
+    "format_attention_table",
+    "write_report",
+    "report",
+    "toy_attention",
+    "measure_overhead",
+    "format_overhead_table",
+    "add_study_parser",
+    "add_report_parser",
+    "main",
 ]

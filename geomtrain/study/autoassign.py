@@ -28,17 +28,27 @@ Known limits, by construction: the greedy order matters (attention is decided be
 early-training loss is a proxy for final loss; the guard only knows the softmax route to
 instability; one seed.
 """
+
 from __future__ import annotations
 
 import dataclasses
 import math
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable, Mapping
 
 from .._io import read_json, read_jsonl
 
-__all__ = ["Policy", "GRANULARITIES", "groups_for", "rules_for", "probe", "saturation_guard", "propose", "matching_preset"]
+__all__ = [
+    "Policy",
+    "GRANULARITIES",
+    "groups_for",
+    "rules_for",
+    "probe",
+    "saturation_guard",
+    "propose",
+    "matching_preset",
+]
 
 GRANULARITIES = ("module", "kind", "layer")
 
@@ -49,9 +59,9 @@ class Policy:
 
     safe: str = "stiefel"
     free: str = "dgram"
-    min_gain: float = 0.0          # nats of probe val loss a switch must win by
-    entropy_ratio: float = 0.75    # per-layer mean attention entropy must stay >= this x the all-safe probe's
-    logit_ratio: float = 2.0       # per-layer max |logit| must stay <= this x the all-safe probe's
+    min_gain: float = 0.0  # nats of probe val loss a switch must win by
+    entropy_ratio: float = 0.75  # per-layer mean attention entropy must stay >= this x the all-safe probe's
+    logit_ratio: float = 2.0  # per-layer max |logit| must stay <= this x the all-safe probe's
 
 
 def groups_for(granularity: str, n_layer: int) -> dict[str, tuple[str, ...]]:
@@ -61,8 +71,12 @@ def groups_for(granularity: str, n_layer: int) -> dict[str, tuple[str, ...]]:
     if granularity == "module":
         return {"attention": tuple(ATTENTION_GLOBS), "mlp": tuple(MLP_GLOBS)}
     if granularity == "kind":
-        return {"attn.c_attn": ("*.attn.c_attn.weight",), "attn.c_proj": ("*.attn.c_proj.weight",),
-                "mlp.c_fc": ("*.mlp.c_fc.weight",), "mlp.c_proj": ("*.mlp.c_proj.weight",)}
+        return {
+            "attn.c_attn": ("*.attn.c_attn.weight",),
+            "attn.c_proj": ("*.attn.c_proj.weight",),
+            "mlp.c_fc": ("*.mlp.c_fc.weight",),
+            "mlp.c_proj": ("*.mlp.c_proj.weight",),
+        }
     if granularity == "layer":
         out = {}
         for i in range(n_layer):
@@ -96,7 +110,9 @@ def matching_preset(choice: Mapping[str, str]) -> str | None:
     return None
 
 
-def probe(base: Mapping, rules: list[str], out_dir: Path, seed: int, probe_iters: int, print_fn: Callable = print) -> dict:
+def probe(
+    base: Mapping, rules: list[str], out_dir: Path, seed: int, probe_iters: int, print_fn: Callable = print
+) -> dict:
     """Train (or reuse) the first ``probe_iters`` steps of a run with ``rules``; return its end
     state: val loss, status, and per-layer attention entropy / max |logit| and Q/K spectral norms
     at the last evaluation."""
@@ -104,15 +120,29 @@ def probe(base: Mapping, rules: list[str], out_dir: Path, seed: int, probe_iters
     from ..train import train
 
     out_dir = Path(out_dir)
-    cfg = make_config({**base, "preset": "adamw", "rules": list(rules), "seed": seed, "out_dir": str(out_dir),
-                       "stop_after": probe_iters, "progress": False})
+    cfg = make_config(
+        {
+            **base,
+            "preset": "adamw",
+            "rules": list(rules),
+            "seed": seed,
+            "out_dir": str(out_dir),
+            "stop_after": probe_iters,
+            "progress": False,
+        }
+    )
     status = read_json(out_dir / "status.json")
     old_cfg = read_json(out_dir / "config.json")
     ignore = ("progress", "out_dir")
-    same = old_cfg is not None and ({k: v for k, v in old_cfg.items() if k not in ignore}
-                                    == {k: v for k, v in cfg.to_dict().items() if k not in ignore})
-    reusable = (status is not None and same
-                and (status.get("status") in ("diverged", "failed") or status.get("step", 0) >= probe_iters))
+    same = old_cfg is not None and (
+        {k: v for k, v in old_cfg.items() if k not in ignore}
+        == {k: v for k, v in cfg.to_dict().items() if k not in ignore}
+    )
+    reusable = (
+        status is not None
+        and same
+        and (status.get("status") in ("diverged", "failed") or status.get("step", 0) >= probe_iters)
+    )
     if not reusable:
         resume = (out_dir / "ckpt.pt").exists() and same
         status = train(cfg, resume=resume, overwrite=not resume, print_fn=lambda *a, **k: None)  # else: a fresh start
@@ -128,8 +158,11 @@ def probe(base: Mapping, rules: list[str], out_dir: Path, seed: int, probe_iters
             qk.setdefault(m["layer"], []).append(m.get("sigma_max") or 0.0)
     diverged = status.get("status") in ("diverged", "failed")
     return {
-        "rules": list(rules), "dir": str(out_dir), "status": "diverged" if diverged else "ok",
-        "step": status.get("step"), "val_loss": evals[-1]["val_loss"] if evals and not diverged else None,
+        "rules": list(rules),
+        "dir": str(out_dir),
+        "status": "diverged" if diverged else "ok",
+        "step": status.get("step"),
+        "val_loss": evals[-1]["val_loss"] if evals and not diverged else None,
         "mean_entropy": [a.get("mean_entropy") for a in att],
         "max_abs_logit": [a.get("max_abs_logit") for a in att],
         "qk_sigma_product": [math.prod(qk[i]) for i in sorted(qk)],
@@ -144,18 +177,34 @@ def saturation_guard(trial: dict, ref: dict, policy: Policy) -> tuple[bool, str]
         if h is None or h0 is None:
             continue
         if h < policy.entropy_ratio * h0:
-            return False, f"layer {layer}: attention entropy {h:.3f} < {policy.entropy_ratio} x {h0:.3f} (all-{policy.safe} probe)"
+            return (
+                False,
+                f"layer {layer}: attention entropy {h:.3f} < {policy.entropy_ratio} x {h0:.3f} "
+                f"(all-{policy.safe} probe)",
+            )
     for layer, (z, z0) in enumerate(zip(trial["max_abs_logit"], ref["max_abs_logit"])):
         if z is None or z0 is None:
             continue
         if z > policy.logit_ratio * z0:
-            return False, f"layer {layer}: max |logit| {z:.2f} > {policy.logit_ratio} x {z0:.2f} (all-{policy.safe} probe)"
+            return (
+                False,
+                f"layer {layer}: max |logit| {z:.2f} > {policy.logit_ratio} x {z0:.2f} (all-{policy.safe} probe)",
+            )
     return True, "saturation guard passed"
 
 
-def propose(base: Mapping, probe_dir: str | Path, seed: int = 0, probe_iters: int | None = None,
-            granularity: str = "module", policy: Policy = Policy(), print_fn: Callable = print) -> dict:
-    """Run the greedy policy; returns the choice, its rules and every probe and decision."""
+def propose(
+    base: Mapping,
+    probe_dir: str | Path,
+    seed: int = 0,
+    probe_iters: int | None = None,
+    granularity: str = "module",
+    policy: Policy = Policy(),
+    print_fn: Callable = print,
+) -> dict:
+    """Run the greedy policy; returns the choice, its rules and every probe and decision.
+
+    One function on purpose: the policy of the module docstring reads top to bottom."""
     from ..model import model_config
 
     if granularity not in GRANULARITIES:
@@ -195,8 +244,15 @@ def propose(base: Mapping, probe_dir: str | Path, seed: int = 0, probe_iters: in
         if ok:
             choice, current = trial_choice, trial
     return {
-        "policy": dataclasses.asdict(policy), "granularity": granularity, "seed": seed,
-        "groups": {g: list(v) for g, v in groups.items()}, "probe_iters": probe_iters,
-        "probe_steps": probe_iters * len(probes), "probes": probes, "decisions": decisions,
-        "choice": choice, "rules": rules_for(choice, groups), "matches_preset": matching_preset(choice),
+        "policy": dataclasses.asdict(policy),
+        "granularity": granularity,
+        "seed": seed,
+        "groups": {g: list(v) for g, v in groups.items()},
+        "probe_iters": probe_iters,
+        "probe_steps": probe_iters * len(probes),
+        "probes": probes,
+        "decisions": decisions,
+        "choice": choice,
+        "rules": rules_for(choice, groups),
+        "matches_preset": matching_preset(choice),
     }

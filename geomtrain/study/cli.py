@@ -7,6 +7,7 @@ subparsers; each sets ``handler=fn(args) -> int``. A user error raises :class:`S
 (``main(["--model", ...])``, ``main(["report", DIR])``, ``main(["toy", ...])``,
 ``main(["overhead", ...])``).
 """
+
 from __future__ import annotations
 
 import argparse
@@ -14,7 +15,7 @@ import json
 import shlex
 import sys
 import time
-from typing import Sequence
+from collections.abc import Sequence
 
 from .plan import PRESET_ORDER, SUITES, StudyError, parse_seeds, parse_sweep, plan, shared_config
 
@@ -51,13 +52,32 @@ def _add_config_options(p: argparse.ArgumentParser, recorded: list) -> None:
     """Data, config file, ``--set`` and device: shared by the study and its overhead mode."""
     from ..data import TOKENIZERS
 
-    _add(p, recorded, "--data-dir", default=None,
-         help="prepared data (default: data/classics-<tokenizer>, prepared if missing)")
-    _add(p, recorded, "--tokenizer", default=None, choices=TOKENIZERS,
-         help=f"tokenizer used to prepare missing data (default: {DEFAULT_TOKENIZER})")
+    _add(
+        p,
+        recorded,
+        "--data-dir",
+        default=None,
+        help="prepared data (default: data/classics-<tokenizer>, prepared if missing)",
+    )
+    _add(
+        p,
+        recorded,
+        "--tokenizer",
+        default=None,
+        choices=TOKENIZERS,
+        help=f"tokenizer used to prepare missing data (default: {DEFAULT_TOKENIZER})",
+    )
     _add(p, recorded, "--config", default=None, metavar="FILE.toml", help="TOML with shared config keys")
-    _add(p, recorded, "--set", dest="sets", action="append", default=[], metavar="KEY=VALUE",
-         help="shared config override (repeatable)")
+    _add(
+        p,
+        recorded,
+        "--set",
+        dest="sets",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="shared config override (repeatable)",
+    )
     _add(p, recorded, "--device", default="auto", help="auto | cpu | cuda | cuda:N | mps")
 
 
@@ -73,7 +93,12 @@ def _config_inputs(args) -> tuple[dict, dict, str, str, bool]:
         raise StudyError(f"--config {args.config}: {exc.strerror or exc}") from None
     tokenizer = args.tokenizer or DEFAULT_TOKENIZER
     explicit = bool(args.data_dir or "data_dir" in sets or "data_dir" in toml)
-    data_dir = args.data_dir or sets.get("data_dir") or toml.get("data_dir") or str(default_data_dir("classics", tokenizer=tokenizer))
+    data_dir = (
+        args.data_dir
+        or sets.get("data_dir")
+        or toml.get("data_dir")
+        or str(default_data_dir("classics", tokenizer=tokenizer))
+    )
     return sets, toml, tokenizer, data_dir, explicit
 
 
@@ -83,36 +108,79 @@ def _comma_list(text: str | None) -> list[str] | None:
 
 # ----------------------------------------------------------------------------- geomtrain study
 def add_study_parser(subparsers) -> argparse.ArgumentParser:
-    """Register ``study`` (and its modes ``toy`` and ``overhead``) on the ``geomtrain`` subparsers."""
+    """Register ``study`` (and its modes ``toy`` and ``overhead``) on the ``geomtrain`` subparsers.
+
+    Long only because it declares the twenty-odd options one after the other; no logic."""
     from ..assign import PRESETS
     from ..model import MODEL_CONFIGS
     from .autoassign import GRANULARITIES
 
-    p = subparsers.add_parser("study", help="the module-wise manifold study (suites of runs, report, figures)",
-                              description=(
-        "Train every variant of a suite for every seed with shared settings, then write the report "
-        "(results.md/csv, summary.json, figures). Resumable: rerun the same command to continue. "
-        "`geomtrain report OUT` rebuilds the report; the modes `toy` and `overhead` below run the "
-        "single-layer attention demo and the interleaved step-time measurement."))
+    p = subparsers.add_parser(
+        "study",
+        help="the module-wise manifold study (suites of runs, report, figures)",
+        description=(
+            "Train every variant of a suite for every seed with shared settings, then write the report "
+            "(results.md/csv, summary.json, figures). Resumable: rerun the same command to continue. "
+            "`geomtrain report OUT` rebuilds the report; the modes `toy` and `overhead` below run the "
+            "single-layer attention demo and the interleaved step-time measurement."
+        ),
+    )
     rec: list = []
     _add(p, rec, "--model", default="mini", help=f"model config: {', '.join(MODEL_CONFIGS)} (default: mini)")
     _add(p, rec, "--suite", default="presets", help=f"one of {', '.join(SUITES)} (default: presets)")
-    _add(p, rec, "--presets", default=None, help=f"comma-separated presets (default: the suite's); valid: {', '.join(PRESETS)}")
+    _add(
+        p,
+        rec,
+        "--presets",
+        default=None,
+        help=f"comma-separated presets (default: the suite's); valid: {', '.join(PRESETS)}",
+    )
     _add(p, rec, "--sweep", default=None, metavar="KEY=V1,V2", help="run every preset at every value of a config key")
     _add(p, rec, "--bounds", default=None, help="bounded suite: comma-separated column-norm bounds (default: 1,2)")
     _add(p, rec, "--seeds", default="1", help="number of seeds (3 -> 0,1,2) or a list (0,5,7); default 1")
     _add(p, rec, "--iters", type=int, default=None, help="training iterations per run (default: the model's max_iters)")
-    _add(p, rec, "--out", default=None, help="study folder (report, study.json; runs/ inside unless --runs-dir); required")
+    _add(
+        p,
+        rec,
+        "--out",
+        default=None,
+        help="study folder (report, study.json; runs/ inside unless --runs-dir); required",
+    )
     _add(p, rec, "--runs-dir", default=None, help="where the run folders go (default: OUT/runs)")
     _add_config_options(p, rec)
-    _add(p, rec, "--threads", type=int, default=None, help="torch CPU threads per run (default: torch's, i.e. "
-         "OMP_NUM_THREADS; with --jobs: CPU count // jobs)")
-    _add(p, rec, "--jobs", type=int, default=1, help="runs trained at once, each in its own process (default: 1); "
-         "results do not depend on it")
-    _add(p, rec, "--probe-iters", type=int, default=None, help="autoassign: steps of each probe run (default: iters // 4)")
+    _add(
+        p,
+        rec,
+        "--threads",
+        type=int,
+        default=None,
+        help="torch CPU threads per run (default: torch's, i.e. OMP_NUM_THREADS; with --jobs: CPU count // jobs)",
+    )
+    _add(
+        p,
+        rec,
+        "--jobs",
+        type=int,
+        default=1,
+        help="runs trained at once, each in its own process (default: 1); results do not depend on it",
+    )
+    _add(
+        p,
+        rec,
+        "--probe-iters",
+        type=int,
+        default=None,
+        help="autoassign: steps of each probe run (default: iters // 4)",
+    )
     _add(p, rec, "--granularity", default="module", help=f"autoassign: {' | '.join(GRANULARITIES)} (default: module)")
     _add(p, rec, "--drop-checkpoints", action="store_true", help="delete ckpt.pt of runs that are done (saves disk)")
-    _add(p, rec, "--no-report", action="store_true", help="train only; write the report later with `geomtrain report OUT`")
+    _add(
+        p,
+        rec,
+        "--no-report",
+        action="store_true",
+        help="train only; write the report later with `geomtrain report OUT`",
+    )
     _add(p, rec, "--dry-run", action="store_true", help="print the plan (variants, seeds, config) and stop")
     _add(p, rec, "--quiet", action="store_true", help="only the final table")
     p.set_defaults(handler=run_study_command, recorded_actions=rec)
@@ -150,16 +218,34 @@ def run_study_command(args) -> int:
     sets, toml, tokenizer, data_dir, explicit_data = _config_inputs(args)
     base = shared_config(args.model, args.iters, data_dir, args.device, toml, sets)
     presets, bounds = _comma_list(args.presets), _bounds(args.bounds)
-    options = {"probe_iters": args.probe_iters, "granularity": args.granularity, "threads": args.threads,
-               "tokenizer": tokenizer, "bounds": bounds, "presets": presets}
-    study = plan(args.out, suite=args.suite, presets=presets, sweep=parse_sweep(args.sweep), bounds=bounds,
-                 seeds=parse_seeds(args.seeds), base=base, runs_dir=args.runs_dir, argv=command_argv(args),
-                 options=options)
+    options = {
+        "probe_iters": args.probe_iters,
+        "granularity": args.granularity,
+        "threads": args.threads,
+        "tokenizer": tokenizer,
+        "bounds": bounds,
+        "presets": presets,
+    }
+    study = plan(
+        args.out,
+        suite=args.suite,
+        presets=presets,
+        sweep=parse_sweep(args.sweep),
+        bounds=bounds,
+        seeds=parse_seeds(args.seeds),
+        base=base,
+        runs_dir=args.runs_dir,
+        argv=command_argv(args),
+        options=options,
+    )
     if args.dry_run:
         print(f"suite {study.suite}: {len(study.variants)} variants x {len(study.seeds)} seeds -> {study.runs_dir}")
         for v in study.variants:
-            print(f"  {v.name}: preset {v.preset}" + (f", rules {v.rules}" if v.rules else "")
-                  + (f", {v.overrides}" if v.overrides else ""))
+            print(
+                f"  {v.name}: preset {v.preset}"
+                + (f", rules {v.rules}" if v.rules else "")
+                + (f", {v.overrides}" if v.overrides else "")
+            )
         print("shared config: " + json.dumps(study.base))
         return 0
     say = (lambda *a, **k: None) if args.quiet else print
@@ -171,8 +257,14 @@ def run_study_command(args) -> int:
         import torch
 
         torch.set_num_threads(threads)
-    code = run_study(study, print_fn=say, report_after=not args.no_report, drop_checkpoints=args.drop_checkpoints,
-                     workers=args.jobs, threads=args.threads)
+    code = run_study(
+        study,
+        print_fn=say,
+        report_after=not args.no_report,
+        drop_checkpoints=args.drop_checkpoints,
+        workers=args.jobs,
+        threads=args.threads,
+    )
     if args.quiet and not args.no_report:
         from .collect import collect
         from .report import format_table
@@ -185,8 +277,11 @@ def run_study_command(args) -> int:
 def _add_toy_parser(modes) -> None:
     from .toy import DEFAULT_SCALES
 
-    p = modes.add_parser("toy", help="softmax saturation in one attention layer as W_Q, W_K are scaled up",
-                         description="Softmax saturation in one attention layer as W_Q, W_K are scaled up.")
+    p = modes.add_parser(
+        "toy",
+        help="softmax saturation in one attention layer as W_Q, W_K are scaled up",
+        description="Softmax saturation in one attention layer as W_Q, W_K are scaled up.",
+    )
     rec: list = []
     _add(p, rec, "--out", required=True, help="folder for toy.json and toy_saturation.png")
     _add(p, rec, "--scales", default=",".join(f"{s:g}" for s in DEFAULT_SCALES), help="comma-separated scales s")
@@ -205,13 +300,18 @@ def run_toy_command(args) -> int:
         scales = [float(s) for s in args.scales.split(",") if s.strip()]
     except ValueError:
         raise StudyError(f"--scales {args.scales!r}: give comma-separated numbers > 0") from None
-    if not scales or any(s <= 0 for s in scales) or min(args.tokens, args.d_model, args.d_head) < 1 \
-            or args.d_head > args.d_model:
+    if (
+        not scales
+        or any(s <= 0 for s in scales)
+        or min(args.tokens, args.d_model, args.d_head) < 1
+        or args.d_head > args.d_model
+    ):
         raise StudyError("--scales must be > 0, --tokens/--d-model/--d-head >= 1 and d_head <= d_model")
     result = toy_attention(scales, args.tokens, args.d_model, args.d_head, args.seed)
     written = write_toy(result, args.out, "geomtrain study toy " + shlex.join(command_argv(args)))
-    for s, lg, h, j, gq in zip(result["scale"], result["max_abs_logit"], result["mean_entropy"], result["jacobian_norm"],
-                               result["grad_wq"]):
+    for s, lg, h, j, gq in zip(
+        result["scale"], result["max_abs_logit"], result["mean_entropy"], result["jacobian_norm"], result["grad_wq"]
+    ):
         print(f"s={s:<5g} max|logit|={lg:8.2f} entropy={h:.3f} jacobian={j:.2e} |dL/dWq|={gq:.2e}")
     print(f"wrote {' and '.join(str(p) for p in written)}")
     return 0
@@ -221,10 +321,14 @@ def run_toy_command(args) -> int:
 def _add_overhead_parser(modes) -> None:
     from ..model import MODEL_CONFIGS
 
-    p = modes.add_parser("overhead", help="step time of every preset and Muon solver, interleaved in one process",
-                         description=(
-        "Step time of every preset (and Manifold Muon solver), measured interleaved in one process; "
-        "writes overhead.json, overhead.md and overhead_solvers.png."))
+    p = modes.add_parser(
+        "overhead",
+        help="step time of every preset and Muon solver, interleaved in one process",
+        description=(
+            "Step time of every preset (and Manifold Muon solver), measured interleaved in one process; "
+            "writes overhead.json, overhead.md and overhead_solvers.png."
+        ),
+    )
     rec: list = []
     _add(p, rec, "--model", default="mini", help=f"one of {', '.join(MODEL_CONFIGS)}")
     _add(p, rec, "--presets", default=",".join(PRESET_ORDER), help="comma-separated presets")
@@ -264,10 +368,17 @@ def run_overhead_command(args) -> int:
     ensure_data(data_dir, tokenizer if (args.tokenizer or not explicit_data) else None)
     t0 = time.time()
     rows = measure_overhead(base, presets, solvers, args.steps, args.warmup)
-    record = {"command": "geomtrain study overhead " + shlex.join(command_argv(args)), "base_config": base,
-              "steps": args.steps, "warmup": args.warmup, "rows": rows, "wall_s": round_sig(time.time() - t0),
-              "environment": environment_record(resolve_device(args.device)), "data": data_record(data_dir),
-              "created": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}
+    record = {
+        "command": "geomtrain study overhead " + shlex.join(command_argv(args)),
+        "base_config": base,
+        "steps": args.steps,
+        "warmup": args.warmup,
+        "rows": rows,
+        "wall_s": round_sig(time.time() - t0),
+        "environment": environment_record(resolve_device(args.device)),
+        "data": data_record(data_dir),
+        "created": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+    }
     written = write_overhead(record, args.out)
     print(format_overhead_table(rows))
     print(f"wrote {', '.join(p.name for p in written)} in {args.out}")
@@ -277,8 +388,11 @@ def run_overhead_command(args) -> int:
 # ----------------------------------------------------------------------------- geomtrain report
 def add_report_parser(subparsers) -> argparse.ArgumentParser:
     """Register ``report`` on the ``geomtrain`` subparsers."""
-    p = subparsers.add_parser("report", help="rebuild a study's results table and figures",
-                              description="Rebuild a study's results table and figures.")
+    p = subparsers.add_parser(
+        "report",
+        help="rebuild a study's results table and figures",
+        description="Rebuild a study's results table and figures.",
+    )
     p.add_argument("out", help="the study folder (holding study.json or summary.json)")
     p.add_argument("--runs-dir", default=None, help="where its runs are (default: as recorded in study.json)")
     p.set_defaults(handler=run_report_command)

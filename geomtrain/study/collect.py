@@ -6,6 +6,7 @@ variants; each run has its status, losses, ms/step, eval curve, a thinned traini
 the per-evaluation diagnostics as per-layer lists; ``table`` has one row per variant
 (:func:`make_table`). Figures and tables are rebuilt from a summary alone.
 """
+
 from __future__ import annotations
 
 import math
@@ -57,8 +58,12 @@ def _diag_series(diag_records: list[dict]) -> dict:
     """Per evaluation: sigma_max and gradient norm per matrix kind and layer, and the attention
     statistics per layer, to 4 significant digits; only the kinds the figures use."""
     n_layer = _n_layer(diag_records)
-    diag = {"step": [], "sigma_max": {k: [] for k in MATRIX_KINDS}, "grad_norm": {k: [] for k in MATRIX_KINDS},
-            "attention": {k: [] for k in ATTENTION_STATS}}
+    diag = {
+        "step": [],
+        "sigma_max": {k: [] for k in MATRIX_KINDS},
+        "grad_norm": {k: [] for k in MATRIX_KINDS},
+        "attention": {k: [] for k in ATTENTION_STATS},
+    }
     for d in diag_records:
         diag["step"].append(d["step"])
         per = {k: {f: [None] * n_layer for f in ("sigma_max", "grad_norm")} for k in MATRIX_KINDS}
@@ -74,8 +79,11 @@ def _diag_series(diag_records: list[dict]) -> dict:
         for f in diag["attention"]:
             diag["attention"][f].append(round_sig([a.get(f) for a in att], 4))
     for f in ("sigma_max", "grad_norm"):  # what the figures and tables use (keeps summary.json small)
-        diag[f] = {k: v for k, v in diag[f].items()
-                   if k in _KEPT_KINDS[f] and any(any(x is not None for x in row) for row in v)}
+        diag[f] = {
+            k: v
+            for k, v in diag[f].items()
+            if k in _KEPT_KINDS[f] and any(any(x is not None for x in row) for row in v)
+        }
     return diag
 
 
@@ -105,8 +113,10 @@ def read_run(run_dir: Path, max_train_points: int = 100) -> dict:
         "attn": _manifold_of(assignment, "attn.c_attn.weight"),
         "mlp": _manifold_of(assignment, "mlp.c_fc.weight"),
         "eval": {"step": [m["step"] for m in evals], "val": round_sig([m.get("val_loss") for m in evals])},
-        "train": {"step": [m["step"] for m in trains[::stride]],
-                  "loss": round_sig([m.get("loss") for m in trains[::stride]])},
+        "train": {
+            "step": [m["step"] for m in trains[::stride]],
+            "loss": round_sig([m.get("loss") for m in trains[::stride]]),
+        },
         "diag": _diag_series(read_jsonl(run_dir / "diagnostics.jsonl")),
     }
 
@@ -153,15 +163,21 @@ def _row(v: dict, rs: list[dict]) -> dict:
     ms = [r["ms_per_step"] for r in rs if r.get("ms_per_step") is not None]
     skipped = [r.get("skipped_updates") for r in rs]
     return {
-        "variant": v["name"], "label": v.get("label") or v["name"],
+        "variant": v["name"],
+        "label": v.get("label") or v["name"],
         "attention": next((r["attn"] for r in rs if r.get("attn")), None),
         "mlp": next((r["mlp"] for r in rs if r.get("mlp")), None),
-        "seeds": len(rs), "finished": len(fin), "diverged": len(div),
+        "seeds": len(rs),
+        "finished": len(fin),
+        "diverged": len(div),
         "diverged_steps": [r.get("diverged_step") for r in div],
-        "final_val_mean": round_sig(final_mean), "final_val_std": round_sig(final_std),
-        "best_val_mean": round_sig(best_mean), "best_val_std": round_sig(best_std),
+        "final_val_mean": round_sig(final_mean),
+        "final_val_std": round_sig(final_std),
+        "best_val_mean": round_sig(best_mean),
+        "best_val_std": round_sig(best_std),
         "ms_per_step": round_sig(float(np.mean(ms)) if ms else None),
-        "status": _status_text(rs, fin, div), "sweep": v.get("sweep"),
+        "status": _status_text(rs, fin, div),
+        "sweep": v.get("sweep"),
         "skipped_updates": sum(s or 0 for s in skipped) if any(s is not None for s in skipped) else None,
         **_end_of_training(rs),
     }
@@ -178,7 +194,7 @@ def make_table(variants: list[dict], runs: list[dict]) -> list[dict]:
             ref_name = ref
             base = v.get("base") or ""
             if v.get("sweep") and base and v["name"].startswith(base):
-                ref_name = ref + v["name"][len(base):]  # the reference at the same value
+                ref_name = ref + v["name"][len(base) :]  # the reference at the same value
             other = by.get(ref_name) or by.get(ref)
             ok = other and other.get("ms_per_step") and r.get("ms_per_step")
             r[col] = round_sig(r["ms_per_step"] / other["ms_per_step"], 4) if ok else None
@@ -199,8 +215,11 @@ def _end_of_training(runs: list[dict]) -> dict:
         qk = _last_row(sig.get("attn_q", [])) + _last_row(sig.get("attn_k", []))
         if qk:
             cols["end_sigma_qk"].append(max(qk))
-        for key, col, fn in (("max_abs_logit", "end_max_logit", max), ("mean_entropy", "end_min_entropy", min),
-                             ("saturated_frac", "end_saturated", max)):
+        for key, col, fn in (
+            ("max_abs_logit", "end_max_logit", max),
+            ("mean_entropy", "end_min_entropy", min),
+            ("saturated_frac", "end_saturated", max),
+        ):
             vals = _last_row(att.get(key, []))
             if vals:
                 cols[col].append(fn(vals))
@@ -230,8 +249,13 @@ def collect(out: str | Path, runs_dir: str | Path | None = None) -> dict:
         v["attn"] = next((r["attn"] for r in rs if r.get("attn")), None)
         v["mlp"] = next((r["mlp"] for r in rs if r.get("mlp")), None)
     study_light = {k: v for k, v in study.items() if k not in ("variants",)}
-    return {"format": SUMMARY_FORMAT, "study": study_light, "variants": variants, "runs": runs,
-            "table": make_table(variants, runs)}
+    return {
+        "format": SUMMARY_FORMAT,
+        "study": study_light,
+        "variants": variants,
+        "runs": runs,
+        "table": make_table(variants, runs),
+    }
 
 
 def load_summary(path: str | Path) -> dict:

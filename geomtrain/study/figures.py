@@ -18,11 +18,12 @@ curve, training loss and the per-evaluation diagnostics as per-layer lists (see
 - thin lines are single seeds, thick lines the mean over the seeds that are still running at
   that step; a cross marks a divergence.
 """
+
 from __future__ import annotations
 
 import math
+from collections.abc import Iterable, Sequence
 from pathlib import Path
-from typing import Iterable, Sequence
 
 import numpy as np
 from matplotlib.figure import Figure
@@ -30,19 +31,36 @@ from matplotlib.figure import Figure
 from .._io import atomic_write_bytes
 
 __all__ = [
-    "PRESET_COLORS", "color_of", "png_bytes", "save", "val_loss", "sigma_max", "attention", "overhead",
-    "mechanism", "sweep", "toy_saturation", "overhead_solvers", "write_all",
+    "PRESET_COLORS",
+    "color_of",
+    "png_bytes",
+    "save",
+    "val_loss",
+    "sigma_max",
+    "attention",
+    "overhead",
+    "mechanism",
+    "sweep",
+    "write_all",
+    "add_legend",
+    "mark_empty",
 ]
 
 PRESET_COLORS = {
-    "adamw": "#7f7f7f", "unconstrained": "#222222", "all-stiefel": "#1f77b4",
-    "all-dgram": "#d62728", "hetero": "#2ca02c", "hetero-inv": "#ff7f0e",
+    "adamw": "#7f7f7f",
+    "unconstrained": "#222222",
+    "all-stiefel": "#1f77b4",
+    "all-dgram": "#d62728",
+    "hetero": "#2ca02c",
+    "hetero-inv": "#ff7f0e",
 }
 _EXTRA = ["#9467bd", "#8c564b", "#e377c2", "#17becf", "#bcbd22", "#393b79", "#637939", "#843c39"]
 
 KIND_PANELS = (
-    ("attn_qk", "attention Q/K part"), ("attn_out", "attention output (c_proj)"),
-    ("mlp_in", "MLP in (c_fc)"), ("mlp_out", "MLP out (c_proj)"),
+    ("attn_qk", "attention Q/K part"),
+    ("attn_out", "attention output (c_proj)"),
+    ("mlp_in", "MLP in (c_fc)"),
+    ("mlp_out", "MLP out (c_proj)"),
 )
 
 
@@ -53,8 +71,11 @@ def color_of(variant: dict, variants: Sequence[dict]) -> str:
     family = variant.get("base") or variant["name"]
     if family in PRESET_COLORS:
         return PRESET_COLORS[family]
-    others = list(dict.fromkeys((v.get("base") or v["name"]) for v in variants
-                                if (v.get("base") or v["name"]) not in PRESET_COLORS))
+    others = list(
+        dict.fromkeys(
+            (v.get("base") or v["name"]) for v in variants if (v.get("base") or v["name"]) not in PRESET_COLORS
+        )
+    )
     return _EXTRA[others.index(family) % len(_EXTRA)] if family in others else "#000000"
 
 
@@ -64,7 +85,9 @@ def _linestyle(variant: dict, variants: Sequence[dict]) -> str:
     if not sw:
         return "-"
     family = variant.get("base") or variant["name"]
-    values = sorted({v["sweep"]["value"] for v in variants if v.get("sweep") and (v.get("base") or v["name"]) == family})
+    values = sorted(
+        {v["sweep"]["value"] for v in variants if v.get("sweep") and (v.get("base") or v["name"]) == family}
+    )
     return ["-", "--", ":", "-."][values.index(sw["value"]) % 4]
 
 
@@ -120,7 +143,9 @@ def _layer_reduce(rows: list, how: str) -> np.ndarray:
     out = []
     for row in rows:
         vals = [v for v in (row or []) if v is not None and math.isfinite(v)]
-        out.append((max(vals) if how == "max" else min(vals) if how == "min" else float(np.mean(vals))) if vals else np.nan)
+        out.append(
+            (max(vals) if how == "max" else min(vals) if how == "min" else float(np.mean(vals))) if vals else np.nan
+        )
     return np.asarray(out, dtype=float)
 
 
@@ -137,8 +162,10 @@ def _series(run: dict, key: str, how: str) -> tuple[np.ndarray, np.ndarray]:
     sig, grad, att = d.get("sigma_max", {}), d.get("grad_norm", {}), d.get("attention", {})
 
     def combine(a, b, fn):
-        return [[fn(x, y) if x is not None and y is not None else None for x, y in zip(ra or [], rb or [])]
-                for ra, rb in zip(a, b)]
+        return [
+            [fn(x, y) if x is not None and y is not None else None for x, y in zip(ra or [], rb or [])]
+            for ra, rb in zip(a, b)
+        ]
 
     if key in ("attn_qk", "sigma:attn_qk"):
         rows = combine(sig.get("attn_q", []), sig.get("attn_k", []), max)
@@ -180,13 +207,15 @@ def _plot_variant_series(ax, summary, variant, getter, mark_divergence=True, lab
     return drawn
 
 
-def _legend(ax, **kw) -> None:
+def add_legend(ax, **kw) -> None:
+    """A legend on ``ax`` when it has labelled artists."""
     handles, labels = ax.get_legend_handles_labels()
     if handles:
         ax.legend(handles, labels, **kw)
 
 
-def _empty(ax, text="no data") -> None:
+def mark_empty(ax, text="no data") -> None:
+    """Say in a panel that it has nothing to draw."""
     ax.text(0.5, 0.5, text, ha="center", va="center", transform=ax.transAxes, color="0.5")
 
 
@@ -218,7 +247,9 @@ def _title(summary: dict) -> str:
 # ----------------------------------------------------------------------------- figures
 def _eval_curve(run):
     ev = run.get("eval") or {}
-    return np.asarray(ev.get("step", []), dtype=float), np.asarray([np.nan if v is None else v for v in ev.get("val", [])], dtype=float)
+    return np.asarray(ev.get("step", []), dtype=float), np.asarray(
+        [np.nan if v is None else v for v in ev.get("val", [])], dtype=float
+    )
 
 
 def val_loss(summary: dict, zoom_from: float = 0.4) -> Figure:
@@ -240,7 +271,7 @@ def val_loss(summary: dict, zoom_from: float = 0.4) -> Figure:
                 x, y = _eval_curve(r)
                 stable_vals.append((x, y))
     ax_full.set(xlabel="step", ylabel="validation loss (nats)", title="validation loss")
-    _legend(ax_full, fontsize=8)
+    add_legend(ax_full, fontsize=8)
     ax_zoom.set(xlabel="step", title=f"stable runs, last {100 * (1 - zoom_from):.0f}% of training")
     if stable_vals and max_step:
         lo_x = zoom_from * max_step
@@ -251,7 +282,7 @@ def val_loss(summary: dict, zoom_from: float = 0.4) -> Figure:
             ax_zoom.set_xlim(lo_x, max_step * 1.01)
             ax_zoom.set_ylim(tail.min() - pad, tail.max() + pad)
     else:
-        _empty(ax_zoom, "no stable runs")
+        mark_empty(ax_zoom, "no stable runs")
     fig.suptitle(_title(summary))
     return fig
 
@@ -266,10 +297,10 @@ def sigma_max(summary: dict) -> Figure:
         for v in summary["variants"]:
             drawn |= _plot_variant_series(ax, summary, v, lambda r, key=key: _series(r, key, "max"))
         if not drawn:
-            _empty(ax, "no Muon-managed matrices")
+            mark_empty(ax, "no Muon-managed matrices")
         _positive(ax)
         ax.set(xlabel="step", ylabel=r"$\sigma_{\max}$ (max over layers)", title=title)
-    _legend(axes[0], fontsize=8)
+    add_legend(axes[0], fontsize=8)
     fig.suptitle(r"largest singular value per module type  -  " + _title(summary))
     return fig
 
@@ -279,18 +310,22 @@ def attention(summary: dict) -> Figure:
     softmax Jacobian norm (worst layer)."""
     fig = Figure(figsize=(12, 8), layout="constrained")
     axes = fig.subplots(2, 2).ravel()
-    panels = (("max_abs_logit", "max", "max |attention logit|"), ("mean_entropy", "min", "mean row entropy (nats), min over layers"),
-              ("saturated_frac", "max", "fraction of rows with max p > 0.99"), ("jacobian_norm", "min", "softmax Jacobian norm, min over layers"))
+    panels = (
+        ("max_abs_logit", "max", "max |attention logit|"),
+        ("mean_entropy", "min", "mean row entropy (nats), min over layers"),
+        ("saturated_frac", "max", "fraction of rows with max p > 0.99"),
+        ("jacobian_norm", "min", "softmax Jacobian norm, min over layers"),
+    )
     for ax, (key, how, title) in zip(axes, panels):
         drawn = False
         for v in summary["variants"]:
             drawn |= _plot_variant_series(ax, summary, v, lambda r, key=key, how=how: _series(r, key, how))
         if not drawn:
-            _empty(ax)
+            mark_empty(ax)
         if key == "max_abs_logit":
             _positive(ax)
         ax.set(xlabel="step", title=title)
-    _legend(axes[0], fontsize=8)
+    add_legend(axes[0], fontsize=8)
     fig.suptitle("attention saturation  -  " + _title(summary))
     return fig
 
@@ -302,7 +337,7 @@ def overhead(summary: dict) -> Figure:
     fig = Figure(figsize=(max(6, 1.1 * len(rows) + 2), 4.2), layout="constrained")
     ax = fig.subplots()
     if not rows:
-        _empty(ax, "no timings")
+        mark_empty(ax, "no timings")
         return fig
     names = [r["variant"] for r in rows]
     ms = [r["ms_per_step"] for r in rows]
@@ -315,46 +350,49 @@ def overhead(summary: dict) -> Figure:
             bits.append(f"{r['vs_adamw']:.2f}x AdamW")
         if r.get("vs_unconstrained") is not None:
             bits.append(f"{r['vs_unconstrained']:.2f}x Muon")
-        ax.annotate("\n".join(bits), (bar.get_x() + bar.get_width() / 2, bar.get_height()), ha="center", va="bottom", fontsize=7)
-    ax.set_xticks(range(len(names)), [by_name[n].get("label", n) if n in by_name else n for n in names], rotation=20, ha="right", fontsize=8)
+        ax.annotate(
+            "\n".join(bits), (bar.get_x() + bar.get_width() / 2, bar.get_height()), ha="center", va="bottom", fontsize=7
+        )
+    ax.set_xticks(
+        range(len(names)),
+        [by_name[n].get("label", n) if n in by_name else n for n in names],
+        rotation=20,
+        ha="right",
+        fontsize=8,
+    )
     ax.set(ylabel="ms per training step (median)", title="step time per assignment  -  " + _title(summary))
     ax.margins(y=0.2)
     return fig
 
 
-def overhead_solvers(rows: Sequence[dict], title: str = "") -> Figure:
-    """Grouped bars from :func:`geomtrain.study.overhead.measure_overhead`: ms per step per preset, one bar
-    per Muon solver, with the p10-p90 range and the ratio to ``adamw`` on top."""
-    presets = list(dict.fromkeys(r["preset"] for r in rows))
-    solvers = list(dict.fromkeys(r["solver"] for r in rows if r["solver"] != "-"))
-    fig = Figure(figsize=(max(7, 1.6 * len(presets) + 2), 4.5), layout="constrained")
-    ax = fig.subplots()
-    width = 0.8 / max(1, len(solvers))
-    hatches = ["", "//", "..", "xx"]
-    for i, p in enumerate(presets):
-        mine = [r for r in rows if r["preset"] == p]
-        for r in mine:
-            j = 0 if r["solver"] == "-" else solvers.index(r["solver"])
-            x = i if r["solver"] == "-" else i - 0.4 + width * (j + 0.5)
-            w = 0.8 if r["solver"] == "-" else width
-            bar = ax.bar(x, r["ms_per_step"], width=w, color=PRESET_COLORS.get(p, "#777777"), hatch=hatches[j % 4],
-                         edgecolor="white", yerr=[[r["ms_per_step"] - r["ms_p10"]], [r["ms_p90"] - r["ms_per_step"]]],
-                         error_kw={"lw": 0.8})
-            if r.get("vs_adamw"):
-                ax.annotate(f"{r['vs_adamw']:.1f}x", (x, r["ms_p90"]), ha="center", va="bottom", fontsize=7)
-            del bar
-    for j, solver in enumerate(solvers):
-        ax.bar(np.nan, np.nan, color="#bbbbbb", hatch=hatches[j % 4], edgecolor="white", label=f"solver {solver}")
-    ax.set_xticks(range(len(presets)), presets)
-    ax.set(ylabel="ms per training step (median; bars p10-p90)",
-           title="step time per assignment and Muon solver (ratio to AdamW on top)" + (f"\n{title}" if title else ""))
-    _legend(ax, fontsize=8)
-    ax.margins(y=0.15)
-    return fig
-
-
 def _dgram_attention(variant: dict) -> bool:
     return "dgram" in str(variant.get("attn") or "")
+
+
+def _jacobian_against_logit(ax, summary: dict, chosen: list[dict]) -> None:
+    """Every (layer, evaluation) of every run of ``chosen``: softmax Jacobian norm against max |logit|."""
+    allv = summary["variants"]
+    for v in chosen:
+        xs, ys = [], []
+        for run in _runs_of(summary, v["name"]):
+            att = (run.get("diag") or {}).get("attention", {})
+            for lrow, jrow in zip(att.get("max_abs_logit", []), att.get("jacobian_norm", [])):
+                for lv, jv in zip(lrow or [], jrow or []):
+                    if lv is not None and jv is not None:
+                        xs.append(lv)
+                        ys.append(jv)
+        if xs:
+            marker = {"-": "o", "--": "s", ":": "^", "-.": "D"}[_linestyle(v, allv)]
+            ax.scatter(xs, ys, s=8, alpha=0.5, color=color_of(v, allv), marker=marker, label=_label(v))
+    ax.set(
+        xlabel="max |logit| of a layer", ylabel="softmax Jacobian norm of the layer", title="all layers and evaluations"
+    )
+    if ax.collections:
+        xs_all = np.concatenate([np.asarray(c.get_offsets())[:, 0] for c in ax.collections])
+        if len(xs_all) and xs_all.min() > 0 and xs_all.max() / xs_all.min() > 10:
+            ax.set_xscale("log")
+    else:
+        mark_empty(ax)
 
 
 def mechanism(summary: dict, variants: Iterable[str] | None = None) -> Figure | None:
@@ -372,7 +410,9 @@ def mechanism(summary: dict, variants: Iterable[str] | None = None) -> Figure | 
         refs = [v for v in allv if (v.get("base") or v["name"]) in ("hetero", "all-stiefel", "unconstrained")]
         swept = [v["sweep"]["value"] for v in refs if v.get("sweep")]
         if swept:  # references at the shared value and at the largest swept value
-            refs = [v for v in refs if not v.get("sweep") or v["name"] == v.get("base") or v["sweep"]["value"] == max(swept)]
+            refs = [
+                v for v in refs if not v.get("sweep") or v["name"] == v.get("base") or v["sweep"]["value"] == max(swept)
+            ]
         chosen += [v for v in refs if v not in chosen]
     else:
         wanted = set(variants)
@@ -392,41 +432,27 @@ def mechanism(summary: dict, variants: Iterable[str] | None = None) -> Figure | 
         for v in chosen:
             drawn |= _plot_variant_series(ax, sub, v, lambda r, key=key, how=how: _series(r, key, how))
         if not drawn:
-            _empty(ax)
+            mark_empty(ax)
         if key in ("qk_product", "max_abs_logit", "grad:attn_qk"):
             _positive(ax)
         ax.set(xlabel="step", title=title)
     handles, labels = axes[0].get_legend_handles_labels()
     if handles:
         fig.legend(handles, labels, loc="outside right upper", fontsize=8)
-    ax = axes[5]
-    for v in chosen:
-        xs, ys = [], []
-        for run in _runs_of(summary, v["name"]):
-            att = (run.get("diag") or {}).get("attention", {})
-            for lrow, jrow in zip(att.get("max_abs_logit", []), att.get("jacobian_norm", [])):
-                for lv, jv in zip(lrow or [], jrow or []):
-                    if lv is not None and jv is not None:
-                        xs.append(lv)
-                        ys.append(jv)
-        if xs:
-            marker = {"-": "o", "--": "s", ":": "^", "-.": "D"}[_linestyle(v, allv)]
-            ax.scatter(xs, ys, s=8, alpha=0.5, color=color_of(v, allv), marker=marker, label=_label(v))
-    ax.set(xlabel="max |logit| of a layer", ylabel="softmax Jacobian norm of the layer", title="all layers and evaluations")
-    if ax.collections:
-        xs_all = np.concatenate([np.asarray(c.get_offsets())[:, 0] for c in ax.collections])
-        if len(xs_all) and xs_all.min() > 0 and xs_all.max() / xs_all.min() > 10:
-            ax.set_xscale("log")
-    else:
-        _empty(ax)
-    fig.suptitle("mechanism: spectral growth -> logit growth -> saturation -> vanishing attention gradients  -  " + _title(summary))
+    _jacobian_against_logit(axes[5], summary, chosen)
+    fig.suptitle(
+        "mechanism: spectral growth -> logit growth -> saturation -> vanishing attention gradients  -  "
+        + _title(summary)
+    )
     return fig
 
 
 def sweep(summary: dict) -> Figure | None:
     """For a swept hyperparameter, per family (a preset or a custom variant): final validation loss
     of the finished runs, best validation loss of all runs (x = diverged) and the max |attention
-    logit| at the last evaluation, against the value; ``None`` when the study has no sweep."""
+    logit| at the last evaluation, against the value; ``None`` when the study has no sweep.
+
+    Three panels filled in one pass over the families, hence the length."""
     sw = [v for v in summary["variants"] if v.get("sweep")]
     if not sw:
         return None
@@ -452,8 +478,15 @@ def sweep(summary: dict) -> Figure | None:
                 if r.get("best_val") is not None:
                     best.append(r["best_val"])
                     diverged = r.get("status") in ("diverged", "failed")
-                    ax_best.plot(x, r["best_val"], "x" if diverged else "o", color=color, alpha=0.9 if diverged else 0.4,
-                                 ms=8 if diverged else 4, mew=2)
+                    ax_best.plot(
+                        x,
+                        r["best_val"],
+                        "x" if diverged else "o",
+                        color=color,
+                        alpha=0.9 if diverged else 0.4,
+                        ms=8 if diverged else 4,
+                        mew=2,
+                    )
                 _, y = _series(r, "max_abs_logit", "max")
                 if len(y) and np.isfinite(y[-1]):
                     lg.append(y[-1])
@@ -476,68 +509,21 @@ def sweep(summary: dict) -> Figure | None:
     ax_best.set(ylabel="best validation loss", title="best validation loss (x = diverged run)")
     ax_logit.set(ylabel="max |logit|, worst layer", title="attention logits at the last evaluation")
     _positive(ax_logit)
-    _legend(ax_final, fontsize=8)
+    add_legend(ax_final, fontsize=8)
     fig.suptitle(f"sweep of {key}  -  " + _title(summary))
     return fig
-
-
-def toy_saturation(result: dict) -> Figure:
-    """The controlled demonstration (:func:`geomtrain.study.toy.toy_attention`): one attention layer
-    with $W_Q, W_K$ scaled by $s$; logits, entropy, softmax Jacobian and gradients against $s$,
-    and (last panel) every row's Jacobian norm against its top-two logit gap."""
-    s = np.asarray(result["scale"], dtype=float)
-    fig = Figure(figsize=(16, 4.2), layout="constrained")
-    a1, a2, a3, a4 = fig.subplots(1, 4)
-    a1.plot(s, result["max_abs_logit"], "o-", label="max |logit|")
-    a1.plot(s, result["logit_std"], "s-", label="std of logits")
-    a1.plot(s, result["logit_std"][0] * (s / s[0]) ** 2, "k:", lw=1, label=r"$\propto s^2$")
-    a1.set(xscale="log", yscale="log", xlabel=r"scale $s$ of $W_Q$ and $W_K$ ($\sigma_{\max} = s$)", title=r"logits grow as $s^2$")
-    _legend(a1, fontsize=8)
-    a2.plot(s, result["mean_entropy"], "o-", label="mean row entropy (nats)")
-    a2.plot(s, result["saturated_frac"], "s-", label="rows with max p > 0.99")
-    a2.set(xscale="log", xlabel=r"scale $s$", title="entropy collapses, rows saturate")
-    _legend(a2, fontsize=8)
-    a3.plot(s, result["jacobian_norm"], "o-", label=r"softmax Jacobian $\|\mathrm{diag}(p) - pp^\top\|_F$ (row mean)")
-    a3.plot(s, np.asarray(result["grad_logits"]) / max(result["grad_logits"]), "^-", label=r"$\|\partial L / \partial Z\|_F$ (relative to its max)")
-    gq = np.asarray(result["grad_wq"])
-    a3.plot(s, gq / gq.max(), "s-", label=r"$\|\partial L / \partial W_Q\|_F$ (relative)")
-    rel = gq / s  # |W_Q|_F = s * sqrt(d_head)
-    a3.plot(s, rel / rel.max(), "d-", label=r"$\|\partial L / \partial W_Q\|_F / \|W_Q\|_F$ (relative)")
-    if result.get("grad_rows_90"):
-        a3.plot(s, result["grad_rows_90"], "x--", color="0.3", label=r"fraction of rows carrying 90% of $\|\partial L / \partial Z\|^2$")
-    a3.set(xscale="log", yscale="log", xlabel=r"scale $s$", title="softmax Jacobian and gradients")
-    _legend(a3, fontsize=7)
-    if result.get("row_gap"):
-        cmap = matplotlib_colormap("viridis")
-        for i, (gaps, jac) in enumerate(zip(result["row_gap"], result["row_jacobian"])):
-            gaps, jac = np.asarray(gaps), np.asarray(jac)
-            keep = jac > 1e-7  # |J|^2 is formed in float64: below ~1e-8 rounding hides |J|
-            a4.scatter(gaps[keep], jac[keep], s=6, color=cmap(i / max(1, len(s) - 1)),
-                       label=f"s={s[i]:g}" if i in (0, len(s) - 1) else None)
-        g = np.linspace(0, 20, 200)
-        a4.plot(g, 2 * np.exp(-g), "k--", lw=1, label=r"$2e^{-\mathrm{gap}}$")
-        a4.set(yscale="log", xlim=(0, 20), ylim=(1e-8, 2), xlabel="gap between the two largest logits of a row",
-               ylabel=r"$\|J\|_F$ of the row", title="per row: exponential in the gap")
-        _legend(a4, fontsize=8)
-    else:
-        _empty(a4)
-    fig.suptitle(f"one causal attention layer, T={result['n_tokens']}, d_model={result['d_model']}, d_head={result['d_head']}")
-    return fig
-
-
-def matplotlib_colormap(name: str):
-    import matplotlib
-
-    return matplotlib.colormaps[name]
 
 
 def write_all(summary: dict, out_dir: str | Path) -> list[Path]:
     """Every figure that applies to the study, as PNGs in ``out_dir``; returns the paths written."""
     out = Path(out_dir)
     figures = {
-        "val_loss.png": val_loss(summary), "sigma_max.png": sigma_max(summary),
-        "attention.png": attention(summary), "overhead.png": overhead(summary),
-        "mechanism.png": mechanism(summary), "sweep.png": sweep(summary),
+        "val_loss.png": val_loss(summary),
+        "sigma_max.png": sigma_max(summary),
+        "attention.png": attention(summary),
+        "overhead.png": overhead(summary),
+        "mechanism.png": mechanism(summary),
+        "sweep.png": sweep(summary),
     }
     written = []
     for name, fig in figures.items():

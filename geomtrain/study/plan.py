@@ -6,17 +6,35 @@ suite is a list of variants (:func:`preset_variants`, :func:`sweep_variants`,
 :class:`StudyPlan` whose every run config has been built (and so validated, by
 `geomtrain.config.TrainConfig.validate`) before anything trains.
 """
+
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Sequence
 
 __all__ = [
-    "PRESET_ORDER", "SUITES", "LR_SWEEP_PRESETS", "LR_SWEEP_VALUES", "BOUNDED_REFERENCES", "DEFAULT_BOUNDS",
-    "AUTOASSIGN_REFERENCES", "SUMMARY_FORMAT", "StudyError", "Variant", "StudyPlan", "format_value", "preset_variants", "swept_name",
-    "sweep_variants", "bounded_variants", "parse_sweep", "parse_seeds", "shared_config", "plan",
+    "PRESET_ORDER",
+    "SUITES",
+    "LR_SWEEP_PRESETS",
+    "LR_SWEEP_VALUES",
+    "BOUNDED_REFERENCES",
+    "DEFAULT_BOUNDS",
+    "AUTOASSIGN_REFERENCES",
+    "SUMMARY_FORMAT",
+    "StudyError",
+    "Variant",
+    "StudyPlan",
+    "format_value",
+    "preset_variants",
+    "swept_name",
+    "sweep_variants",
+    "bounded_variants",
+    "parse_sweep",
+    "parse_seeds",
+    "shared_config",
+    "plan",
 ]
 
 PRESET_ORDER = ("adamw", "unconstrained", "all-stiefel", "all-dgram", "hetero", "hetero-inv")
@@ -54,7 +72,7 @@ class Variant:
         return dataclasses.asdict(self)
 
     @classmethod
-    def from_dict(cls, d: dict) -> "Variant":
+    def from_dict(cls, d: dict) -> Variant:
         names = {f.name for f in dataclasses.fields(cls)}
         return cls(**{k: v for k, v in d.items() if k in names})
 
@@ -81,10 +99,17 @@ def sweep_variants(variants: Sequence[Variant], key: str, values: Sequence, base
     out = []
     for v in variants:
         for value in values:
-            out.append(Variant(swept_name(v.name, key, value, base_value), v.preset, rules=list(v.rules),
-                               overrides={**v.overrides, key: value},
-                               label=f"{v.label or v.name}, {key}={format_value(value)}",
-                               base=v.base or v.name, sweep={"key": key, "value": value}))
+            out.append(
+                Variant(
+                    swept_name(v.name, key, value, base_value),
+                    v.preset,
+                    rules=list(v.rules),
+                    overrides={**v.overrides, key: value},
+                    label=f"{v.label or v.name}, {key}={format_value(value)}",
+                    base=v.base or v.name,
+                    sweep={"key": key, "value": value},
+                )
+            )
     return out
 
 
@@ -97,8 +122,15 @@ def bounded_variants(bounds: Sequence[float], references: Sequence[str] = BOUNDE
     for mlp, preset in (("stiefel", "hetero-inv"), ("dgram", "all-dgram")):
         for b in bounds:
             rules = [f"{g}=bdgram@{b:g}" for g in ATTENTION_GLOBS]
-            out.append(Variant(f"bdgram{b:g}+{mlp}", preset, rules=rules, base=f"bdgram{b:g}+{mlp}",
-                               label=f"BDGram(b={b:g}) attn / {'Stiefel' if mlp == 'stiefel' else 'DGram'} MLP"))
+            out.append(
+                Variant(
+                    f"bdgram{b:g}+{mlp}",
+                    preset,
+                    rules=rules,
+                    base=f"bdgram{b:g}+{mlp}",
+                    label=f"BDGram(b={b:g}) attn / {'Stiefel' if mlp == 'stiefel' else 'DGram'} MLP",
+                )
+            )
     return out
 
 
@@ -128,20 +160,35 @@ def parse_seeds(text: str) -> list[int]:
                 raise ValueError
             seeds = list(range(n))
     except ValueError:
-        raise StudyError(f"--seeds {text!r}: give a count >= 1 (3) or a comma-separated list of seeds (0,1,2)") from None
+        raise StudyError(
+            f"--seeds {text!r}: give a count >= 1 (3) or a comma-separated list of seeds (0,1,2)"
+        ) from None
     if len(set(seeds)) != len(seeds):
         raise StudyError(f"--seeds {text!r} repeats a seed")
     return seeds
 
 
-def shared_config(model: str, iters: int | None, data_dir: str, device: str = "auto", toml: dict | None = None,
-                  sets: dict | None = None) -> dict:
+def shared_config(
+    model: str,
+    iters: int | None,
+    data_dir: str,
+    device: str = "auto",
+    toml: dict | None = None,
+    sets: dict | None = None,
+) -> dict:
     """The config fields every variant shares (before its preset, rules and overrides)."""
     from ..config import MODEL_DEFAULTS, TrainConfig
 
     iters = iters or MODEL_DEFAULTS.get(model, {}).get("max_iters", TrainConfig.max_iters)
-    base = {"model": model, "data_dir": str(data_dir), "max_iters": int(iters), "warmup_iters": max(1, iters // 10),
-            "eval_interval": max(1, iters // 20), "device": device, "diagnostics": True}
+    base = {
+        "model": model,
+        "data_dir": str(data_dir),
+        "max_iters": int(iters),
+        "warmup_iters": max(1, iters // 10),
+        "eval_interval": max(1, iters // 20),
+        "device": device,
+        "diagnostics": True,
+    }
     base.update(toml or {})
     base.update(sets or {})
     return base
@@ -168,14 +215,21 @@ class StudyPlan:
         """The `TrainConfig` of one run; ``StudyError`` naming the variant on a bad value."""
         from ..config import make_config
 
-        values = {**self.base, **variant.overrides, "preset": variant.preset, "rules": list(variant.rules),
-                  "seed": seed, "out_dir": str(self.run_dir(variant, seed)), "progress": False}
+        values = {
+            **self.base,
+            **variant.overrides,
+            "preset": variant.preset,
+            "rules": list(variant.rules),
+            "seed": seed,
+            "out_dir": str(self.run_dir(variant, seed)),
+            "progress": False,
+        }
         try:
             return make_config(values)
         except (ValueError, TypeError) as exc:
             raise StudyError(f"variant {variant.name}: {exc}") from None
 
-    def validate(self) -> "StudyPlan":
+    def validate(self) -> StudyPlan:
         """Build every run's config (the one validation site: `TrainConfig.validate`); return self."""
         for v in self.variants:
             for s in self.seeds:
@@ -194,8 +248,9 @@ def _shared(base: dict):
         raise StudyError(str(exc)) from None
 
 
-def _suite_variants(suite: str, presets: Sequence[str] | None, sweep: tuple | None,
-                    bounds: Sequence[float] | None) -> tuple[list[Variant], tuple | None]:
+def _suite_variants(
+    suite: str, presets: Sequence[str] | None, sweep: tuple | None, bounds: Sequence[float] | None
+) -> tuple[list[Variant], tuple | None]:
     """The variants of ``suite`` (before a sweep) and the sweep it runs."""
     if suite not in SUITES:
         raise StudyError(f"unknown suite {suite!r}; valid: {', '.join(SUITES)}")
@@ -213,9 +268,18 @@ def _suite_variants(suite: str, presets: Sequence[str] | None, sweep: tuple | No
     return preset_variants(list(presets or PRESET_ORDER)), sweep
 
 
-def plan(out: str | Path, suite: str = "presets", presets: Sequence[str] | None = None, sweep: tuple | None = None,
-         bounds: Sequence[float] | None = None, seeds: Sequence[int] = (0,), base: dict | None = None,
-         runs_dir: str | Path | None = None, argv: Sequence[str] = (), options: dict | None = None) -> StudyPlan:
+def plan(
+    out: str | Path,
+    suite: str = "presets",
+    presets: Sequence[str] | None = None,
+    sweep: tuple | None = None,
+    bounds: Sequence[float] | None = None,
+    seeds: Sequence[int] = (0,),
+    base: dict | None = None,
+    runs_dir: str | Path | None = None,
+    argv: Sequence[str] = (),
+    options: dict | None = None,
+) -> StudyPlan:
     """Build and validate a study: every run's config is made (and checked) before anything trains."""
     base = dict(base or {})
     variants, sweep = _suite_variants(suite, presets, sweep, bounds)
@@ -224,5 +288,13 @@ def plan(out: str | Path, suite: str = "presets", presets: Sequence[str] | None 
         key, values = sweep
         variants = sweep_variants(variants, key, values, getattr(shared, key, base.get(key)))
     out = Path(out)
-    return StudyPlan(out=out, runs_dir=Path(runs_dir) if runs_dir else out / "runs", suite=suite, variants=variants,
-                     seeds=list(seeds), base=base, argv=list(argv), options=dict(options or {})).validate()
+    return StudyPlan(
+        out=out,
+        runs_dir=Path(runs_dir) if runs_dir else out / "runs",
+        suite=suite,
+        variants=variants,
+        seeds=list(seeds),
+        base=base,
+        argv=list(argv),
+        options=dict(options or {}),
+    ).validate()

@@ -3,23 +3,51 @@
 :func:`report` rebuilds it from the runs (or, when they are gone, from ``summary.json`` alone);
 :func:`format_table` and :func:`format_attention_table` are the Markdown tables it holds.
 """
+
 from __future__ import annotations
 
 import csv
 import io
+from collections.abc import Callable
 from pathlib import Path
-from typing import Callable
 
 from .._io import atomic_write_json, atomic_write_text, read_json
 from .collect import collect, load_summary, make_table, resolve_runs_dir
 from .plan import StudyError
 
-__all__ = ["CSV_COLUMNS", "format_table", "format_attention_table", "results_csv", "results_markdown", "write_report",
-           "report"]
+__all__ = [
+    "CSV_COLUMNS",
+    "format_table",
+    "format_attention_table",
+    "results_csv",
+    "results_markdown",
+    "write_report",
+    "report",
+]
 
-CSV_COLUMNS = ("variant", "label", "attention", "mlp", "seeds", "finished", "diverged", "diverged_steps", "final_val_mean",
-               "final_val_std", "best_val_mean", "best_val_std", "ms_per_step", "vs_adamw", "vs_unconstrained", "status",
-               "end_sigma_qk", "end_max_logit", "end_min_entropy", "end_saturated", "skipped_updates")
+CSV_COLUMNS = (
+    "variant",
+    "label",
+    "attention",
+    "mlp",
+    "seeds",
+    "finished",
+    "diverged",
+    "diverged_steps",
+    "final_val_mean",
+    "final_val_std",
+    "best_val_mean",
+    "best_val_std",
+    "ms_per_step",
+    "vs_adamw",
+    "vs_unconstrained",
+    "status",
+    "end_sigma_qk",
+    "end_max_logit",
+    "end_min_entropy",
+    "end_saturated",
+    "skipped_updates",
+)
 
 
 def _pm(mean, std) -> str:
@@ -35,25 +63,64 @@ def _markdown(head: list[str], rows: list[list[str]]) -> str:
 
 def format_table(rows: list[dict]) -> str:
     """The results table (one row per variant of :func:`geomtrain.study.make_table`) as Markdown."""
-    head = ["assignment", "attention", "MLP", "final val loss", "best val loss", "status", "ms/step", "vs AdamW", "vs Muon"]
-    return _markdown(head, [[r["label"], r.get("attention") or "-", r.get("mlp") or "-",
-                             _pm(r["final_val_mean"], r["final_val_std"]), _pm(r["best_val_mean"], r["best_val_std"]),
-                             r["status"], f"{r['ms_per_step']:.0f}" if r.get("ms_per_step") else "-",
-                             f"{r['vs_adamw']:.2f}x" if r.get("vs_adamw") else "-",
-                             f"{r['vs_unconstrained']:.2f}x" if r.get("vs_unconstrained") else "-"] for r in rows])
+    head = [
+        "assignment",
+        "attention",
+        "MLP",
+        "final val loss",
+        "best val loss",
+        "status",
+        "ms/step",
+        "vs AdamW",
+        "vs Muon",
+    ]
+    return _markdown(
+        head,
+        [
+            [
+                r["label"],
+                r.get("attention") or "-",
+                r.get("mlp") or "-",
+                _pm(r["final_val_mean"], r["final_val_std"]),
+                _pm(r["best_val_mean"], r["best_val_std"]),
+                r["status"],
+                f"{r['ms_per_step']:.0f}" if r.get("ms_per_step") else "-",
+                f"{r['vs_adamw']:.2f}x" if r.get("vs_adamw") else "-",
+                f"{r['vs_unconstrained']:.2f}x" if r.get("vs_unconstrained") else "-",
+            ]
+            for r in rows
+        ],
+    )
 
 
 def format_attention_table(rows: list[dict]) -> str:
     """Attention at the last evaluation (mean over seeds) as Markdown."""
-    head = ["assignment", "attention", "max σ(W_Q), σ(W_K)", "max \\|logit\\|", "min mean entropy (nats)",
-            "max saturated rows"]
+    head = [
+        "assignment",
+        "attention",
+        "max σ(W_Q), σ(W_K)",
+        "max \\|logit\\|",
+        "min mean entropy (nats)",
+        "max saturated rows",
+    ]
 
     def f(x, fmt):
         return "-" if x is None else format(x, fmt)
 
-    return _markdown(head, [[r["label"], r.get("attention") or "-", f(r.get("end_sigma_qk"), ".3g"),
-                             f(r.get("end_max_logit"), ".3g"), f(r.get("end_min_entropy"), ".3f"),
-                             f(r.get("end_saturated"), ".3f")] for r in rows])
+    return _markdown(
+        head,
+        [
+            [
+                r["label"],
+                r.get("attention") or "-",
+                f(r.get("end_sigma_qk"), ".3g"),
+                f(r.get("end_max_logit"), ".3g"),
+                f(r.get("end_min_entropy"), ".3f"),
+                f(r.get("end_saturated"), ".3f"),
+            ]
+            for r in rows
+        ],
+    )
 
 
 def results_csv(rows: list[dict]) -> str:
@@ -62,8 +129,12 @@ def results_csv(rows: list[dict]) -> str:
     w = csv.writer(buf, lineterminator="\n")
     w.writerow(CSV_COLUMNS)
     for r in rows:
-        w.writerow(["" if r.get(c) is None else (" ".join(map(str, r[c])) if isinstance(r.get(c), list) else r[c])
-                    for c in CSV_COLUMNS])
+        w.writerow(
+            [
+                "" if r.get(c) is None else (" ".join(map(str, r[c])) if isinstance(r.get(c), list) else r[c])
+                for c in CSV_COLUMNS
+            ]
+        )
     return buf.getvalue()
 
 
@@ -71,17 +142,27 @@ def results_markdown(summary: dict) -> str:
     """``results.md``: the command, seeds, shared config, how to read the table, both tables."""
     st = summary.get("study", {})
     skipped = ", ".join(f"{r['variant']} {r['skipped_updates']}" for r in summary["table"] if r.get("skipped_updates"))
-    md = [f"# Study results: suite `{st.get('suite')}`", "",
-          f"Command: `{st.get('command')}`", "",
-          f"Seeds: {', '.join(map(str, st.get('seeds', [])))}. Shared config: "
-          + ", ".join(f"{k}={v}" for k, v in sorted(st.get("base_config", {}).items())) + ".", "",
-          "Final val loss: mean ± sample std over the seeds whose run finished (diverged runs left out); "
-          "best val loss: over all runs (for a diverged run, its best before the divergence). "
-          "ms/step: median step time of each run, mean over seeds; ratios to `adamw` / `unconstrained`. "
-          "Matrix updates ManifoldMuon skipped as non-finite (all seeds): " + (skipped or "none") + ".", "",
-          format_table(summary["table"]), "",
-          "Attention at the last evaluation (mean over seeds; per run the worst layer):", "",
-          format_attention_table(summary["table"]), ""]
+    md = [
+        f"# Study results: suite `{st.get('suite')}`",
+        "",
+        f"Command: `{st.get('command')}`",
+        "",
+        f"Seeds: {', '.join(map(str, st.get('seeds', [])))}. Shared config: "
+        + ", ".join(f"{k}={v}" for k, v in sorted(st.get("base_config", {}).items()))
+        + ".",
+        "",
+        "Final val loss: mean ± sample std over the seeds whose run finished (diverged runs left out); "
+        "best val loss: over all runs (for a diverged run, its best before the divergence). "
+        "ms/step: median step time of each run, mean over seeds; ratios to `adamw` / `unconstrained`. "
+        "Matrix updates ManifoldMuon skipped as non-finite (all seeds): " + (skipped or "none") + ".",
+        "",
+        format_table(summary["table"]),
+        "",
+        "Attention at the last evaluation (mean over seeds; per run the worst layer):",
+        "",
+        format_attention_table(summary["table"]),
+        "",
+    ]
     return "\n".join(md)
 
 

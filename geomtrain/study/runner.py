@@ -6,6 +6,7 @@ wall times in ``study.json`` and writes the report. Every run is seeded and inde
 results do not depend on the number of workers. A :class:`RunLock` keeps studies that share a
 ``--runs-dir`` from training the same run twice at once.
 """
+
 from __future__ import annotations
 
 import os
@@ -13,16 +14,24 @@ import shlex
 import sys
 import time
 import traceback
+from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import Callable, Iterator
 
 from .._io import atomic_write_json, environment_record, read_json, read_jsonl
 from .collect import collect
 from .plan import SUMMARY_FORMAT, StudyError, StudyPlan, Variant
 from .report import format_table, write_report
 
-__all__ = ["TERMINAL_STATUSES", "RunLock", "run_state", "train_one", "ensure_data", "data_record",
-           "threads_per_worker", "run_study"]
+__all__ = [
+    "TERMINAL_STATUSES",
+    "RunLock",
+    "run_state",
+    "train_one",
+    "ensure_data",
+    "data_record",
+    "threads_per_worker",
+    "run_study",
+]
 
 TERMINAL_STATUSES = ("finished", "diverged", "failed")
 _IGNORED_CONFIG_KEYS = ("progress", "stop_after", "out_dir")
@@ -49,12 +58,15 @@ def run_state(run_dir: Path, cfg) -> str:
     if old is not None:
         diff = _config_diff(old, cfg.to_dict())
         if diff:
-            raise StudyError(f"{run_dir} holds a run with other settings ({'; '.join(diff[:3])}); "
-                             "use another --out / --runs-dir or delete that folder")
+            raise StudyError(
+                f"{run_dir} holds a run with other settings ({'; '.join(diff[:3])}); "
+                "use another --out / --runs-dir or delete that folder"
+            )
     if status is None:
         return "new"
-    if status.get("status") in TERMINAL_STATUSES and (status.get("status") != "finished"
-                                                      or status.get("step", 0) >= cfg.max_iters):
+    if status.get("status") in TERMINAL_STATUSES and (
+        status.get("status") != "finished" or status.get("step", 0) >= cfg.max_iters
+    ):
         return "done"
     return "resume" if (run_dir / "ckpt.pt").exists() else "new"
 
@@ -125,9 +137,14 @@ def train_one(cfg, state: str, print_fn: Callable = print) -> dict:
             raise
         traceback.print_exc(file=sys.stderr)
         old = read_json(run_dir / "status.json", {}) or {}
-        status = {"status": "failed", "step": step, "failed_step": step,
-                  "reason": f"{type(exc).__name__}: {exc}".splitlines()[0],
-                  "best_val_loss": old.get("best_val_loss"), "last_val_loss": None}
+        status = {
+            "status": "failed",
+            "step": step,
+            "failed_step": step,
+            "reason": f"{type(exc).__name__}: {exc}".splitlines()[0],
+            "best_val_loss": old.get("best_val_loss"),
+            "last_val_loss": None,
+        }
         atomic_write_json(run_dir / "status.json", status)
         print_fn(f"  run failed at step ~{step}: {status['reason']}")
         return status
@@ -160,7 +177,9 @@ def ensure_data(data_dir: str | Path, tokenizer: str | None, dataset: str = "cla
     if not problems:
         return
     if tokenizer is None:
-        raise StudyError(f"data in {data_dir} is not usable ({problems[0]}); run `geomtrain prepare` or pass --tokenizer")
+        raise StudyError(
+            f"data in {data_dir} is not usable ({problems[0]}); run `geomtrain prepare` or pass --tokenizer"
+        )
     print_fn(f"preparing {dataset} with tokenizer {tokenizer} in {data_dir} ...")
     gdata.prepare(data_dir, dataset=dataset, tokenizer=tokenizer)
 
@@ -216,8 +235,14 @@ def _check_previous(study: StudyPlan, previous: dict | None) -> None:
 
 
 # ----------------------------------------------------------------------------- the study
-def run_study(study: StudyPlan, print_fn: Callable = print, report_after: bool = True, drop_checkpoints: bool = False,
-              workers: int = 1, threads: int | None = None) -> int:
+def run_study(
+    study: StudyPlan,
+    print_fn: Callable = print,
+    report_after: bool = True,
+    drop_checkpoints: bool = False,
+    workers: int = 1,
+    threads: int | None = None,
+) -> int:
     """Train every (variant, seed) not already done, then write the report. Returns an exit code
     (0 done, 130 interrupted).
 
@@ -259,9 +284,14 @@ def _run_autoassign(study: StudyPlan, record: dict, print_fn: Callable) -> bool:
     t_start = time.time()
     granularity = study.options.get("granularity", "module")
     try:
-        result = propose(study.base, study.runs_dir / "_probes" / f"{granularity}-s{study.seeds[0]}",
-                         seed=study.seeds[0], probe_iters=study.options.get("probe_iters"), granularity=granularity,
-                         print_fn=print_fn)
+        result = propose(
+            study.base,
+            study.runs_dir / "_probes" / f"{granularity}-s{study.seeds[0]}",
+            seed=study.seeds[0],
+            probe_iters=study.options.get("probe_iters"),
+            granularity=granularity,
+            print_fn=print_fn,
+        )
     except KeyboardInterrupt:
         print_fn("interrupted during the probes: run the same command again to continue")
         return False
@@ -285,8 +315,15 @@ def _with_auto_variant(variants: list[Variant], result: dict) -> list[Variant]:
             if v.name == match:
                 v.label = f"{match} (= auto choice)"
         return out
-    out.append(Variant("auto", "adamw", rules=list(result["rules"]), base="auto",
-                       label="auto: " + ", ".join(f"{g} {m}" for g, m in result["choice"].items())))
+    out.append(
+        Variant(
+            "auto",
+            "adamw",
+            rules=list(result["rules"]),
+            base="auto",
+            label="auto: " + ", ".join(f"{g} {m}" for g, m in result["choice"].items()),
+        )
+    )
     return out
 
 
@@ -362,8 +399,12 @@ class _Scheduler:
         import multiprocessing
         from concurrent.futures import ProcessPoolExecutor
 
-        pool = ProcessPoolExecutor(max_workers=workers, mp_context=multiprocessing.get_context("spawn"),
-                                   initializer=_worker_init, initargs=(threads or threads_per_worker(workers),))
+        pool = ProcessPoolExecutor(
+            max_workers=workers,
+            mp_context=multiprocessing.get_context("spawn"),
+            initializer=_worker_init,
+            initargs=(threads or threads_per_worker(workers),),
+        )
         running: dict = {}
         try:
             code = self._drive(pool, self.claims(jobs), running, workers)
@@ -413,7 +454,7 @@ class _Scheduler:
         """After Ctrl-C: record the runs the workers checkpointed and returned."""
         from concurrent.futures.process import BrokenProcessPool
 
-        for future, (v, seed, tag, cfg, lock) in running.items():
+        for future, (v, seed, tag, _cfg, lock) in running.items():
             try:
                 status, wall = future.result()
                 self.record_run(v, seed, tag, status, wall)
