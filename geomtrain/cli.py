@@ -97,6 +97,8 @@ def _add_train(sub) -> None:
             continue
         if f.name == "preset":
             p.add_argument("--preset", choices=PRESETS, default=None, help="manifold assignment preset (default: hetero)")
+        elif f.name == "dtype":
+            p.add_argument("--dtype", choices=("float32", "bfloat16"), default=None, help="forward-pass dtype (default: float32)")
         else:
             _config_flag(p, f)
     p.set_defaults(handler=_cmd_train)

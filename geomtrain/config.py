@@ -81,9 +81,7 @@ class TrainConfig:
 
         The one validation site: flags, TOML, ``--set``, the study and resume all end here.
         ``custom_names``: extra manifold names rules may use (passed to ``train(custom_manifolds=)``)."""
-        from manifolds import get_manifold
-
-        from .assign import PRESETS, parse_rule
+        from .assign import PRESETS, validate_rule
         from .model import MODEL_CONFIGS
 
         for f in dataclasses.fields(self):
@@ -94,13 +92,7 @@ class TrainConfig:
             raise ValueError(f"unknown preset {self.preset!r}; valid: {', '.join(PRESETS)}")
         import_manifold_modules(self.manifold_modules)
         for text in self.rules:
-            target = parse_rule(text).target
-            if target.lower() in ("adamw", *custom_names):
-                continue
-            try:
-                get_manifold(target)
-            except ValueError as exc:
-                raise ValueError(f"rule {text!r}: {exc}; or adamw") from None
+            validate_rule(text, custom_names)
         if not re.fullmatch(r"auto|cpu|mps|cuda(:\d+)?", self.device):
             raise ValueError(f"unknown device {self.device!r}; valid: auto, cpu, cuda, cuda:N, mps")
         if self.dtype not in ("float32", "bfloat16"):

@@ -29,6 +29,7 @@ import math
 import re
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, fields, replace
+from pathlib import Path
 
 import torch
 import torch.nn as nn
