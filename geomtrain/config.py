@@ -93,6 +93,11 @@ class TrainConfig:
         import_manifold_modules(self.manifold_modules)
         for text in self.rules:
             validate_rule(text, custom_names)
+        if self.muon_solver is not None:
+            from .optim import SOLVERS
+
+            if self.muon_solver not in SOLVERS:
+                raise ValueError(f"unknown muon_solver {self.muon_solver!r}; valid: {', '.join(SOLVERS)} (or none: the default)")
         if not re.fullmatch(r"auto|cpu|mps|cuda(:\d+)?", self.device):
             raise ValueError(f"unknown device {self.device!r}; valid: auto, cpu, cuda, cuda:N, mps")
         if self.dtype not in ("float32", "bfloat16"):

@@ -52,7 +52,7 @@ from ._io import (
 from .config import RUN_DEFINING_KEYS
 
 __all__ = ["RunFolder", "RunFolderError", "CheckpointError", "config_changes", "pid_alive", "load_verified_checkpoint",
-           "status_summary", "flatten_numbers"]
+           "status_summary", "flatten_numbers", "runs_table"]
 
 CHECKPOINT_FORMAT = 2
 _RUN_FILES = ("config.json", "env.json", "assignment.json", "assignment.txt", "metrics.jsonl", "diagnostics.jsonl",
@@ -117,6 +117,8 @@ class RunFolder:
         self.path = Path(path)
         self.master = master
         self.tensorboard = None  # a torch.utils.tensorboard.SummaryWriter once enabled
+        self._pending_history: dict | None = None  # a config change allowed by open(), recorded by write_run_info
+        self._in_place: dict | None = None  # {"sha256", "bytes", "step"} of the ckpt.pt known to be on disk
 
     def __repr__(self) -> str:
         return f"RunFolder({str(self.path)!r})"
@@ -167,6 +169,8 @@ class RunFolder:
             raise RunFolderError(f"{self.path} already holds a run (status {status.get('status', 'unknown')}, step "
                                  f"{status.get('step', '?')}); pass --resume to continue it, --overwrite to replace it, "
                                  "or choose another --out-dir")
+        if resume or overwrite:
+            self.remove_stale_temporaries()
         if overwrite:
             self._remove_run_files()
         if resume and self.has_checkpoint():
@@ -182,6 +186,19 @@ class RunFolder:
             if not os.access(self.path, os.W_OK):
                 raise RunFolderError(f"run folder {self.path} is not writable")
         return False
+
+    def remove_stale_temporaries(self) -> list[str]:
+        """Delete the temporary files (``.NAME.tmp.PID``, see `geomtrain._io.atomic_write`) that a
+        killed writer left beside the run files; those of a live process are kept. Returns their names."""
+        removed = []
+        if not self.master or not self.path.is_dir():
+            return removed
+        for tmp in self.path.glob(".*.tmp.*"):
+            name, _, pid = tmp.name[1:].rpartition(".tmp.")
+            if name in _RUN_FILES and pid.isdigit() and pid_alive(int(pid)) is False:
+                tmp.unlink(missing_ok=True)
+                removed.append(tmp.name)
+        return removed
 
     def _remove_run_files(self) -> None:
         if self.master:
@@ -200,14 +217,19 @@ class RunFolder:
         if not allow:
             raise RunFolderError(f"resume of {self.path} would change the run ({listed}); pass --allow-config-change "
                                  "to continue with the new values (recorded in config_history.jsonl)")
-        if self.master:
-            step = (read_json(self.file("ckpt.json")) or {}).get("step")
-            append_jsonl(self.file("config_history.jsonl"), {"step": step, "time": time.time(),
-                                                             "changes": {k: {"old": a, "new": b} for k, (a, b) in changes.items()}})
+        step = (read_json(self.file("ckpt.json")) or {}).get("step")
+        # recorded by write_run_info, i.e. once the checkpoint loaded into the changed run
+        self._pending_history = {"step": step, "time": time.time(),
+                                 "changes": {k: {"old": a, "new": b} for k, (a, b) in changes.items()}}
 
     # ------------------------------------------------------------------ writing
     def write_run_info(self, config: dict, environment: dict, assignment: list[dict], table: str) -> None:
         if self.master:
+            if self._pending_history is not None:
+                loaded_step = (self._in_place or {}).get("step")  # the checkpoint the changed run continues
+                append_jsonl(self.file("config_history.jsonl"),
+                             {**self._pending_history, **({"step": loaded_step} if loaded_step is not None else {})})
+                self._pending_history = None
             atomic_write_json(self.file("config.json"), config)
             atomic_write_json(self.file("env.json"), environment)
             atomic_write_json(self.file("assignment.json"), assignment)
@@ -273,15 +295,23 @@ class RunFolder:
         buf = io.BytesIO()
         torch.save(state, buf)
         data = buf.getvalue()
-        previous = read_json(self.file("ckpt.json"))
-        previous = {k: previous.get(k) for k in ("sha256", "bytes", "step")} if isinstance(previous, dict) else None
-        atomic_write_json(self.file("ckpt.json"), {"format": CHECKPOINT_FORMAT, "sha256": _sha256(data), "bytes": len(data),
-                                                   "step": state.get("step"), "previous": previous})
+        # "previous" is the checkpoint actually on disk (known from the last load or save), not what
+        # ckpt.json says: after a failed write (full disk) ckpt.json names a checkpoint that never landed
+        previous = self._in_place
+        if previous is None:
+            manifest = read_json(self.file("ckpt.json"))
+            previous = {k: manifest.get(k) for k in ("sha256", "bytes", "step")} if isinstance(manifest, dict) else None
+        entry = {"sha256": _sha256(data), "bytes": len(data), "step": state.get("step")}
+        atomic_write_json(self.file("ckpt.json"), {"format": CHECKPOINT_FORMAT, **entry, "previous": previous})
         atomic_write_bytes(self.file("ckpt.pt"), data)
+        self._in_place = entry
 
     def load_checkpoint(self, map_location: Any = "cpu") -> dict:
         """The verified checkpoint; `CheckpointError` (one line, naming the file) when it does not verify."""
-        return load_verified_checkpoint(self.file("ckpt.pt"), map_location)
+        data, digest = _verified_bytes(self.file("ckpt.pt"))
+        state = _unpickle(self.file("ckpt.pt"), data, map_location)
+        self._in_place = {"sha256": digest, "bytes": len(data), "step": state.get("step") if isinstance(state, dict) else None}
+        return state
 
 
 def load_verified_checkpoint(path: str | os.PathLike, map_location: Any = "cpu") -> dict:
@@ -289,25 +319,52 @@ def load_verified_checkpoint(path: str | os.PathLike, map_location: Any = "cpu")
 
     A checkpoint without ``ckpt.json`` (written before checksums existed) loads with a warning."""
     path = Path(path)
+    return _unpickle(path, _verified_bytes(path)[0], map_location)
+
+
+def _verified_bytes(path: Path) -> tuple[bytes, str]:
+    """The bytes of checkpoint ``path`` and their sha256, checked against ``ckpt.json`` beside it."""
     try:
         data = path.read_bytes()
     except FileNotFoundError:
         raise CheckpointError(f"no checkpoint at {path}") from None
     except OSError as exc:
         raise CheckpointError(f"cannot read checkpoint {path}: {exc.strerror or exc}") from None
+    digest = _sha256(data)
     manifest = read_json(path.with_name(path.stem + ".json"))
     if isinstance(manifest, dict) and manifest.get("sha256"):
-        digest = _sha256(data)
         known = {manifest["sha256"], (manifest.get("previous") or {}).get("sha256")}
         if digest not in known:
             raise CheckpointError(f"checkpoint {path} is corrupted (sha256 {digest[:12]}... matches neither "
                                   f"{path.stem}.json entry); nothing was changed: restore it or start over with --overwrite")
     else:
-        warnings.warn(f"{path}: no checksum file beside it; loading unverified", RuntimeWarning, stacklevel=2)
+        warnings.warn(f"{path}: no checksum file beside it; loading unverified", RuntimeWarning, stacklevel=3)
+    return data, digest
+
+
+def _unpickle(path: Path, data: bytes, map_location: Any) -> dict:
     try:
         return torch.load(io.BytesIO(data), map_location=map_location, weights_only=False)
     except Exception as exc:  # an unverified file that does not unpickle: still one line
         raise CheckpointError(f"checkpoint {path} cannot be read ({type(exc).__name__}: {str(exc)[:120]})") from None
+
+
+def runs_table(paths) -> str:
+    """Markdown table of plain run folders: preset, status (a dead ``running`` is ``stale``), step,
+    best and last val loss, skipped steps, median ms per step (``geomtrain report RUN [RUN ...]``)."""
+    head = "| run | preset | status | step | best val | last val | skipped | ms/step |"
+    lines = [head, "|" + "---|" * 8]
+    fmt = lambda v, f: "-" if v is None else format(v, f)  # noqa: E731
+    for path in paths:
+        folder = RunFolder(path)
+        if not folder.holds_run():
+            raise RunFolderError(f"{path} is neither a study folder nor a run folder")
+        cfg, st = folder.read_config() or {}, folder.read_status() or {}
+        step = f"{st.get('step', '?')}/{cfg.get('max_iters', '?')}"
+        status = st.get("status", "unknown") + (f" ({st['reason']})" if st.get("status") in ("diverged", "stale") else "")
+        lines.append(f"| {folder.path.name} | {cfg.get('preset', '-')} | {status} | {step} | {fmt(st.get('best_val_loss'), '.4f')} "
+                     f"| {fmt(st.get('last_val_loss'), '.4f')} | {st.get('n_skipped', 0)} | {fmt(st.get('ms_per_step'), '.0f')} |")
+    return "\n".join(lines)
 
 
 def status_summary(folder: RunFolder) -> str:

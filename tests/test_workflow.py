@@ -134,3 +134,18 @@ def test_docs_name_the_workflow_commands():
     text = (Path(__file__).parent.parent / "docs" / "training.md").read_text()
     for needle in ("geomtrain eval", "geomtrain plot", "--tensorboard", "--init-from", "--manifolds"):
         assert needle in text, needle
+
+
+def test_report_on_plain_run_folders_shows_stale_runs(data_dir, tmp_path, capsys):
+    train(_cfg(data_dir, tmp_path / "done", preset="adamw", max_iters=3), print_fn=_quiet)
+    train(_cfg(data_dir, tmp_path / "killed", preset="adamw", max_iters=3), print_fn=_quiet)
+    status = json.loads((tmp_path / "killed" / "status.json").read_text())
+    # what a SIGKILLed run leaves: "running" with the pid of a process that is gone
+    status.update(status="running", pid=2**22 + 12345)
+    (tmp_path / "killed" / "status.json").write_text(json.dumps(status))
+    capsys.readouterr()
+    assert cli_main(["report", str(tmp_path / "done"), str(tmp_path / "killed")]) == 0
+    rows = {line.split("|")[1].strip(): line for line in capsys.readouterr().out.splitlines()[2:]}
+    assert "| finished |" in rows["done"] and "| 3/3 |" in rows["done"]
+    assert "stale" in rows["killed"] and "is gone" in rows["killed"]
+    assert cli_main(["report", str(tmp_path / "nothing")]) == 2

@@ -11,6 +11,7 @@ subparsers; each sets ``handler=fn(args) -> int``. A user error raises :class:`S
 from __future__ import annotations
 
 import argparse
+from pathlib import Path
 import json
 import shlex
 import sys
@@ -393,17 +394,26 @@ def add_report_parser(subparsers) -> argparse.ArgumentParser:
         help="rebuild a study's results table and figures",
         description="Rebuild a study's results table and figures.",
     )
-    p.add_argument("out", help="the study folder (holding study.json or summary.json)")
-    p.add_argument("--runs-dir", default=None, help="where its runs are (default: as recorded in study.json)")
+    p.add_argument("out", nargs="+", metavar="FOLDER",
+                   help="a study folder (holding study.json or summary.json), or one or more run folders")
+    p.add_argument("--runs-dir", default=None, help="where a study's runs are (default: as recorded in study.json)")
     p.set_defaults(handler=run_report_command)
     return p
 
 
 def run_report_command(args) -> int:
-    """``geomtrain report OUT``: :func:`geomtrain.study.report`."""
+    """``geomtrain report STUDY``: :func:`geomtrain.study.report`; ``geomtrain report RUN [RUN ...]``:
+    a table of plain run folders (:func:`geomtrain.runfolder.runs_table`)."""
+    from ..runfolder import runs_table
     from .report import report
 
-    report(args.out, args.runs_dir)
+    studies = [f for f in args.out if (Path(f) / "study.json").exists() or (Path(f) / "summary.json").exists()]
+    if studies and len(args.out) > 1:
+        raise StudyError("give one study folder, or only run folders")
+    if studies:
+        report(args.out[0], args.runs_dir)
+    else:
+        print(runs_table(args.out))
     return 0
 
 
