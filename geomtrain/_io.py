@@ -28,7 +28,7 @@ from typing import Any
 __all__ = [
     "atomic_write", "atomic_write_bytes", "atomic_write_text", "atomic_write_json", "atomic_torch_save",
     "to_jsonable", "read_json", "append_jsonl", "read_jsonl", "truncate_jsonl", "sha256_file",
-    "git_commit", "environment_record", "fsync_dir",
+    "git_commit", "environment_record", "fsync_dir", "naming_file",
 ]
 
 
@@ -60,10 +60,21 @@ def atomic_write(path: str | os.PathLike, write: Callable[[Any], None]) -> None:
             fh.flush()
             os.fsync(fh.fileno())
         os.replace(tmp, path)
+    except OSError as exc:
+        tmp.unlink(missing_ok=True)
+        raise naming_file(exc, path) from exc
     except BaseException:
         tmp.unlink(missing_ok=True)
         raise
     fsync_dir(path.parent)
+
+
+def naming_file(exc: OSError, path: str | os.PathLike) -> OSError:
+    """``exc`` with ``path`` as its file name: a full disk's ENOSPC names no file, and a failed
+    temporary file should be reported as the file the user knows (``ckpt.pt``, not ``.ckpt.pt.tmp.123``)."""
+    if exc.errno is None:
+        return exc
+    return OSError(exc.errno, exc.strerror or str(exc), os.fspath(path))  # OSError() picks the subclass from errno
 
 
 def atomic_write_bytes(path: str | os.PathLike, data: bytes) -> None:
@@ -115,9 +126,12 @@ def read_json(path: str | os.PathLike, default: Any = None) -> Any:
 
 def append_jsonl(path: str | os.PathLike, record: dict) -> None:
     """Append one JSON record as a line (flushed; the file is created if missing)."""
-    with open(path, "a") as fh:
-        fh.write(json.dumps(to_jsonable(record)) + "\n")
-        fh.flush()
+    try:
+        with open(path, "a") as fh:
+            fh.write(json.dumps(to_jsonable(record)) + "\n")
+            fh.flush()
+    except OSError as exc:
+        raise naming_file(exc, path) from exc
 
 
 def read_jsonl(path: str | os.PathLike, repair: bool = False) -> list[dict]:
