@@ -19,11 +19,14 @@ $$\text{manifold: } W \leftarrow R_W(-\eta A),\quad A = \texttt{spectral\_direct
 - **On a manifold** the step has spectral norm $\eta$ before the retraction (no shape factor,
   no weight decay: the constraint fixes the scale). Leading dims of a ``ManifoldParameter`` are
   a batch of matrices.
-- **Batching**: same-shape, same-manifold, same-solver matrices are solved in one batched call.
+- **Batching**: same-shape matrices with equal manifolds (equal ``manifold.key()``: class and every
+  public setting, so two ``BoundedDGram`` bounds never share a batch) and equal solver settings are
+  solved in one batched call and retracted together.
 - **Warm start**: the dual variable of each matrix (``state["dual"]``) starts the next solve.
 - **Non-finite gradients**: that matrix's step is skipped (momentum and weights untouched),
-  counted and warned about once; an update that comes out non-finite is skipped the same way.
-  Weights never receive NaN/Inf.
+  counted and warned about once; an update that comes out non-finite is skipped the same way, and
+  so is a retraction that raises ``ValueError`` (DGram refusing a point with a zero column). Any
+  other exception propagates. Weights never receive NaN/Inf.
 - **Distributed**: when ``torch.distributed`` is initialised with more than one rank, matrix
   ``i`` (in parameter order, among those with a finite gradient) is solved on rank
   ``i % world_size``; results (weights, dual variables, statistics) are broadcast from their
@@ -31,7 +34,8 @@ $$\text{manifold: } W \leftarrow R_W(-\eta A),\quad A = \texttt{spectral\_direct
   identical across ranks, as after DDP's all-reduce).
 
 ``optimizer.last_stats`` after each ``step()`` (plain Python numbers, JSON-ready):
-``n_matrices``, ``msign_calls`` (total polar evaluations), ``iterations_max``
+``n_matrices``, ``msign_calls`` (total polar evaluations: eigendecompositions of ``gram_newton``,
+msign calls of the others), ``iterations_max``
 (most polar evaluations of one matrix), ``residual_max``/``residual_mean`` (RMS tangent residual
 of the directions), ``dual_gap_max`` (relative, where the solver knows it, else ``None``),
 ``n_unconverged``, ``off_manifold_max`` (largest `constraint_violation` after the retraction),
@@ -208,7 +212,9 @@ class ManifoldMuon(torch.optim.Optimizer):
     def _batch_key(it: _Item) -> tuple:
         g, m = it.group, it.manifold
         tall = to_tall(it.update).shape
-        mkey = (type(m), getattr(m, "polar_method", None)) if type(m).__module__.startswith("manifolds") else id(m)
+        # equal geometry only (class and every public setting, e.g. BoundedDGram's bound): the batch is
+        # retracted with one manifold object; manifolds without ``key()`` batch only with themselves
+        mkey = m.key() if callable(getattr(m, "key", None)) else id(m)
         return (mkey, tuple(tall[-2:]), it.p.dtype, it.p.device, g["solver"], repr(sorted(g["solver_options"].items())),
                 g["warm_start"], g["msign_method"], g["msign_steps"], g["msign_dtype"])
 
@@ -227,7 +233,8 @@ class ManifoldMuon(torch.optim.Optimizer):
         col = {f: _STAT_FIELDS.index(f) for f in _STAT_FIELDS}
         if euclid:
             A = msign(U, g0["msign_method"], steps=g0["msign_steps"], compute_dtype=g0["msign_dtype"])
-            st = {"msign_calls": torch.ones(len(U)), "residual": torch.zeros(len(U)), "converged": torch.ones(len(U))}
+            st = {"msign_calls": torch.ones(len(U)), "residual": torch.zeros(len(U)), "converged": torch.ones(len(U)),
+                  "dual_gap": None, "dual": None}
         else:
             W = torch.cat([to_tall(_plain(it.p)).reshape(-1, *to_tall(it.p).shape[-2:]) for it in batch])
             opts = {"msign": g0["msign_method"], "msign_steps": g0["msign_steps"], "msign_dtype": g0["msign_dtype"]}
@@ -236,7 +243,9 @@ class ManifoldMuon(torch.optim.Optimizer):
             duals = [self.state[it.p].get("dual") for it in batch]
             if g0["warm_start"] and g0["solver"] == "gram_newton" and all(d is not None for d in duals):
                 opts["dual"] = torch.cat([d.reshape(-1, *d.shape[-2:]) for d in duals]).double()
-            A, st = spectral_direction(m, W, U, solver=g0["solver"], **opts)
+            A, ds = spectral_direction(m, W, U, solver=g0["solver"], **opts)
+            st = {"msign_calls": ds.evaluations, "residual": ds.residual, "converged": ds.converged,
+                  "dual_gap": ds.dual_gap, "dual": ds.dual}
         start = 0
         for it, k in zip(batch, sizes):
             sl = slice(start, start + k)
@@ -255,7 +264,7 @@ class ManifoldMuon(torch.optim.Optimizer):
             elif bool(torch.isfinite(a).all()):
                 try:
                     new = m.retr(_plain(it.p), -lr * a.to(it.p.dtype))
-                except (ValueError, RuntimeError):  # e.g. DGram refusing a zero column
+                except ValueError:  # DGram refusing a (near-)zero column: a skipped update; other errors surface
                     new = a.new_full(a.shape, float("nan"))
             else:
                 new = a

@@ -1,0 +1,272 @@
+r"""The Gram-space dual of the spectral direction problem.
+
+For a tall point $W$ ($m \ge n$), a normalised gradient $\hat G$ ($\|\hat G\|_F = 1$) and a
+symmetric multiplier $S = P(S)$, the dual point is $Y(S) = \hat G + W S$ and everything the
+solvers need lives in $n \times n$ matrices: with $C = \hat G^\top \hat G$, $K = W^\top \hat G$ and
+$\Gamma = W^\top W$,
+
+$$M(S) = Y^\top Y = C + K^\top S + S K + S \Gamma S,\qquad R = (M + \mu^2 I)^{-1/2},\qquad
+A = Y R,\qquad L_W(A) = P(Z R + R Z^\top),\ Z = W^\top Y = K + \Gamma S.$$
+
+On the manifold $\Gamma$ is known: $I$ for Stiefel, $\operatorname{diag}$ of the squared column
+norms for DGram (and its subclasses); other masks form $W^\top W$. So the $m \times n$ work of a
+solve is two Gram products ($C$, $K$) and the final $A = (\hat G + W S) R$: the rest is
+$n \times n$.
+
+**Smoothing.** $\mu^2 = \max(s^2 / n,\ 64\,\varepsilon\,\lambda_{\max}(M))$ with $s$ the
+``smoothing`` option ($\sigma_{\mathrm{rms}}(\hat G) = n^{-1/2}$) and $\varepsilon$ the unit
+roundoff of the compute dtype. The second term is the rounding floor: $M$ is known only to about
+$\varepsilon \lambda_{\max}$, so below that its eigenvalues are noise; lifting them keeps
+$\|A\|_{\mathrm{op}} \le 1$ to about $1/64$ of that noise. It costs at most $\mu$ per singular
+value of $Y$ below $\mu$ in the objective (in float32, $\mu \approx 2\cdot10^{-3}\sigma_{\max}$).
+
+**Certificate.** For every symmetric positive definite $X$,
+$\|Y\|_* \le \tfrac12(\operatorname{tr}(X^{-1} Y^\top Y) + \operatorname{tr} X)$ (equality at
+$X = (Y^\top Y)^{1/2}$; the difference is $\|X^{-1/2}N - X^{1/2}\|_F^2 / 2$ with $N = (Y^\top Y)^{1/2}$).
+With $X = R^{-1}$ this is $\tfrac12(\langle YR, Y\rangle + \operatorname{tr} R^{-1})$, evaluated on the
+matrices actually formed, so errors of the eigendecomposition only loosen it; with weak duality
+$\mathrm{OPT} \le \|Y(S)\|_*$ it bounds the optimum from above.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from manifolds import DGram, Euclidean, GramManifold, Oblique, Stiefel
+
+from .numerics import eigh_psd, pcg, sym
+
+__all__ = ["GramDual", "Evaluation", "mask_kind", "tangent_residual", "constraint_count", "ROUNDING_FLOOR"]
+
+# mu^2 >= ROUNDING_FLOOR * eps * lambda_max: the eigenvalues of a Gram matrix formed in a dtype of unit
+# roundoff eps are known to ~eps * lambda_max; 64 keeps the resulting error of ||A||_op below ~2%
+# of that noise-to-floor ratio (measured: ||A||_op - 1 < 1e-4 in float32 on square Stiefel/DGram).
+ROUNDING_FLOOR = 64.0
+
+
+def mask_kind(manifold: GramManifold) -> str:
+    """Which closed forms apply: ``stiefel``, ``dgram``, ``oblique``, ``euclidean`` or ``generic``
+    (decided by the mask, so subclasses that keep a built-in ``project_gram`` share its solver)."""
+    pg = type(manifold).project_gram
+    for kind, cls in (("euclidean", Euclidean), ("stiefel", Stiefel), ("dgram", DGram), ("oblique", Oblique)):
+        if pg is cls.project_gram:
+            return kind
+    return "generic"
+
+
+def constraint_count(manifold: GramManifold, n: int, like: torch.Tensor) -> float:
+    """Number of constrained Gram entries (the mask's sum) for size ``n``."""
+    return float(manifold.gram_mask(n, like).sum())
+
+
+def tangent_residual(manifold: GramManifold, W: torch.Tensor, A: torch.Tensor) -> torch.Tensor:
+    r"""RMS of $L_W(A)$ over the constrained entries of the Gram matrix, per matrix (batch shape).
+
+    Zero for Euclidean (no constraints). For Oblique it averages over the $n$ diagonal entries,
+    for Stiefel over all $n^2$, for DGram over the $n^2 - n$ off-diagonal ones.
+    """
+    H = manifold.tangent_constraint(W, A)
+    count = constraint_count(manifold, H.shape[-1], H)
+    if count == 0:
+        return torch.zeros(H.shape[:-2], dtype=H.dtype, device=H.device)
+    return (H.square().sum(dim=(-2, -1)) / count).sqrt()
+
+
+@dataclass
+class Evaluation:
+    """The dual at one multiplier ``S`` per batch entry: eigenpairs of $M$, $R$, residual, objective."""
+
+    S: torch.Tensor
+    V: torch.Tensor  # eigenvectors of M
+    lam: torch.Tensor  # eigenvalues of M, clamped at 0
+    r: torch.Tensor  # eigenvalues of R: (lam + mu^2)^(-1/2)
+    R: torch.Tensor
+    H: torch.Tensor  # L_W(Y R)
+    res: torch.Tensor  # RMS of H over the constrained entries
+    prim: torch.Tensor  # <G_hat, Y R>
+
+    def select(self, mask: torch.Tensor) -> "Evaluation":
+        return Evaluation(*(getattr(self, f)[mask] for f in self.__dataclass_fields__))
+
+
+class GramDual:
+    """The Gram-space dual of a batch of tall problems ``(B, m, n)``: data, evaluation, steps."""
+
+    _BATCHED = ("C", "K", "Gw", "d", "Td", "Gd")
+
+    def __init__(self, manifold: GramManifold, T: torch.Tensor, Gh: torch.Tensor, dtype: torch.dtype,
+                 smoothing: float, cg_iters: int = 10, cg_tol: float = 1e-2):
+        if dtype not in (torch.float32, torch.float64):
+            raise ValueError(f"compute_dtype must be torch.float32 or torch.float64; got {dtype}")
+        self.manifold, self.kind = manifold, mask_kind(manifold)
+        self.Td, self.Gd = T.to(dtype), Gh.to(dtype)
+        self.C, self.K = self.Gd.mT @ self.Gd, self.Td.mT @ self.Gd
+        self.n = T.shape[-1]
+        if self.kind == "stiefel":  # W^T W = I on the manifold
+            self.d, self.Gw = torch.ones(T.shape[0], self.n, dtype=dtype, device=T.device), None
+        elif self.kind == "dgram":  # W^T W = diag(d) on the manifold
+            self.d, self.Gw = self.Td.square().sum(-2), None
+        else:
+            self.Gw = self.Td.mT @ self.Td
+            self.d = self.Gw.diagonal(dim1=-2, dim2=-1)
+        self.P = manifold.project_gram
+        self.count = constraint_count(manifold, self.n, self.C)
+        self.mu2_user = float(smoothing) ** 2 / self.n  # sigma_rms(G_hat)^2 = 1/n
+        self.floor = ROUNDING_FLOOR * torch.finfo(dtype).eps
+        self.cg_iters, self.cg_tol = int(cg_iters), float(cg_tol)
+
+    @property
+    def batch(self) -> int:
+        return self.C.shape[0]
+
+    def sub(self, idx: torch.Tensor) -> "GramDual":
+        """The same dual restricted to batch entries ``idx`` (itself when ``idx`` is every entry)."""
+        if len(idx) == self.batch and bool((idx == torch.arange(len(idx), device=idx.device)).all()):
+            return self
+        out = object.__new__(GramDual)
+        out.__dict__.update(self.__dict__)
+        for k in self._BATCHED:
+            v = getattr(self, k)
+            setattr(out, k, None if v is None else v[idx])
+        return out
+
+    # -------------------------------------------------------------- Gram-space maps
+    def gamma(self, X: torch.Tensor) -> torch.Tensor:
+        r"""$\Gamma X$ with $\Gamma = W^\top W$."""
+        return self.d.unsqueeze(-1) * X if self.Gw is None else self.Gw @ X
+
+    def residual(self, H: torch.Tensor) -> torch.Tensor:
+        return (H.square().sum(dim=(-2, -1)) / self.count).sqrt()
+
+    def normal_coords(self, H: torch.Tensor) -> torch.Tensor:
+        r"""$S = P(S)$ symmetric with $P(\Gamma S + S \Gamma) = H$ (the solve inside ``proju``)."""
+        d = self.d
+        if self.kind == "stiefel":
+            return H / 2
+        if self.kind == "dgram":
+            return H / (d[..., :, None] + d[..., None, :])
+        if self.kind == "oblique":
+            return torch.diag_embed(H.diagonal(dim1=-2, dim2=-1) / (2 * d))
+        op = lambda X: self.P(self.Gw @ X + X @ self.Gw)  # noqa: E731
+        pre = lambda X: self.P(X / (d[..., :, None] + d[..., None, :]))  # noqa: E731
+        return pcg(op, H, pre, 4 * self.cg_iters, 1e-8)
+
+    def tangent_start(self) -> torch.Tensor:
+        r"""$S_T$ with $Y(S_T) = \operatorname{proju}(W, \hat G)$: the tangent projection."""
+        return -self.normal_coords(self.P(self.K + self.K.mT))
+
+    def evaluate(self, S: torch.Tensor) -> Evaluation:
+        r"""One eigendecomposition of $M(S)$: $R$, the tangent residual of $YR$ and $\langle \hat G, YR\rangle$."""
+        KtS = self.K.mT @ S
+        GS = self.gamma(S)
+        M = sym(self.C + KtS + KtS.mT + S @ GS)
+        lam, V = eigh_psd(M)
+        lam = lam.clamp_min(0)
+        mu2 = torch.clamp(self.floor * lam[..., -1:], min=self.mu2_user)
+        r = (lam + mu2).rsqrt()
+        R = (V * r.unsqueeze(-2)) @ V.mT
+        ZR = (self.K + GS) @ R
+        H = self.P(ZR + ZR.mT)
+        prim = ((self.C + KtS) * R).sum(dim=(-2, -1))
+        return Evaluation(S, V, lam, r, R, H, self.residual(H), prim)
+
+    # -------------------------------------------------------------- direction and certificate
+    def direction(self, S: torch.Tensor, R: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        r"""$Y = \hat G + W S$ and $A = Y R$ (the only $m \times n$ products after the Grams)."""
+        Y = torch.baddbmm(self.Gd, self.Td, S)
+        return Y, Y @ R
+
+    def upper_bound(self, Y: torch.Tensor, A: torch.Tensor, S: torch.Tensor, r: torch.Tensor) -> torch.Tensor:
+        r"""$\tfrac12(\langle A, Y\rangle + \operatorname{tr} R^{-1}) \ge \|Y\|_*$ for $A = YR$ (``r``: the
+        eigenvalues $R$ was formed from), plus a margin for the rounding of $Y = \hat G + WS$ itself
+        ($\varepsilon\, n \|W\|_F \|S\|_F$), in float64."""
+        tr_RM = (A.double() * Y.double()).sum(dim=(-2, -1))
+        tr_Rinv = r.double().reciprocal().sum(-1)
+        eps = torch.finfo(self.C.dtype).eps
+        margin = eps * self.n * self.d.double().sum(-1).sqrt() * S.double().norm(dim=(-2, -1))
+        return 0.5 * (tr_RM + tr_Rinv) + margin
+
+    # -------------------------------------------------------------- frozen-R Gauss-Newton step
+    def step(self, ev: Evaluation) -> torch.Tensor:
+        r"""$\Delta$ with $\tfrac12 P(\Gamma\Delta R + R\Delta\Gamma) = -\tfrac12 H$ ($R$ frozen).
+
+        Stiefel: exact in the eigenbasis of $R$, $\tilde\Delta_{ij} = -\tilde H_{ij}/(r_i + r_j)$.
+        DGram: see `_dgram_step`.
+        Oblique: an $n \times n$ solve with $\Gamma \circ R$. Other masks: preconditioned CG.
+        """
+        H, V, r, R = ev.H, ev.V, ev.r, ev.R
+        if self.kind == "dgram":
+            return self._dgram_step(H, R)
+        if self.kind == "stiefel":
+            rr = r[..., :, None] + r[..., None, :]
+            return -V @ ((V.mT @ H @ V) / rr) @ V.mT
+        if self.kind == "oblique":
+            s = torch.linalg.solve(self.Gw * R, -0.5 * H.diagonal(dim1=-2, dim2=-1))
+            return torch.diag_embed(s)
+        op = lambda X: 0.5 * self.P(self.Gw @ X @ R + R @ X @ self.Gw)  # noqa: E731
+        dbar = self.d.mean(-1)[..., None, None]
+        Gam = 2 / (dbar * (r[..., :, None] + r[..., None, :]))
+        pre = lambda X: self.P(sym(V @ ((V.mT @ self.P(X) @ V) * Gam) @ V.mT))  # noqa: E731
+        return pcg(op, -0.5 * H, pre, self.cg_iters, self.cg_tol)
+
+    def _dgram_step(self, H: torch.Tensor, R: torch.Tensor) -> torch.Tensor:
+        r"""Frozen step for $P = \mathrm{Off}$, $\Gamma = D$ diagonal, with the diagonal constraint dropped.
+
+        With $E = D^{1/2}\Delta D^{1/2}$ and $R' = D^{-1/2} R D^{-1/2} = U \operatorname{diag}(\rho) U^\top$ the
+        system is $\mathrm{Off}(E R' + R' E) = -D^{-1/2} H D^{-1/2}$, $\operatorname{diag} E = 0$. Solving
+        $ER' + R'E = F$ in the eigenbasis of $R'$ and zeroing the diagonal afterwards is one
+        eigendecomposition and four products. Enforcing the zero diagonal exactly (a Schur
+        complement of size $n$, about twenty more products) gave the same evaluation counts at
+        768x256, 1024x256 and 2304x768; the Stiefel-basis shortcut ($R'$ replaced by $R$) needed
+        2-4x more evaluations (measured).
+        """
+        isd = self.d.rsqrt()
+        scale = isd[..., :, None] * isd[..., None, :]
+        rho, U = eigh_psd(sym(R * scale))
+        E = U @ ((U.mT @ (-H * scale) @ U) / (rho[..., :, None] + rho[..., None, :])) @ U.mT
+        return self.P(sym(E)) * scale
+
+    # -------------------------------------------------------------- Douglas-Rachford pieces
+    # Matrices F = G_hat a + W b are held as coefficient pairs Z = (a, b), shape (B, 2, n, n).
+    def proj_tangent(self, Z: torch.Tensor) -> torch.Tensor:
+        a, b = Z[:, 0], Z[:, 1]
+        X = self.K @ a + self.gamma(b)  # W^T F
+        return torch.stack([a, b - self.normal_coords(self.P(X + X.mT))], 1)
+
+    def proj_ball(self, Z: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """Spectral-norm ball projection F h(F^T F), with its tangent residual and objective."""
+        a, b = Z[:, 0], Z[:, 1]
+        X1, X2 = self.C @ a + self.K.mT @ b, self.K @ a + self.gamma(b)  # G^T F, W^T F
+        lam, V = eigh_psd(sym(a.mT @ X1 + b.mT @ X2))
+        h = (V * lam.clamp_min(1.0).rsqrt().unsqueeze(-2)) @ V.mT
+        WtY = X2 @ h
+        H = self.P(WtY + WtY.mT)
+        return torch.stack([a @ h, b @ h], 1), self.residual(H), (X1 * h).sum(dim=(-2, -1))
+
+    def frobenius(self, Z: torch.Tensor) -> torch.Tensor:
+        r"""$\|\hat G a + W b\|_F$ of coefficient pairs."""
+        a, b = Z[:, 0], Z[:, 1]
+        sq = (a * (self.C @ a + self.K.mT @ b)).sum(dim=(-2, -1)) + (b * (self.K @ a + self.gamma(b))).sum(dim=(-2, -1))
+        return sq.clamp_min(0).sqrt()
+
+    def implied_dual(self, Z: torch.Tensor, rho: float) -> torch.Tensor:
+        r"""The multiplier $-\rho S_F$ of the tangent projection of $F = z + \hat G/\rho$ (coefficients $Z$)."""
+        X = self.K @ Z[:, 0] + self.gamma(Z[:, 1])
+        return -rho * self.normal_coords(self.P(X + X.mT))
+
+    def polish(self, Z: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        r"""$A \to \Pi_T(A) / \max(1, \|\Pi_T(A)\|_{\mathrm{op}})$ on coefficients (exact spectral norm from
+        one $n \times n$ eigenvalue problem); returns the new coefficients and their tangent residual."""
+        Z = self.proj_tangent(Z)
+        a, b = Z[:, 0], Z[:, 1]
+        X1, X2 = self.C @ a + self.K.mT @ b, self.K @ a + self.gamma(b)
+        top = torch.linalg.eigvalsh(sym(a.mT @ X1 + b.mT @ X2).double())[..., -1].clamp_min(0).sqrt()
+        scale = (1 / top.clamp_min(1.0)).to(Z.dtype)
+        WtA = X2 * scale[:, None, None]
+        return Z * scale[:, None, None, None], self.residual(self.P(WtA + WtA.mT))
+
+    def combine(self, Z: torch.Tensor) -> torch.Tensor:
+        r"""$\hat G a + W b$ from coefficient pairs."""
+        return torch.baddbmm(self.Gd @ Z[:, 0], self.Td, Z[:, 1])
+

@@ -1,0 +1,172 @@
+r"""Solver ``"gram_newton"`` (the default): Anderson-accelerated Gauss-Newton on the Gram-space dual.
+
+**Step.** Freezing $R$ linearises the stationarity condition $L_W(YR) = 0$ in $S$ (see
+`GramDual.step`); Anderson mixing over the last ``anderson`` steps accelerates the fixed point; a
+mixed step that doubles the residual is replaced by the plain step from the best point. The
+iterate with the lowest residual is returned; the stop test is the tangent residual
+$\mathrm{RMS}(L_W(A)) \le$ ``tol`` of exactly that $A$.
+
+**Warm start.** $S$ starts at the tangent projection $S_T$ plus the previous solve's correction
+$S - S_T$ (``dual=``): the correction moves slowly between optimizer steps, and it is exactly zero
+where $S_T$ is optimal (square Stiefel). A warm start that evaluates worse than ``warm_reset``
+restarts from $S_T$ (the residual monitor; cold starts begin at residuals of about 1e-2 to 1e-1 RMS).
+
+**Degenerate duals.** DGram and custom masks with $m < 2n$, and entries whose residual stalls,
+continue with `douglas_rachford`. If ``max_iter`` runs out, the best direction is projected onto
+the tangent space and scaled by its exact spectral norm (`GramDual.polish`): every returned
+direction is tangent to ``tol`` (to rounding where polished) with $\|A\|_{\mathrm{op}} \le 1$ up to
+the rounding floor of the compute dtype.
+
+**Certificate.** ``dual_gap`` $= (U - \langle\hat G, A\rangle)/U$ with $U \ge \|\hat G + WS\|_*
+\ge \mathrm{OPT}$ from `GramDual.upper_bound` at the returned multiplier: a true upper bound on the
+relative suboptimality of $A$ (up to the rounding of the compute dtype).
+"""
+from __future__ import annotations
+
+import math
+
+import torch
+
+from manifolds import GramManifold
+
+from .douglas_rachford import DR_ANDERSON, douglas_rachford
+from .gram import GramDual
+from .numerics import Anderson, Trace, normalise, sym
+
+__all__ = ["solve_gram_newton", "OPTIONS"]
+
+OPTIONS = {"tol": 1e-4, "max_iter": 50, "anderson": 5, "smoothing": 1e-4, "compute_dtype": None,
+           "warm_reset": 0.1, "cg_iters": 10, "cg_tol": 1e-2, "dual": None}
+
+# An entry stops when its best residual fell by less than this factor over this many evaluations:
+# where the dual optimum is degenerate (square DGram/Oblique: Y loses rank) progress becomes slow.
+STALL_WINDOW, STALL_FACTOR = 4, 0.7
+DR_ASPECT = 2.0  # below m / n = 2, DGram and custom-mask duals are typically degenerate (measured)
+FLOOR = {torch.float32: 1e-6, torch.float64: 1e-12}  # residuals at the rounding floor of the weights
+# The loop stops at STOP_MARGIN * tol: the residual is evaluated in Gram space, and the float32 product
+# A = Y R that is returned differs from it by its rounding (measured up to 0.4% of 1e-4 at n = 16-768).
+STOP_MARGIN = {torch.float32: 0.95, torch.float64: 1.0}
+
+
+def compute_dtype_for(T: torch.Tensor, requested: torch.dtype | None) -> torch.dtype:
+    """The dtype of the $n \\times n$ work: as requested, else float64 for float64 inputs, else float32."""
+    if requested is not None:
+        return requested
+    return torch.float64 if T.dtype == torch.float64 else torch.float32
+
+
+def solve_gram_newton(manifold: GramManifold, T: torch.Tensor, G: torch.Tensor, opts: dict) -> tuple[torch.Tensor, dict]:
+    """Solve a batch of tall problems ``(B, m, n)``; returns ``(A, raw statistics)``."""
+    tol, max_iter = float(opts["tol"]), int(opts["max_iter"])
+    if max_iter < 1:
+        raise ValueError(f"max_iter must be >= 1; got {max_iter}")
+    B, m, n = T.shape
+    Gh, zero = normalise(G)
+    live = ~zero.view(B)
+    dual = GramDual(manifold, T, Gh, compute_dtype_for(T, opts["compute_dtype"]), opts["smoothing"],
+                    opts["cg_iters"], opts["cg_tol"])
+    S_T = dual.tangent_start()
+    S = S_T.clone()
+    warm = opts["dual"] is not None
+    if warm:
+        S = S + dual.P(opts["dual"].reshape(B, n, n).to(device=T.device, dtype=S.dtype))
+    S = torch.where(zero, torch.zeros_like(S), S)
+    trace = Trace() if opts["trace"] else None
+    degenerate = dual.kind in ("dgram", "generic") and m < DR_ASPECT * n
+    stop = tol * STOP_MARGIN.get(S.dtype, 1.0)
+    best, calls = _newton(dual, S, S_T if warm else None, float(opts["warm_reset"]), stop,
+                          1 if degenerate else max_iter, int(opts["anderson"]), live, trace)
+    S_out, res = best["S"], best["res"]
+    coef = torch.stack([best["R"], best["S"] @ best["R"]], 1)
+    Y, A = dual.direction(best["S"], best["R"])
+    U = dual.upper_bound(Y, A, best["S"], best["r"])
+    stalled = (res > max(tol, FLOOR.get(T.dtype, 1e-6))) & (calls.to(T.device) < max_iter) & live
+    if bool(stalled.any()):
+        idx = stalled.nonzero().squeeze(-1)
+        sub = dual.sub(idx)
+        Z, res_dr, S_dr, used = douglas_rachford(sub, best["S"][idx], best["R"][idx], stop,
+                                                 max_iter - calls[idx.cpu()].to(idx.device),
+                                                 min(int(opts["anderson"]), DR_ANDERSON),
+                                                 trace if int(idx[0]) == 0 else None)
+        calls[idx.cpu()] += used.cpu()
+        ev = sub.evaluate(S_dr)  # the certificate of the DR multiplier: one more evaluation
+        calls[idx.cpu()] += 1
+        Y_dr, A_dr = sub.direction(S_dr, ev.R)
+        U[idx] = torch.minimum(U[idx], sub.upper_bound(Y_dr, A_dr, S_dr, ev.r))
+        better = res_dr < res[idx]
+        j = idx[better]
+        coef[j], res[j], S_out[j] = Z[better], res_dr[better], S_dr[better]
+        A[j] = dual.sub(j).combine(Z[better])
+    converged = res <= tol
+    polish = ~converged & live
+    if bool(polish.any()):
+        # Not converged within max_iter: project onto the tangent space and scale into the unit ball.
+        j = polish.nonzero().squeeze(-1)
+        sub = dual.sub(j)
+        Zp, res[j] = sub.polish(coef[j])
+        A[j] = sub.combine(Zp)
+        calls[j.cpu()] += 1
+    A = torch.where(zero, torch.zeros_like(A), A)
+    prim = (A.double() * Gh.double()).sum(dim=(-2, -1))
+    z = zero.view(B)
+    gap = torch.where(z, torch.zeros_like(prim), (U - prim) / U.clamp_min(torch.finfo(torch.float64).tiny))
+    if trace is not None and bool(polish[0]):
+        trace.add(res[0], prim[0], U[0])
+    out = {"evaluations": calls, "residual": torch.where(z, torch.zeros_like(res), res).double().cpu(),
+           "converged": (converged | z).cpu(), "dual_gap": gap.cpu(),
+           "dual": torch.where(zero, torch.zeros_like(S_out), S_out - S_T), "trace": trace}
+    return A.to(T.dtype), out
+
+
+def _newton(dual: GramDual, S: torch.Tensor, S_reset: torch.Tensor | None, warm_reset: float, tol: float,
+            budget: int, depth: int, live: torch.Tensor, trace: Trace | None) -> tuple[dict, torch.Tensor]:
+    """The Gauss-Newton/Anderson loop; returns the best evaluation per entry and the evaluations used.
+
+    ``S_reset`` (the cold start, given for warm starts): entries whose first evaluation has a residual
+    above ``warm_reset`` continue from it instead."""
+    B, n = S.shape[0], S.shape[-1]
+    dev, dt = S.device, S.dtype
+    calls = torch.zeros(B, dtype=torch.long)
+    best = {"res": torch.full((B,), math.inf, dtype=dt, device=dev), "S": S.clone(),
+            "R": torch.zeros_like(S), "r": torch.ones(B, n, dtype=dt, device=dev), "D": torch.zeros_like(S)}
+    active = live.nonzero().squeeze(-1)
+    mixer = Anderson(depth, S)
+    history: list[torch.Tensor] = []
+    for it in range(budget):
+        if active.numel() == 0:
+            break
+        ev = dual.sub(active).evaluate(S[active])
+        calls[active.cpu()] += 1
+        if trace is not None and int(active[0]) == 0:
+            trace.add(ev.res[0], ev.prim[0])
+        improved = ev.res < best["res"][active]
+        worse = ev.res > 2 * best["res"][active]  # a bad (mixed) step: restart from the best point
+        upd = active[improved]
+        for k in ("res", "S", "R", "r"):
+            best[k][upd] = getattr(ev, k)[improved]
+        history.append(best["res"].clone())
+        conv = ev.res <= tol
+        if len(history) > STALL_WINDOW:  # stop entries whose best residual stalls (degenerate duals)
+            conv = conv | (best["res"][active] > STALL_FACTOR * history[-1 - STALL_WINDOW][active])
+        if bool(conv.all()) or it == budget - 1:
+            break
+        go = ~conv
+        idx, ev = active[go], ev.select(go)
+        worse, improved = worse[go], improved[go]
+        D = dual.sub(idx).step(ev)
+        best["D"][idx[improved]] = D[improved]
+        Snext = ev.S.clone()
+        if bool(worse.any()):
+            mixer.reset(idx[worse])
+            Snext[worse] = best["S"][idx[worse]] + best["D"][idx[worse]]
+        ok = ~worse
+        if bool(ok.any()):
+            Snext[ok] = dual.P(sym(mixer.mix(idx[ok], ev.S[ok], D[ok])))
+        if it == 0 and S_reset is not None:
+            cold = ev.res > warm_reset
+            if bool(cold.any()):
+                Snext[cold] = S_reset[idx[cold]]
+                mixer.reset(idx[cold])
+        S[idx] = Snext
+        active = idx
+    return best, calls

@@ -1,0 +1,147 @@
+r"""Numerical kernels of the direction solvers: batched symmetric parts and inner products, scale
+normalisation, a guarded symmetric eigendecomposition, Anderson mixing, preconditioned CG and the
+per-evaluation trace. Pure functions and small classes on ``(B, n, n)`` tensors; nothing here
+knows about manifolds."""
+from __future__ import annotations
+
+import torch
+
+__all__ = ["sym", "frob", "normalise", "eigh_psd", "Anderson", "pcg", "Trace", "first_objective"]
+
+
+def sym(X: torch.Tensor) -> torch.Tensor:
+    r"""$\tfrac12 (X + X^\top)$ on the last two dims."""
+    return 0.5 * (X + X.mT)
+
+
+def frob(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+    """Batched Frobenius inner product over the last two dims, shape ``(..., 1, 1)``."""
+    return (a * b).sum(dim=(-2, -1), keepdim=True)
+
+
+def normalise(G: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    r"""$G / \|G\|_F$ per matrix (robust to tiny and huge scales) and the mask of zero matrices."""
+    amax = G.abs().amax(dim=(-2, -1), keepdim=True)
+    zero = amax == 0
+    Gs = G / torch.where(zero, torch.ones_like(amax), amax)
+    nrm = Gs.norm(dim=(-2, -1), keepdim=True)
+    return Gs / torch.where(zero, torch.ones_like(nrm), nrm), zero
+
+
+def eigh_psd(M: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """``torch.linalg.eigh`` of a batch of symmetric matrices; a float32 batch that fails (LAPACK
+    error or non-finite output, as MKL's float32 solvers occasionally give on clustered spectra) is
+    redone in float64 and cast back. Eigenvalues ascending, as torch returns them."""
+    try:
+        lam, V = torch.linalg.eigh(M)
+        if bool(torch.isfinite(V).all()) or M.dtype == torch.float64:
+            return lam, V
+    except torch.linalg.LinAlgError:
+        if M.dtype == torch.float64:
+            raise
+    lam, V = torch.linalg.eigh(M.double())
+    return lam.to(M.dtype), V.to(M.dtype)
+
+
+class Anderson:
+    """Type-II Anderson mixing of the fixed point x -> x + f(x), one history per batch entry.
+
+    The last ``depth`` differences of iterates and steps are kept in a ring buffer (their order
+    does not matter to the least-squares fit); ``reset`` forgets an entry's history. The small
+    least-squares fit is done in float64 whatever the iterates' dtype.
+    """
+
+    def __init__(self, depth: int, like: torch.Tensor):
+        self.depth = depth
+        B, N = like.shape[0], like[0].numel()
+        kw = {"dtype": like.dtype, "device": like.device}
+        self.dX = torch.zeros(B, max(depth, 1), N, **kw)
+        self.dF = torch.zeros(B, max(depth, 1), N, **kw)
+        self.count = torch.zeros(B, dtype=torch.long, device=like.device)  # differences stored so far
+        self.prev_x = torch.zeros(B, N, **kw)
+        self.prev_f = torch.zeros(B, N, **kw)
+        self.has_prev = torch.zeros(B, dtype=torch.bool, device=like.device)
+
+    def reset(self, idx: torch.Tensor) -> None:
+        self.count[idx] = 0
+        self.has_prev[idx] = False
+
+    def mix(self, idx: torch.Tensor, X: torch.Tensor, F: torch.Tensor) -> torch.Tensor:
+        """Next iterate for entries ``idx`` at points X with plain steps F (shapes (len(idx), ...))."""
+        if self.depth == 0:
+            return X + F
+        b = len(idx)
+        x, f = X.reshape(b, -1).to(self.dX.dtype), F.reshape(b, -1).to(self.dX.dtype)
+        hp = self.has_prev[idx]
+        if bool(hp.any()):
+            j = idx[hp]
+            pos = self.count[j] % self.depth
+            self.dX[j, pos] = x[hp] - self.prev_x[j]
+            self.dF[j, pos] = f[hp] - self.prev_f[j]
+            self.count[j] += 1
+        self.prev_x[idx], self.prev_f[idx], self.has_prev[idx] = x, f, True
+        k = self.count[idx].clamp(max=self.depth)
+        out = x + f
+        use = k > 0
+        if bool(use.any()):
+            j = idx[use]
+            dX, dF = self.dX[j], self.dF[j]
+            valid = (torch.arange(self.depth, device=k.device)[None, :] < k[use][:, None]).double()
+            Gm = (dF @ dF.mT).double() * (valid[:, :, None] * valid[:, None, :])
+            reg = 1e-10 * Gm.diagonal(dim1=-2, dim2=-1).amax(-1, keepdim=True) + 1e-300
+            Gm = Gm + torch.diag_embed(valid * reg + (1 - valid))
+            rhs = (dF @ f[use].unsqueeze(-1)).squeeze(-1).double() * valid
+            gam = torch.linalg.solve(Gm, rhs).to(dX.dtype)
+            out[use] = out[use] - ((dX + dF) * gam.unsqueeze(-1)).sum(1)
+        return out.reshape(X.shape).to(X.dtype)
+
+
+def pcg(op, b: torch.Tensor, pre, iters: int, rtol: float) -> torch.Tensor:
+    """Batched preconditioned CG for an SPD operator on (B, n, n) tensors; per-entry stopping."""
+    x = torch.zeros_like(b)
+    r = b.clone()
+    bnorm = frob(b, b).sqrt()
+    done = bnorm == 0
+    z = pre(r)
+    p = z.clone()
+    rz = frob(r, z)
+    for _ in range(iters):
+        Ap = op(p)
+        pAp = frob(p, Ap)
+        ok = (~done) & (pAp > 0) & (rz > 0)
+        if not bool(ok.any()):
+            break
+        alpha = torch.where(ok, rz / torch.where(ok, pAp, torch.ones_like(pAp)), torch.zeros_like(pAp))
+        x = x + alpha * p
+        r = r - alpha * Ap
+        done = done | ~ok | (frob(r, r).sqrt() <= rtol * bnorm)
+        if bool(done.all()):
+            break
+        z = pre(r)
+        rz_new = frob(r, z)
+        beta = torch.where(ok & (rz > 0), rz_new / torch.where(rz > 0, rz, torch.ones_like(rz)), torch.zeros_like(rz))
+        p = z + beta * p
+        rz = rz_new
+    return x
+
+
+class Trace:
+    """Per-evaluation history of the first matrix of a batch (option ``trace=True``)."""
+
+    def __init__(self):
+        self.residual, self.objective, self.dual_bound = [], [], []
+
+    def add(self, residual, objective, dual_bound=None) -> None:
+        self.residual.append(float(residual))
+        self.objective.append(float(objective))
+        self.dual_bound.append(None if dual_bound is None else float(dual_bound))
+
+    def as_dict(self) -> dict:
+        return {"residual": self.residual, "objective": self.objective, "dual_bound": self.dual_bound}
+
+
+def first_objective(G: torch.Tensor, A: torch.Tensor) -> float:
+    r"""$\langle G/\|G\|_F, A\rangle$ of the first matrix of a batch (for traces)."""
+    G0, A0 = G[0].double(), A[0].double()
+    nrm = float(G0.norm())
+    return float((G0 * A0).sum()) / nrm if nrm > 0 else 0.0

@@ -1,0 +1,295 @@
+"""ManifoldMuon: steps, manifolds, batching, state, non-finite handling, statistics, errors."""
+import io
+import json
+import math
+import warnings
+
+import geoopt
+import pytest
+import scipy.linalg
+import torch
+
+from geomtrain.optim import SOLVERS, ManifoldMuon
+from manifolds import BoundedDGram, DGram, Euclidean, Oblique, Stiefel, msign
+from optim_cases import CONSTRAINED, MANIFOLDS, seeded, opnorm, problem
+
+
+# ============================================================================ ManifoldMuon
+def _loss_linear(W, C):
+    return (W * C).sum()
+
+
+@pytest.mark.parametrize("manifold", MANIFOLDS, ids=lambda m: type(m).__name__)
+@pytest.mark.parametrize("shape", [(16, 8), (8, 16), (12, 12), (3, 10, 6)], ids=str)
+def test_step_is_tangent_with_spectral_norm_lr(manifold, shape):
+    lr = 1e-3
+    W0, C = problem(manifold, shape, seed=20)
+    W = torch.nn.Parameter(W0.clone())
+    opt = ManifoldMuon([{"params": [W], "manifold": manifold}], lr=lr, momentum=0.0, shape_scale="none")
+    _loss_linear(W, C).backward()
+    opt.step()
+    D = (W.detach() - W0).double()
+    if isinstance(manifold, Euclidean):  # plain Muon: 5 Polar Express steps leave sigma in ~[0.7, 1.2]
+        assert 0.7 * lr <= opnorm(D) <= 1.2 * lr
+    else:
+        assert opnorm(D) <= lr * (1 + 1e-4) + 5 * lr**2  # the retraction adds O(lr^2)
+        assert opnorm(D) >= lr * 0.99  # it did move by lr
+    # tangent to first order: the constraint map of the step is O(lr^2) (retraction), far below lr
+    L = manifold.tangent_constraint(W0.double(), D)
+    assert float(L.abs().max()) <= 1e-4 * lr + 10 * lr**2
+    assert opt.last_stats["residual_max"] <= 1e-4
+    assert opt.last_stats["off_manifold_max"] <= 1e-5
+    assert opt.last_stats["n_matrices"] == 1
+
+
+@pytest.mark.parametrize("manifold", CONSTRAINED, ids=lambda m: type(m).__name__)
+def test_parameters_stay_on_the_manifold_for_1000_steps(manifold):
+    W = torch.nn.Parameter(manifold.random(2, 10, 4, generator=seeded(21)))
+    opt = ManifoldMuon([{"params": [W], "manifold": manifold}], lr=0.05)
+    gen = seeded(22)
+    worst = 0.0
+    for _ in range(1000):
+        W.grad = torch.randn(2, 10, 4, generator=gen)
+        opt.step()
+        worst = max(worst, opt.last_stats["off_manifold_max"])
+    ok, reason = manifold.check_point_on_manifold(W.detach(), explain=True)
+    assert ok, reason
+    assert worst <= 1e-5
+    assert float(manifold.constraint_violation(W.detach()).max()) <= 1e-5
+
+
+@pytest.mark.parametrize("solver", SOLVERS)
+def test_stiefel_trace_minimisation_reaches_the_eigenvalue_optimum(solver):
+    m, n = 16, 4
+    Q = torch.linalg.qr(torch.randn(m, m, dtype=torch.float64, generator=seeded(30)))[0]
+    evals = torch.linspace(-1.0, 2.0, m, dtype=torch.float64)
+    C = (Q * evals) @ Q.T
+    optimum = float(scipy.linalg.eigh(C.numpy(), eigvals_only=True)[:n].sum())
+    W = torch.nn.Parameter(Stiefel().random(m, n, dtype=torch.float64, generator=seeded(31)))
+    opt = ManifoldMuon([{"params": [W], "manifold": Stiefel()}], lr=0.1, momentum=0.9, solver=solver)
+    sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda k: 0.97**k)
+    for _ in range(250):
+        opt.zero_grad()
+        loss = torch.trace(W.T @ C @ W)
+        loss.backward()
+        opt.step()
+        sched.step()
+    final = float(torch.trace(W.T @ C @ W).detach())
+    assert final - optimum <= 1e-3 * abs(optimum), (final, optimum)
+    ok, reason = Stiefel().check_point_on_manifold(W.detach(), explain=True)
+    assert ok, reason
+
+
+def test_dgram_toy_problem_converges():
+    # fit a DGram target B (orthogonal columns of norms 0.5..2): the optimum is W = B, loss 0
+    B = DGram().random(12, 4, dtype=torch.float64, generator=seeded(40))
+    W = torch.nn.Parameter(DGram().random(12, 4, dtype=torch.float64, generator=seeded(41)))
+    opt = ManifoldMuon([{"params": [W], "manifold": DGram()}], lr=0.1, momentum=0.9)
+    sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda k: 0.97**k)
+    start = float(0.5 * (W - B).square().sum().detach())
+    for _ in range(250):
+        opt.zero_grad()
+        loss = 0.5 * (W - B).square().sum()
+        loss.backward()
+        opt.step()
+        sched.step()
+    final = float(0.5 * (W - B).square().sum().detach())
+    assert final < 1e-4 * start, (start, final)
+    ok, reason = DGram().check_point_on_manifold(W.detach(), explain=True)
+    assert ok, reason
+
+
+def test_euclidean_update_is_muon_with_decoupled_weight_decay_and_shape_scale():
+    lr, wd, beta = 0.02, 0.1, 0.95
+    W0 = torch.randn(12, 4, generator=seeded(50))
+    g = torch.randn(12, 4, generator=seeded(51))
+    W = torch.nn.Parameter(W0.clone())
+    opt = ManifoldMuon([W], lr=lr, momentum=beta, weight_decay=wd)
+    W.grad = g.clone()
+    opt.step()
+    buf = (1 - beta) * g
+    u = (1 - beta) * g + beta * buf
+    expect = W0 * (1 - lr * wd) - lr * math.sqrt(12 / 4) * msign(u, "polar_express", steps=5)
+    assert float((W.detach() - expect).abs().max()) < 1e-6
+    assert opt.last_stats["msign_calls"] == 1 and opt.last_stats["dual_gap_max"] is None
+
+
+def test_manifold_from_geoopt_parameter_and_from_group():
+    P = geoopt.ManifoldParameter(Stiefel().random(10, 4, generator=seeded(60)), manifold=Stiefel())
+    E = geoopt.ManifoldParameter(torch.randn(6, 3, generator=seeded(61)))  # geoopt.Euclidean: plain Muon
+    T = torch.nn.Parameter(Oblique().random(9, 3, generator=seeded(62)))
+    opt = ManifoldMuon([{"params": [P, E]}, {"params": [T], "manifold": Oblique()}], lr=0.05)
+    for k in range(5):
+        for p in (P, E, T):
+            p.grad = torch.randn(p.shape, generator=seeded(70 + k))
+        opt.step()
+    assert Stiefel().check_point_on_manifold(P.detach().as_subclass(torch.Tensor))
+    assert Oblique().check_point_on_manifold(T.detach())
+    assert not Stiefel().check_point_on_manifold(E.detach().as_subclass(torch.Tensor))
+    assert opt.last_stats["n_matrices"] == 3
+
+
+def test_batched_same_shape_solves_equal_separate_optimizers():
+    ps = [torch.nn.Parameter(DGram().random(10, 4, generator=seeded(80 + i))) for i in range(3)]
+    qs = [torch.nn.Parameter(p.detach().clone()) for p in ps]
+    together = ManifoldMuon([{"params": ps, "manifold": DGram()}], lr=0.05)
+    apart = [ManifoldMuon([{"params": [q], "manifold": DGram()}], lr=0.05) for q in qs]
+    for k in range(4):
+        for i, (p, q) in enumerate(zip(ps, qs)):
+            p.grad = torch.randn(10, 4, generator=seeded(90 + 10 * k + i))
+            q.grad = p.grad.clone()
+        together.step()
+        for o in apart:
+            o.step()
+    for p, q in zip(ps, qs):
+        assert float((p - q).detach().abs().max()) < 1e-6
+
+
+def _make_model(seed=0):
+    gen = seeded(seed)
+    return {
+        "st": torch.nn.Parameter(Stiefel().random(12, 6, generator=gen)),
+        "dg": torch.nn.Parameter(DGram().random(6, 12, generator=gen)),
+        "ob": torch.nn.Parameter(Oblique().random(2, 8, 4, generator=gen)),
+        "eu": torch.nn.Parameter(torch.randn(8, 8, generator=gen)),
+    }
+
+
+def _make_opt(model):
+    return ManifoldMuon([
+        {"params": [model["st"]], "manifold": Stiefel()},
+        {"params": [model["dg"]], "manifold": DGram(), "solver_options": {"tol": 1e-5}},
+        {"params": [model["ob"]], "manifold": Oblique(), "solver": "tangent"},
+        {"params": [model["eu"]], "weight_decay": 0.1},
+    ], lr=0.03)
+
+
+def _train(model, opt, steps, seed):
+    gen = seeded(seed)
+    for _ in range(steps):
+        for p in model.values():
+            p.grad = torch.randn(p.shape, generator=gen)
+        opt.step()
+
+
+def test_state_dict_round_trip_is_exact():
+    a = _make_model()
+    opt_a = _make_opt(a)
+    _train(a, opt_a, 5, seed=1)
+    buf = io.BytesIO()
+    torch.save(opt_a.state_dict(), buf)
+    b = {k: torch.nn.Parameter(v.detach().clone()) for k, v in a.items()}
+    opt_b = _make_opt(b)
+    buf.seek(0)
+    opt_b.load_state_dict(torch.load(buf, weights_only=True))
+    assert "dual" in opt_b.state[b["st"]] and "momentum_buffer" in opt_b.state[b["eu"]]
+    _train(a, opt_a, 5, seed=2)
+    _train(b, opt_b, 5, seed=2)
+    for k in a:
+        assert torch.equal(a[k], b[k]), k
+    sa, sb = opt_a.state_dict(), opt_b.state_dict()
+    for p in sa["state"]:
+        for key in sa["state"][p]:
+            assert torch.equal(sa["state"][p][key], sb["state"][p][key])
+
+
+def test_load_state_dict_refuses_a_different_manifold():
+    a = _make_model()
+    opt_a = _make_opt(a)
+    _train(a, opt_a, 1, seed=3)
+    sd = opt_a.state_dict()
+    sd["param_groups"][0]["manifold"] = "DGram"
+    with pytest.raises(ValueError, match="manifold"):
+        _make_opt(_make_model()).load_state_dict(sd)
+
+
+def test_nonfinite_gradient_is_skipped_counted_and_warned_once():
+    model = _make_model()
+    opt = _make_opt(model)
+    _train(model, opt, 2, seed=4)
+    before = {k: v.detach().clone() for k, v in model.items()}
+    mom = opt.state[model["dg"]]["momentum_buffer"].clone()
+    for p in model.values():
+        p.grad = torch.randn(p.shape, generator=seeded(5))
+    model["dg"].grad[0, 0] = float("nan")
+    model["eu"].grad[1, 1] = float("inf")
+    with pytest.warns(RuntimeWarning, match="non-finite"):
+        opt.step()
+    assert torch.equal(model["dg"].detach(), before["dg"]) and torch.equal(model["eu"].detach(), before["eu"])
+    assert torch.equal(opt.state[model["dg"]]["momentum_buffer"], mom)
+    assert not torch.equal(model["st"].detach(), before["st"])  # the others moved
+    assert opt.last_stats["n_skipped_nonfinite"] == 2 and opt.last_stats["n_matrices"] == 2
+    for p in model.values():
+        assert bool(torch.isfinite(p).all())
+    for p in model.values():
+        p.grad = torch.randn(p.shape, generator=seeded(6))
+    model["dg"].grad = torch.full_like(model["dg"].grad, float("nan"))
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # no second warning
+        opt.step()
+    assert opt.last_stats["n_skipped_nonfinite"] == 1 and opt.last_stats["n_skipped_nonfinite_total"] == 3
+
+
+def test_last_stats_are_json_ready_and_lr_schedulers_work():
+    model = _make_model()
+    opt = _make_opt(model)
+    _train(model, opt, 1, seed=6)
+    keys = {"n_matrices", "msign_calls", "iterations_max", "residual_max", "residual_mean", "dual_gap_max",
+            "n_unconverged", "off_manifold_max", "n_skipped_nonfinite", "n_skipped_nonfinite_total"}
+    assert keys <= set(opt.last_stats) and json.loads(json.dumps(opt.last_stats))
+    assert opt.last_stats["n_matrices"] == 4 and opt.last_stats["n_unconverged"] == 0
+    sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda k: 1.0 if k == 0 else 0.0)
+    before = {k: v.detach().clone() for k, v in model.items()}
+    _train(model, opt, 1, seed=7)
+    mid = {k: v.detach().clone() for k, v in model.items()}
+    assert all(not torch.equal(before[k], mid[k]) for k in model)
+    sched.step()  # lr = 0 from now on: nothing moves
+    _train(model, opt, 1, seed=9)
+    assert all(torch.equal(mid[k], model[k].detach()) for k in model)
+
+
+def test_optimizer_errors_name_the_choices():
+    W = torch.nn.Parameter(torch.randn(4, 3))
+    with pytest.raises(ValueError, match="valid: gram_newton, tangent, published"):
+        ManifoldMuon([W], solver="adam")
+    with pytest.raises(ValueError, match="valid: muon, none"):
+        ManifoldMuon([W], shape_scale="moonlight")
+    with pytest.raises(ValueError, match="valid: tol"):
+        ManifoldMuon([W], solver_options={"tolerance": 1})
+    with pytest.raises(ValueError, match="AdamW"):
+        ManifoldMuon([torch.nn.Parameter(torch.randn(4))])
+    with pytest.raises(TypeError, match="GramManifold"):
+        ManifoldMuon([geoopt.ManifoldParameter(torch.randn(4, 3), manifold=geoopt.Sphere())])
+    with pytest.raises(TypeError, match="GramManifold"):
+        ManifoldMuon([{"params": [W], "manifold": "stiefel"}])
+
+
+
+
+def test_batches_keep_each_manifolds_own_settings():
+    # two BoundedDGram bounds on same-shape matrices in one optimizer: each is retracted with its own bound
+    lo, hi = BoundedDGram(0.5), BoundedDGram(2.0)
+    assert lo.key() != hi.key() and BoundedDGram(0.5).key() == lo.key()
+    a = torch.nn.Parameter(lo.random(12, 4, generator=seeded(70)))
+    b = torch.nn.Parameter(hi.random(12, 4, generator=seeded(71)))
+    opt = ManifoldMuon([{"params": [a], "manifold": lo}, {"params": [b], "manifold": hi}], lr=0.5, momentum=0.0)
+    for _ in range(6):  # the loss grows every column norm: the steps push past both bounds
+        opt.zero_grad()
+        (-(a.square().sum() + b.square().sum())).backward()
+        opt.step()
+    na, nb = lo.column_norms(a.detach()), hi.column_norms(b.detach())
+    assert float(na.max()) <= 0.5 * (1 + 1e-5) and float(na.max()) >= 0.5 * (1 - 1e-3)
+    assert float(nb.max()) <= 2.0 * (1 + 1e-5) and float(nb.max()) >= 2.0 * (1 - 1e-3)  # not clipped to 0.5
+
+
+class _BrokenRetraction(Stiefel):
+    def retr(self, x, u):
+        raise RuntimeError("a bug in a user manifold")
+
+
+def test_unexpected_retraction_errors_surface():
+    W = torch.nn.Parameter(Stiefel().random(8, 4, generator=seeded(72)))
+    opt = ManifoldMuon([{"params": [W], "manifold": _BrokenRetraction()}], lr=0.1)
+    W.grad = torch.randn(8, 4, generator=seeded(73))
+    with pytest.raises(RuntimeError, match="a bug in a user manifold"):
+        opt.step()
