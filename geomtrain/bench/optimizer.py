@@ -1,23 +1,24 @@
 r"""``geomtrain bench optimizer``: the cost and accuracy of one Manifold Muon direction at GPT-2-small matrix shapes.
-Per layer: ``c_attn`` 2304x768, attention ``c_proj`` 768x768, ``c_fc`` 3072x768 and MLP ``c_proj``
-768x3072 (``(out, in)``, as ``nn.Linear`` stores them). For each manifold and gradient scale it
-times, in one process:
 
-- ``adamw``: one ``torch.optim.AdamW`` step on the four matrices (elementwise: the floor);
-- ``muon``: plain Muon's direction, 5 Polar Express steps (``--muon-dtype``);
+Per layer: ``c_attn`` 2304x768, attention ``c_proj`` 768x768, ``c_fc`` 3072x768 and MLP ``c_proj``
+768x3072 (``(out, in)``, as ``nn.Linear`` stores them). For each manifold, gradient scale and
+matrix it times, side by side in one process:
+
+- ``muon``: plain Muon's direction, one 5-step Polar Express msign (``--muon-dtype``): the unit
+  of every ratio;
 - ``published``: the paper's dual ascent as published (20 msign calls, same msign as ``muon``);
 - ``tangent``: one msign of the tangent-projected gradient;
-- ``gram_newton``: the default solver, cold start (tol 1e-4);
-- ``gram_newton_warm``: the default solver on the *next* step of a simulated run (weights moved by
-  ``lr = 0.02`` along the direction, momentum blended with a fresh gradient of the same
-  distribution), warm-started from the cold solve's dual variable.
+- ``cold``: the default solver from a cold start;
+- ``warm``: the default solver on the *next* step of a simulated run (weights moved by
+  ``lr = 0.02`` along the cold direction, momentum blended with a fresh gradient of the same
+  distribution, 0.95/0.05), warm-started from the cold solve's dual variable.
 
-Accuracy per direction $A$: ``residual`` (max RMS tangent residual $L_W(A)$ over the layer's
-matrices, computed in float64 from the returned $A$), ``gap`` (largest relative objective gap
-$(\mathrm{OPT} - \langle \hat G, A\rangle)/\mathrm{OPT}$ against a float64 reference solve of the same
-problem; negative when an infeasible $A$ overshoots), ``dual_gap`` (the solver's own certificate,
-where it has one) and ``msign_calls`` (sum over the layer). Times are the sum over the layer's
-matrices (best of ``--repeats``); ``x muon`` is the ratio to plain Muon's time.
+Accuracy of every direction $A$, computed in float64 from the returned $A$: ``residual`` (RMS
+tangent residual $L_W(A)$), ``opnorm`` ($\|A\|_{\mathrm{op}}$), ``gap`` (relative objective gap
+$(\mathrm{OPT} - \langle \hat G, A\rangle)/\mathrm{OPT}$ against a float64 reference solve of the
+same problem, skipped by ``--quick``; negative when an infeasible $A$ overshoots) and, for the
+default solver, its own certified ``dual_gap``. Tables: per matrix (ratios to ``muon`` and
+evaluations) and per layer (summed times). The run prints its estimated duration first.
 """
 from __future__ import annotations
 
@@ -31,13 +32,20 @@ from typing import Callable
 
 import torch
 
-__all__ = ["bench_optimizer", "format_optimizer_table", "add_parser", "GPT2_SHAPES"]
+__all__ = ["bench_optimizer", "format_optimizer_table", "format_matrix_table", "estimate_seconds", "add_parser",
+           "GPT2_SHAPES", "OPT_SOLVERS"]
 
 GPT2_SHAPES = (("c_attn", (2304, 768)), ("attn.c_proj", (768, 768)), ("c_fc", (3072, 768)), ("mlp.c_proj", (768, 3072)))
-OPT_SOLVERS = ("adamw", "muon", "published", "tangent", "gram_newton", "gram_newton_warm")
+OPT_SOLVERS = ("muon", "published", "tangent", "cold", "warm")
+# Cost of each entry in units of one plain-Muon msign of the same matrix, for the up-front estimate
+# (measured on this CPU in float32; the reference solve is float64 to residual 1e-6; square DGram
+# duals are degenerate and cost several times more).
+_COST = {"muon": 1.0, "published": 20.0, "tangent": 1.3, "cold": 2.5, "warm": 1.5, "reference": 8.0}
+_SQUARE_DGRAM_COST = {"cold": 12.0, "warm": 12.0, "reference": 60.0}
+_MSIGN_STEPS, _MSIGN_GRAMS = 5, 3  # Polar Express: per step X X^T, (X X^T)^2 and B X
 
 
-def _gradient(shape, scale: float, spectrum: str, gen: torch.Generator, dtype, device) -> torch.Tensor:
+def _gradient(shape, spectrum: str, gen: torch.Generator, dtype, device) -> torch.Tensor:
     m, n = shape
     if spectrum == "gaussian":
         G = torch.randn(m, n, generator=gen, dtype=dtype)
@@ -48,8 +56,7 @@ def _gradient(shape, scale: float, spectrum: str, gen: torch.Generator, dtype, d
         s = torch.arange(1, k + 1, dtype=torch.float64) ** -0.5
         G = ((U * s) @ V.T).to(dtype)
         G = G / G.norm() * math.sqrt(m * n) + 0.01 * torch.randn(m, n, generator=gen, dtype=dtype)
-    G = G / G.pow(2).mean().sqrt()  # entries of RMS 1 before scaling
-    return (scale * G).to(device)
+    return (G / G.pow(2).mean().sqrt()).to(device)  # entries of RMS 1 before scaling
 
 
 def _sync(device) -> None:
@@ -73,126 +80,184 @@ def _objective(G: torch.Tensor, A: torch.Tensor) -> float:
     return float((G * A.double()).sum() / G.norm())
 
 
-def bench_optimizer(manifolds=("stiefel", "dgram"), scales=(1e-3, 1.0), layers: int = 1, solvers=OPT_SOLVERS,
+def _opnorm(A: torch.Tensor) -> float:
+    """Exact spectral norm in float64 from the small Gram matrix (cheaper than an SVD of A)."""
+    A = A.double()
+    small = A.mT @ A if A.shape[-2] >= A.shape[-1] else A @ A.mT
+    return float(torch.linalg.eigvalsh(small)[..., -1].clamp_min(0).sqrt())
+
+
+def estimate_seconds(manifolds, scales, layers: int, solvers, shapes, reference: bool, repeats: int,
+                     device: str = "cpu") -> tuple[float, float]:
+    """Predicted wall time of a run and the measured float32 matmul rate it is based on (GFLOP/s)."""
+    n = 512
+    X = torch.randn(n, n, device=device)
+    sec, _ = _timed(lambda: X @ X, 3, device)
+    rate = 2 * n**3 / sec
+    total = 0.0
+    for mname in manifolds:
+        for _, (out, inp) in shapes:
+            m, k = max(out, inp), min(out, inp)
+            msign_s = _MSIGN_STEPS * _MSIGN_GRAMS * 2 * m * k * k / rate
+            square_dgram = mname == "dgram" and m < 2 * k
+            cost = lambda s: (_SQUARE_DGRAM_COST if square_dgram else _COST).get(s, _COST[s])  # noqa: E731
+            per_scale = sum(cost(s) for s in solvers) * repeats
+            total += msign_s * (per_scale * len(scales) + (cost("reference") if reference else 0.0))
+    return total * layers, rate / 1e9
+
+
+def bench_optimizer(manifolds=("stiefel", "dgram"), scales=(1e-3,), layers: int = 1, solvers=OPT_SOLVERS,
                     device: str = "cpu", muon_dtype: torch.dtype | None = None, spectrum: str = "gaussian",
-                    repeats: int = 1, seed: int = 0, shapes=GPT2_SHAPES, log: Callable[[str], None] = print) -> dict:
-    """Run the optimizer benchmark; returns ``{"rows": [...], "matrices": [...], "config": {...}}``.
+                    repeats: int = 1, seed: int = 0, shapes=GPT2_SHAPES, reference: bool = True,
+                    log: Callable[[str], None] = print) -> dict:
+    """Run the optimizer benchmark; returns ``{"matrices": [...], "layers": [...], "config": {...}}``.
 
     ``shapes`` is a sequence of ``(name, (out, in))`` (default: one GPT-2-small layer).
     """
-    from manifolds import get_manifold, msign
-
-    from ..optim import spectral_direction, tangent_residual
+    from manifolds import get_manifold
 
     bad = [s for s in solvers if s not in OPT_SOLVERS]
     if bad:
         raise ValueError(f"unknown solver(s) {', '.join(bad)}; valid: {', '.join(OPT_SOLVERS)}")
+    if "muon" not in solvers:
+        raise ValueError("the solvers must include muon (every ratio is to plain Muon)")
     if spectrum not in ("gaussian", "powerlaw"):
         raise ValueError(f"unknown spectrum {spectrum!r}; valid: gaussian, powerlaw")
     if muon_dtype is None:
         muon_dtype = torch.bfloat16 if torch.device(device).type == "cuda" else torch.float32
-    dt = torch.float32
-    mopts = {"msign": "polar_express", "msign_steps": 5, "msign_dtype": muon_dtype}
-    matrices, rows = [], []
+    matrices = []
     for mname in manifolds:
         man = get_manifold(mname)
         for li in range(layers):
             for si, (sname, shape) in enumerate(shapes):
                 gen = torch.Generator().manual_seed(seed + 1000 * li + si)
-                W = man.random(*shape, dtype=dt, generator=gen).to(device)
-                direction = _gradient(shape, 1.0, spectrum, gen, dt, device)
-                fresh = _gradient(shape, 1.0, spectrum, gen, dt, device)
-                t0 = time.perf_counter()
-                ref, ref_st = spectral_direction(man, W.double(), direction.double(), tol=1e-6, max_iter=150,
-                                                 smoothing=1e-5)
-                opt_val = _objective(direction, ref)
-                log(f"  reference {mname} {sname} layer {li}: {int(ref_st['msign_calls'])} evaluations, "
-                    f"residual {float(ref_st['residual']):.1e}, certified gap {float(ref_st['dual_gap']):.1e} "
-                    f"({time.perf_counter() - t0:.1f} s)")
+                W = man.random(*shape, dtype=torch.float32, generator=gen).to(device)
+                direction = _gradient(shape, spectrum, gen, torch.float32, device)
+                fresh = _gradient(shape, spectrum, gen, torch.float32, device)
+                ref = _reference(man, W, direction, log, f"{mname} {sname} layer {li}") if reference else None
                 for scale in scales:
-                    G = scale * direction
-                    rec = {"manifold": mname, "layer": li, "matrix": sname, "shape": list(shape), "scale": scale,
-                           "reference": {"objective": opt_val, "residual": float(ref_st["residual"]),
-                                         "dual_gap": float(ref_st["dual_gap"]),
-                                         "evaluations": int(ref_st["msign_calls"])}, "solvers": {}}
-
-                    def record(name, seconds, A, st, W_=W, G_=G, ref_obj=opt_val):
-                        res = float(tangent_residual(man, W_.double(), A.double()))
-                        entry = {"seconds": seconds, "residual": res,
-                                 "msign_calls": int(st["msign_calls"]) if st is not None else 1,
-                                 "opnorm": float(torch.linalg.matrix_norm(A.double(), ord=2))}
-                        if ref_obj is not None:
-                            entry["gap"] = (ref_obj - _objective(G_, A)) / ref_obj
-                        if st is not None and st.get("dual_gap") is not None:
-                            entry["dual_gap"] = float(st["dual_gap"])
-                        rec["solvers"][name] = entry
-
-                    for name in solvers:
-                        if name == "adamw":
-                            p = torch.nn.Parameter(W.clone())
-                            opt = torch.optim.AdamW([p], lr=6e-4, betas=(0.9, 0.95), weight_decay=0.1)
-                            p.grad = G.clone()
-                            opt.step()  # state allocation outside the timing
-                            sec, _ = _timed(opt.step, repeats, device)
-                            rec["solvers"]["adamw"] = {"seconds": sec, "msign_calls": 0}
-                        elif name == "muon":
-                            sec, A = _timed(lambda: msign(G, "polar_express", steps=5, compute_dtype=muon_dtype),
-                                            repeats, device)
-                            record("muon", sec, A, None)
-                        elif name in ("published", "tangent"):
-                            sec, (A, st) = _timed(lambda: spectral_direction(man, W, G, solver=name, **mopts),
-                                                  repeats, device)
-                            record(name, sec, A, st)
-                        elif name == "gram_newton":
-                            sec, (A, st) = _timed(lambda: spectral_direction(man, W, G, **mopts), repeats, device)
-                            record(name, sec, A, st)
-                            cold = (A, st)
-                        elif name == "gram_newton_warm":
-                            if "gram_newton" not in rec["solvers"]:
-                                cold = spectral_direction(man, W, G, **mopts)
-                            A0, st0 = cold
-                            W2 = man.retr(W, -0.02 * A0)
-                            G2 = 0.95 * G + 0.05 * scale * fresh
-                            sec, (A, st) = _timed(lambda: spectral_direction(man, W2, G2, dual=st0["dual"], **mopts),
-                                                  repeats, device)
-                            record(name, sec, A, st, W_=W2, G_=G2, ref_obj=None)
+                    rec = _bench_matrix(man, W, scale * direction, scale * fresh, solvers, muon_dtype, repeats,
+                                        device, ref)
+                    rec.update(manifold=mname, layer=li, matrix=sname, shape=list(shape), scale=scale)
                     matrices.append(rec)
                     log(f"  {mname} {sname} layer {li} scale {scale:g}: " + ", ".join(
                         f"{k} {v['seconds']:.2f}s" for k, v in rec["solvers"].items()))
-            rows += _rows(mname, scales, solvers, [r for r in matrices if r["manifold"] == mname])
     return {"config": {"manifolds": list(manifolds), "scales": list(scales), "layers": layers, "solvers": list(solvers),
                        "device": str(device), "muon_dtype": str(muon_dtype), "spectrum": spectrum, "repeats": repeats,
-                       "seed": seed, "shapes": {k: list(v) for k, v in shapes}},
-            "rows": rows, "matrices": matrices}
+                       "seed": seed, "shapes": {k: list(v) for k, v in shapes}, "reference": reference},
+            "matrices": matrices, "layers": _layer_rows(matrices, solvers)}
 
 
-def _rows(mname: str, scales, solvers, recs: list[dict]) -> list[dict]:
-    out = []
-    for scale in scales:
-        rs = [r for r in recs if r["scale"] == scale]
-        muon_time = sum(r["solvers"]["muon"]["seconds"] for r in rs) if "muon" in solvers else None
-        for name in solvers:
-            es = [r["solvers"][name] for r in rs]
-            row = {"manifold": mname, "scale": scale, "solver": name, "seconds": sum(e["seconds"] for e in es),
-                   "msign_calls": sum(e["msign_calls"] for e in es), "matrices": len(es)}
-            row["x_muon"] = row["seconds"] / muon_time if muon_time else None
-            for key in ("residual", "gap", "dual_gap"):
-                vals = [e[key] for e in es if key in e]
-                row[key] = max(vals, key=abs) if vals else None
-            out.append(row)
+def _reference(man, W, G, log, label) -> dict:
+    from ..optim import spectral_direction
+
+    t0 = time.perf_counter()
+    A, st = spectral_direction(man, W.double(), G.double(), tol=1e-6, max_iter=150, smoothing=1e-5)
+    log(f"  reference {label}: {int(st.evaluations)} evaluations, residual {float(st.residual):.1e}, "
+        f"certified gap {float(st.dual_gap):.1e} ({time.perf_counter() - t0:.1f} s)")
+    return {"objective": _objective(G, A), "residual": float(st.residual), "dual_gap": float(st.dual_gap),
+            "evaluations": int(st.evaluations)}
+
+
+def _bench_matrix(man, W, G, fresh, solvers, muon_dtype, repeats, device, ref) -> dict:
+    """Time and check every solver on one problem (and ``warm`` on the next step)."""
+    from manifolds import msign
+
+    from ..optim import spectral_direction, tangent_residual
+
+    mopts = {"msign": "polar_express", "msign_steps": 5, "msign_dtype": muon_dtype}
+    out: dict = {"reference": ref, "solvers": {}}
+
+    def record(name, seconds, A, st, W_, G_, ref_obj):
+        entry = {"seconds": seconds, "residual": float(tangent_residual(man, W_.double(), A.double())),
+                 "opnorm": _opnorm(A), "evaluations": int(st.evaluations) if st is not None else 1}
+        if ref_obj is not None:
+            entry["gap"] = (ref_obj - _objective(G_, A)) / ref_obj
+        if st is not None and st.dual_gap is not None:
+            entry["dual_gap"] = float(st.dual_gap)
+        out["solvers"][name] = entry
+
+    ref_obj = None if ref is None else ref["objective"]
+    cold = None
+    for name in solvers:
+        if name == "muon":
+            sec, A = _timed(lambda: msign(G, "polar_express", steps=5, compute_dtype=muon_dtype), repeats, device)
+            record(name, sec, A, None, W, G, ref_obj)
+        elif name in ("published", "tangent"):
+            sec, (A, st) = _timed(lambda: spectral_direction(man, W, G, solver=name, **mopts), repeats, device)
+            record(name, sec, A, st, W, G, ref_obj)
+        elif name == "cold":
+            sec, cold = _timed(lambda: spectral_direction(man, W, G), repeats, device)
+            record(name, sec, *cold, W, G, ref_obj)
+        elif name == "warm":
+            A0, st0 = cold if cold is not None else spectral_direction(man, W, G)
+            W2 = man.retr(W, -0.02 * A0)
+            G2 = 0.95 * G + 0.05 * fresh
+            sec, (A, st) = _timed(lambda: spectral_direction(man, W2, G2, dual=st0.dual), repeats, device)
+            record(name, sec, A, st, W2, G2, None)
+    muon_s = out["solvers"]["muon"]["seconds"]
+    for entry in out["solvers"].values():
+        entry["x_muon"] = entry["seconds"] / muon_s
     return out
 
 
-def format_optimizer_table(result: dict) -> str:
-    """A plain-text table of the aggregated rows."""
-    head = ("manifold", "scale", "solver", "time [s]", "x muon", "msign calls", "residual", "gap vs ref", "dual gap")
-    lines = [head]
-    fmt = lambda v, f: "-" if v is None else format(v, f)  # noqa: E731
-    for r in result["rows"]:
-        lines.append((r["manifold"], f"{r['scale']:g}", r["solver"], f"{r['seconds']:.3f}", fmt(r["x_muon"], ".1f"),
-                      str(r["msign_calls"]), fmt(r["residual"], ".1e"), fmt(r["gap"], ".1e"), fmt(r["dual_gap"], ".1e")))
+def _layer_rows(matrices: list[dict], solvers) -> list[dict]:
+    """Per manifold, scale and layer: summed times, ratios to summed muon time, worst accuracy."""
+    groups: dict[tuple, list[dict]] = {}
+    for r in matrices:
+        groups.setdefault((r["manifold"], r["scale"], r["layer"]), []).append(r)
+    rows = []
+    for (mname, scale, layer), rs in groups.items():
+        muon_s = sum(r["solvers"]["muon"]["seconds"] for r in rs)
+        for name in solvers:
+            es = [r["solvers"][name] for r in rs]
+            row = {"manifold": mname, "scale": scale, "layer": layer, "solver": name,
+                   "seconds": sum(e["seconds"] for e in es), "evaluations": sum(e["evaluations"] for e in es)}
+            row["x_muon"] = row["seconds"] / muon_s
+            row["x_muon_max"] = max(e["x_muon"] for e in es)
+            for key in ("residual", "opnorm", "gap", "dual_gap"):
+                vals = [e[key] for e in es if key in e]
+                row[key] = max(vals, key=abs) if vals else None
+            rows.append(row)
+    return rows
+
+
+def _table(head, lines) -> str:
+    lines = [head] + lines
     widths = [max(len(row[i]) for row in lines) for i in range(len(head))]
     return "\n".join("  ".join(c.ljust(w) for c, w in zip(row, widths)).rstrip() for row in lines)
+
+
+def _fmt(v, f) -> str:
+    return "-" if v is None else format(v, f)
+
+
+def format_matrix_table(result: dict) -> str:
+    """Per matrix: muon seconds and every solver's ratio to it (evaluations in brackets), accuracy of cold/warm."""
+    solvers = [s for s in result["config"]["solvers"] if s != "muon"]
+    head = ("manifold", "scale", "matrix", "muon [s]", *[f"{s} x" for s in solvers], "residual", "opnorm",
+            "gap vs ref", "dual gap")
+    lines = []
+    for r in result["matrices"]:
+        sv = r["solvers"]
+        ours = [sv[k] for k in ("cold", "warm") if k in sv]
+        worst = lambda key: max((e[key] for e in ours if key in e), key=abs, default=None)  # noqa: E731
+        lines.append((r["manifold"], f"{r['scale']:g}", f"{r['matrix']} {r['shape'][0]}x{r['shape'][1]}",
+                      f"{sv['muon']['seconds']:.3f}",
+                      *[f"{sv[s]['x_muon']:.2f} ({sv[s]['evaluations']})" for s in solvers],
+                      _fmt(worst("residual"), ".1e"), _fmt(worst("opnorm"), ".5f"), _fmt(worst("gap"), ".1e"),
+                      _fmt(worst("dual_gap"), ".1e")))
+    return _table(head, lines)
+
+
+def format_optimizer_table(result: dict) -> str:
+    """Per layer: summed seconds, ratio to plain Muon, the largest single-matrix ratio, accuracy."""
+    head = ("manifold", "scale", "layer", "solver", "time [s]", "x muon", "max matrix x", "evaluations", "residual",
+            "opnorm", "gap vs ref", "dual gap")
+    lines = [(r["manifold"], f"{r['scale']:g}", str(r["layer"]), r["solver"], f"{r['seconds']:.3f}",
+              f"{r['x_muon']:.2f}", f"{r['x_muon_max']:.2f}", str(r["evaluations"]), _fmt(r["residual"], ".1e"),
+              _fmt(r["opnorm"], ".5f"), _fmt(r["gap"], ".1e"), _fmt(r["dual_gap"], ".1e")) for r in result["layers"]]
+    return _table(head, lines)
 
 
 def _machine(device: str) -> dict:
@@ -214,6 +279,16 @@ def _machine(device: str) -> dict:
 _DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float64": torch.float64}
 
 
+def _parse_shapes(specs) -> tuple:
+    try:
+        shapes = tuple((s, tuple(int(x) for x in s.lower().split("x"))) for s in specs)
+        if not all(len(sh) == 2 and min(sh) > 0 for _, sh in shapes):
+            raise ValueError
+    except ValueError:
+        raise ValueError(f"--shapes takes OUTxIN pairs such as 64x32; got {' '.join(specs)}") from None
+    return shapes
+
+
 def _cmd_optimizer(args: argparse.Namespace) -> int:
     argv = getattr(args, "argv", [])[1:]
     device = args.device
@@ -225,24 +300,28 @@ def _cmd_optimizer(args: argparse.Namespace) -> int:
     if args.threads:
         torch.set_num_threads(args.threads)
     muon_dtype = _DTYPES[args.muon_dtype] if args.muon_dtype else None
+    scales = args.scales or ([1e-3] if args.quick else [1e-3, 1.0])
+    reference = not (args.quick or args.no_reference)
+    shapes = _parse_shapes(args.shapes) if args.shapes else GPT2_SHAPES
+    est, rate = estimate_seconds(args.manifolds, scales, layers, args.solvers, shapes, reference, args.repeats, device)
+    print(f"geomtrain bench optimizer: {len(args.manifolds)} manifold(s) x {layers} layer(s) x {len(shapes)} "
+          f"matrices x {len(scales)} scale(s), reference {'on' if reference else 'off'}: estimated "
+          f"~{est / 60:.1f} min (float32 matmul here: {rate:.0f} GFLOP/s)", file=sys.stderr, flush=True)
     log = (lambda s: print(s, file=sys.stderr, flush=True)) if not args.quiet else (lambda s: None)
     t0 = time.perf_counter()
-    shapes = GPT2_SHAPES
-    if args.shapes:
-        try:
-            shapes = tuple((s, tuple(int(x) for x in s.lower().split("x"))) for s in args.shapes)
-            assert all(len(sh) == 2 and min(sh) > 0 for _, sh in shapes)
-        except (ValueError, AssertionError):
-            raise ValueError(f"--shapes takes OUTxIN pairs such as 64x32; got {' '.join(args.shapes)}") from None
-    result = bench_optimizer(manifolds=args.manifolds, scales=args.scales, layers=layers, solvers=args.solvers,
+    result = bench_optimizer(manifolds=args.manifolds, scales=scales, layers=layers, solvers=args.solvers,
                              device=device, muon_dtype=muon_dtype, spectrum=args.spectrum, repeats=args.repeats,
-                             seed=args.seed, shapes=shapes, log=log)
+                             seed=args.seed, shapes=shapes, reference=reference, log=log)
     result["machine"] = _machine(device)
     result["command"] = "geomtrain bench " + " ".join(argv)
     result["wall_seconds"] = time.perf_counter() - t0
+    result["estimated_seconds"] = est
+    print("Per matrix (ratio to plain Muon; evaluations in brackets; accuracy: worst of cold and warm):")
+    print(format_matrix_table(result))
+    print("\nPer layer (summed times):")
     print(format_optimizer_table(result))
-    print(f"\n{result['command']}  ({result['wall_seconds']:.0f} s, {result['machine'].get('cpu', device)}, "
-          f"{result['machine']['threads']} threads)")
+    print(f"\n{result['command']}  ({result['wall_seconds']:.0f} s, estimated {est:.0f} s, "
+          f"{result['machine'].get('cpu', device)}, {result['machine']['threads']} threads)")
     if args.out:
         with open(args.out, "w") as fh:
             json.dump(result, fh, indent=1)
@@ -252,12 +331,16 @@ def _cmd_optimizer(args: argparse.Namespace) -> int:
 
 def add_parser(sub) -> None:
     """Register ``optimizer`` on the ``geomtrain bench`` subparsers."""
-    p = sub.add_parser("optimizer", help="Manifold Muon solvers vs AdamW and plain Muon at GPT-2-small shapes",
+    p = sub.add_parser("optimizer", help="Manifold Muon solvers vs plain Muon at GPT-2-small shapes",
                        description=__doc__.split("\n\n")[1] if __doc__ else None)
+    p.add_argument("--quick", action="store_true",
+                   help="one gradient scale (1e-3), no reference solve: about two minutes on a 2-core CPU")
     p.add_argument("--layers", type=int, default=None, help="transformer layers (4 matrices each); default 12 on GPU, 1 on CPU")
     p.add_argument("--manifolds", nargs="+", default=["stiefel", "dgram"], choices=["stiefel", "dgram", "oblique"])
-    p.add_argument("--scales", nargs="+", type=float, default=[1e-3, 1.0], help="gradient entry RMS (default: 1e-3 1)")
+    p.add_argument("--scales", nargs="+", type=float, default=None,
+                   help="gradient entry RMS (default: 1e-3 1; --quick: 1e-3)")
     p.add_argument("--solvers", nargs="+", default=list(OPT_SOLVERS), choices=list(OPT_SOLVERS))
+    p.add_argument("--no-reference", action="store_true", help="skip the float64 reference solves (no gap vs ref)")
     p.add_argument("--shapes", nargs="+", default=None, metavar="OUTxIN",
                    help="matrix shapes instead of a GPT-2-small layer (e.g. 64x32 32x64)")
     p.add_argument("--spectrum", default="gaussian", choices=["gaussian", "powerlaw"],

@@ -1,0 +1,54 @@
+"""geomtrain bench optimizer: the tables, the JSON, the estimate and bad input."""
+import json
+
+from geomtrain.bench.optimizer import OPT_SOLVERS, estimate_seconds
+
+
+def test_bench_optimizer_cli_writes_tables_and_json(tmp_path, capsys):
+    from geomtrain import bench
+
+    out = tmp_path / "bench.json"
+    code = bench.main(["optimizer", "--shapes", "24x8", "8x8", "--manifolds", "stiefel", "dgram", "--scales", "1e-3",
+                       "--quiet", "--out", str(out)])
+    assert code == 0
+    captured = capsys.readouterr()
+    assert "Per matrix" in captured.out and "Per layer" in captured.out and "x muon" in captured.out
+    assert "estimated" in captured.err  # said before the run starts
+    result = json.loads(out.read_text())
+    assert result["command"].startswith("geomtrain bench optimizer")
+    rows = {(r["manifold"], r["solver"]): r for r in result["layers"]}
+    assert set(rows) == {(m, s) for m in ("stiefel", "dgram") for s in OPT_SOLVERS}
+    for m in ("stiefel", "dgram"):
+        assert rows[m, "muon"]["x_muon"] == 1.0
+        for s in ("cold", "warm"):
+            assert rows[m, s]["residual"] <= 1e-4 and rows[m, s]["opnorm"] <= 1 + 1e-2
+        assert abs(rows[m, "cold"]["gap"]) < 1e-3
+        assert rows[m, "cold"]["dual_gap"] >= rows[m, "cold"]["gap"] - 1e-6  # the certificate bounds the gap
+        assert rows[m, "published"]["evaluations"] >= 2
+    assert len(result["matrices"]) == 4 and "cpu" in result["machine"]
+    for r in result["matrices"]:
+        assert r["solvers"]["muon"]["x_muon"] == 1.0 and r["reference"]["residual"] <= 1e-6
+
+
+def test_quick_mode_skips_the_reference_and_estimates_less(tmp_path, capsys):
+    from geomtrain import bench
+
+    out = tmp_path / "quick.json"
+    assert bench.main(["optimizer", "--quick", "--shapes", "16x8", "--manifolds", "stiefel", "--quiet",
+                       "--out", str(out)]) == 0
+    result = json.loads(out.read_text())
+    assert result["config"]["scales"] == [1e-3] and result["config"]["reference"] is False
+    assert all(r["reference"] is None and "gap" not in r["solvers"]["cold"] for r in result["matrices"])
+    args = (["stiefel", "dgram"], [1e-3], 1, OPT_SOLVERS, (("a", (2304, 768)),))
+    quick, _ = estimate_seconds(*args, reference=False, repeats=1)
+    full, _ = estimate_seconds(*args, reference=True, repeats=1)
+    assert 0 < quick < full
+
+
+def test_bench_cli_rejects_bad_input(capsys):
+    from geomtrain import bench
+
+    assert bench.main(["optimizer", "--shapes", "24by8"]) == 2
+    assert "OUTxIN" in capsys.readouterr().err
+    assert bench.main(["optimiser"]) == 2  # one-line error, exit 2
+    assert "invalid choice" in capsys.readouterr().err
