@@ -40,6 +40,8 @@ def test_sigkill_then_resume_loses_nothing(fault, data_dir, reference, tmp_path,
     assert proc.returncode == -signal.SIGKILL, proc.stderr[-3000:]
     status = RunFolder(run).read_status()
     assert status["status"] == "stale" and "gone" in status["reason"], status
+    code, out, _ = cli(["report", run], capsys)
+    assert code == 0 and "stale" in out  # what `geomtrain report` shows for it
     done = [s for s, _ in losses(run)]
     assert done == list(range(1, len(done) + 1))  # what was logged before the kill: no gaps
 
