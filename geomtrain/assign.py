@@ -29,7 +29,7 @@ from __future__ import annotations
 
 import difflib
 import fnmatch
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 
 import torch
@@ -38,7 +38,7 @@ from manifolds import SPEC_SYNTAX, GramManifold, get_manifold, manifold_names
 
 __all__ = [
     "PRESETS", "ATTENTION_GLOBS", "MLP_GLOBS", "Rule", "Assignment", "preset_rules", "parse_rule",
-    "target_names", "resolve_target", "validate_rule", "assign", "format_table",
+    "target_names", "resolve_target", "validate_rule", "is_matrix", "assign", "format_table",
 ]
 
 ATTENTION_GLOBS = ("*.attn.c_attn.weight", "*.attn.c_proj.weight")
@@ -155,17 +155,24 @@ def validate_rule(text: str | Rule, custom_names: Iterable[str] = ()) -> Rule:
     return rule
 
 
-def _check_rule_matches(rule: Rule, is_manifold: bool, named: Sequence[tuple[str, torch.Tensor]]) -> None:
-    """``ValueError`` if ``rule`` matches no parameter, or (a manifold rule) no 2-D parameter."""
+def is_matrix(name: str, p: torch.Tensor) -> bool:
+    """The default eligibility of `assign`: a manifold (or Muon) rule may take 2-D parameters."""
+    return p.dim() == 2
+
+
+def _check_rule_matches(rule: Rule, is_manifold: bool, named: Sequence[tuple[str, torch.Tensor]],
+                        eligible: Callable[[str, torch.Tensor], bool], eligible_desc: str) -> None:
+    """``ValueError`` if ``rule`` matches no parameter, or (a manifold rule) no eligible one."""
     names = [n for n, _ in named]
     hits = [(n, p) for n, p in named if fnmatch.fnmatchcase(n, rule.pattern)]
     if not hits:
         close = difflib.get_close_matches(rule.pattern, names, n=3, cutoff=0.0) or names[:3]
         raise ValueError(f"rule {str(rule)!r} matches no parameter; closest names: {', '.join(close)}")
-    if is_manifold and not any(p.dim() == 2 for _, p in hits):
+    if is_manifold and not any(eligible(n, p) for n, p in hits):
         n, p = hits[0]
-        raise ValueError(f"rule {str(rule)!r} matches no matrix (only {len(hits)} parameter(s) of other shapes, "
-                         f"e.g. {n} {tuple(p.shape)}); manifold rules apply to 2-D weights")
+        kinds = "of other shapes" if eligible is is_matrix else "it may not take"
+        raise ValueError(f"rule {str(rule)!r} matches no matrix (only {len(hits)} parameter(s) {kinds}, "
+                         f"e.g. {n} {tuple(p.shape)}); manifold rules apply to {eligible_desc}")
 
 
 def assign(
@@ -173,11 +180,13 @@ def assign(
     preset: str | None = "hetero",
     rules: Sequence[Rule | str] = (),
     custom_manifolds: Mapping[str, GramManifold] | None = None,
+    eligible: Callable[[str, torch.Tensor], bool] = is_matrix,
+    eligible_desc: str = "2-D weights",
 ) -> list[Assignment]:
     """Assign every parameter: custom ``rules`` first (in order), then the ``preset``'s rules.
 
-    A manifold rule matches 2-D parameters only; an ``adamw`` rule matches any. The first
-    matching rule wins; an unmatched parameter goes to AdamW.
+    A manifold rule matches eligible parameters only (by default 2-D ones); an ``adamw`` rule
+    matches any. The first matching rule wins; an unmatched parameter goes to AdamW.
 
     Args:
         named_parameters: e.g. ``model.named_parameters()``.
@@ -186,6 +195,10 @@ def assign(
             match at least one parameter (a manifold rule: one matrix), else ``ValueError``.
         custom_manifolds: extra ``name -> GramManifold`` targets usable by name in rules
             (names registered with `manifolds.register` need no entry here).
+        eligible: ``(name, parameter) -> bool``, which parameters a manifold rule may take
+            (default `is_matrix`; `geomtrain.groups.param_groups` also admits conv kernels and
+            excludes embeddings).
+        eligible_desc: what ``eligible`` admits, in words, for the error of a rule matching none.
     """
     named = list(named_parameters)
     user_rules = [parse_rule(r) if isinstance(r, str) else r for r in rules]
@@ -198,12 +211,12 @@ def assign(
             cache[key] = resolve_target(rule.target, custom_manifolds)
         resolved.append((rule, *cache[key]))
     for rule, label, _ in resolved[: len(user_rules)]:
-        _check_rule_matches(rule, label != ADAMW, named)
+        _check_rule_matches(rule, label != ADAMW, named, eligible, eligible_desc)
     out = []
     for name, p in named:
         label, manifold = ADAMW, None
         for rule, t_label, t_manifold in resolved:
-            if (t_label == ADAMW or p.dim() == 2) and fnmatch.fnmatchcase(name, rule.pattern):
+            if (t_label == ADAMW or eligible(name, p)) and fnmatch.fnmatchcase(name, rule.pattern):
                 label, manifold = t_label, t_manifold
                 break
         optimizer = "adamw" if label == ADAMW else "muon"
@@ -211,11 +224,14 @@ def assign(
     return out
 
 
-def format_table(assignments: Sequence[Assignment]) -> str:
-    """A plain-text table: parameter, shape, optimizer, manifold."""
-    rows = [("parameter", "shape", "optimizer", "manifold")]
-    rows += [(a.name, "x".join(map(str, a.shape)), a.optimizer, a.manifold_name or "-") for a in assignments]
-    widths = [max(len(r[i]) for r in rows) for i in range(4)]
+def format_table(assignments: Sequence[Assignment], notes: Mapping[str, str] | None = None) -> str:
+    """A plain-text table: parameter, shape, optimizer, manifold (and a ``note`` column, by
+    parameter name, when ``notes`` has any)."""
+    notes = {k: v for k, v in (notes or {}).items() if v}
+    rows = [("parameter", "shape", "optimizer", "manifold") + (("note",) if notes else ())]
+    rows += [(a.name, "x".join(map(str, a.shape)), a.optimizer, a.manifold_name or "-")
+             + ((notes.get(a.name, ""),) if notes else ()) for a in assignments]
+    widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
     lines = ["  ".join(c.ljust(w) for c, w in zip(r, widths)).rstrip() for r in rows]
     lines.insert(1, "  ".join("-" * w for w in widths))
     return "\n".join(lines)

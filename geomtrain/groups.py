@@ -1,0 +1,263 @@
+r"""ManifoldMuon and AdamW param groups for any ``nn.Module``, in one call: `param_groups`.
+
+```python
+groups = geomtrain.param_groups(model, rules={"body.*": "stiefel", "head.*": "adamw"})
+print(groups)                                     # the assignment table
+muon = ManifoldMuon(groups.muon, lr=0.02)
+adamw = torch.optim.AdamW(groups.adamw, lr=1e-3)
+```
+
+**Rules** are `geomtrain.assign` rules: an ``fnmatch`` glob on parameter names mapped to a
+manifold name of the `manifolds` registry (``"stiefel"``, ``"dgram"``, ``"bdgram@1.5"``, a name
+added with `manifolds.register`), a `manifolds.GramManifold` instance, ``"euclidean"`` (plain
+Muon) or ``"adamw"``; the first matching rule wins, a parameter no rule matches goes to AdamW,
+and a rule matching nothing is an error. ``preset`` adds the GPT-2 presets of `assign` (they match
+our `GPT` and Hugging Face ``GPT2LMHeadModel`` names alike).
+
+**What Muon may take.** Matrices (and, with ``conv=``, kernels); vectors and scalars always go
+to AdamW, without weight decay. ``nn.Embedding`` weights (and weights tied to them, like GPT-2's
+``lm_head``) and the output layer (names ``lm_head.*``, or a Hugging Face model's
+``get_output_embeddings()``) go to AdamW even when a glob matches them, unless
+``embeddings="rules"`` / ``lm_head="rules"``.
+
+**Orientation.** Every manifold constrains the *smaller* Gram of a matrix (columns of a tall
+one, rows of a wide one), and the constraint set is closed under transposition: $W$ is on it
+iff $W^\top$ is. So a layout that stores a layer as ``(in, out)``, as Hugging Face's GPT-2
+``Conv1D`` does, gets the same constraint as the ``(out, in)`` ``nn.Linear`` of the same layer;
+nothing needs transposing. (Euclidean Muon's shape factor $\sqrt{\max(1, \text{rows}/\text{cols})}$
+does read the stored layout: see the docs page.)
+
+**Kernels** (3+-dim weights ``(out, in, *k)``) need ``conv=``: ``"flatten"`` constrains the
+``(out, in * prod(k))`` matrix (Muon's own view of a kernel), ``"batch"`` each of the ``prod(k)``
+``(out, in)`` matrices of its taps. The module is re-parametrised in place
+(`torch.nn.utils.parametrize`, `MatrixView`): the parameter the optimizer sees *is* that matrix
+(batch), ``module.weight`` is still the kernel, and the state-dict key becomes
+``<module>.parametrizations.weight.original``. ``ManifoldMuon`` treats leading dims of a
+manifold parameter as a batch, so both views are exact; its Euclidean path flattens any
+3+-dim tensor, so ``conv="batch"`` with ``"euclidean"`` is refused.
+
+Constrained matrices are projected onto their manifold (``project=True``); `ParamGroups.moved`
+says how far each moved, $\|\pi(W) - W\|_F / \|W\|_F$.
+"""
+from __future__ import annotations
+
+import fnmatch
+import math
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+
+import torch
+from torch import nn
+from torch.nn.utils import parametrize
+
+from manifolds import GramManifold
+
+from .assign import ADAMW, Assignment, Rule, assign, format_table
+
+__all__ = ["param_groups", "ParamGroups", "MatrixView", "project_onto_manifolds", "CONV_VIEWS", "INCLUDE_CHOICES",
+           "LM_HEAD_GLOBS"]
+
+CONV_VIEWS = ("flatten", "batch")
+INCLUDE_CHOICES = ("adamw", "rules")  # embeddings= / lm_head=: always AdamW, or follow the rules
+LM_HEAD_GLOBS = ("lm_head.*", "*.lm_head.*")  # the output layer of our GPT and of Hugging Face LM heads
+EUCLIDEAN = "euclidean"
+
+
+class MatrixView(nn.Module):
+    r"""A parametrization storing an ``(out, in, *k)`` kernel as the matrix (batch) a manifold constrains.
+
+    ``"flatten"``: stored ``(out, in * prod(k))``, the kernel is its reshape. ``"batch"``: stored
+    ``(prod(k), out, in)``, matrix ``t`` is the tap ``W[:, :, *index(t)]``.
+    """
+
+    def __init__(self, kernel_shape: Sequence[int], view: str):
+        super().__init__()
+        if view not in CONV_VIEWS:
+            raise ValueError(f"unknown conv view {view!r}; valid: {', '.join(CONV_VIEWS)}")
+        self.kernel_shape, self.view = tuple(kernel_shape), view
+
+    def stored_shape(self) -> tuple[int, ...]:
+        out, inp, *k = self.kernel_shape
+        return (out, inp * math.prod(k)) if self.view == "flatten" else (math.prod(k), out, inp)
+
+    def forward(self, X: torch.Tensor) -> torch.Tensor:
+        if self.view == "flatten":
+            return X.reshape(self.kernel_shape)
+        return X.movedim(0, -1).reshape(self.kernel_shape)
+
+    def right_inverse(self, W: torch.Tensor) -> torch.Tensor:
+        if self.view == "flatten":
+            return W.reshape(W.shape[0], -1)
+        return W.reshape(*W.shape[:2], -1).movedim(-1, 0).contiguous()
+
+    def extra_repr(self) -> str:
+        return f"{self.view}: kernel {_fmt(self.kernel_shape)} stored as {_fmt(self.stored_shape())}"
+
+
+@dataclass
+class ParamGroups:
+    """What `param_groups` returns: hand ``muon`` to ``ManifoldMuon`` and ``adamw`` to ``torch.optim.AdamW``.
+
+    ``muon`` has one group per manifold (keys ``params``, ``manifold``, ``manifold_name``; empty
+    when every parameter goes to AdamW), ``adamw`` up to two (matrices with ``weight_decay`` when
+    one was given, vectors with 0). ``assignments`` lists every parameter once, by the name the
+    rules see (a re-parametrised kernel by its module's ``weight``), with the shape the optimizer
+    sees; ``parameters`` maps those names to the tensors; ``views`` names the re-parametrised
+    kernels; ``moved`` the relative projection distance of each constrained matrix.
+    """
+
+    muon: list[dict]
+    adamw: list[dict]
+    assignments: list[Assignment]
+    parameters: dict[str, torch.Tensor]
+    views: dict[str, str] = field(default_factory=dict)
+    moved: dict[str, float] = field(default_factory=dict)
+
+    def table(self) -> str:
+        """The assignment table (`geomtrain.assign.format_table`, kernel views as notes)."""
+        notes = {name: f"kernel {view}" for name, view in self.views.items()}
+        return format_table(self.assignments, notes)
+
+    def __str__(self) -> str:
+        return self.table()
+
+
+def param_groups(
+    model: nn.Module,
+    preset: str | None = None,
+    rules: Sequence[Rule | str] | Mapping[str, str | GramManifold] = (),
+    *,
+    embeddings: str = "adamw",
+    lm_head: str = "adamw",
+    conv: str | None = None,
+    weight_decay: float | None = None,
+    custom_manifolds: Mapping[str, GramManifold] | None = None,
+    project: bool = True,
+) -> ParamGroups:
+    """ManifoldMuon and AdamW param groups for any module (see the module docstring).
+
+    Args:
+        model: any ``nn.Module``.
+        preset: a GPT-2 preset of `geomtrain.assign.PRESETS`, or ``None`` (rules only).
+        rules: ``"GLOB=TARGET"`` strings, `geomtrain.assign.Rule` objects, or a ``{glob: target}``
+            mapping (in order); targets: a registry name or spec, a ``GramManifold``,
+            ``"euclidean"`` or ``"adamw"``. Each rule must match a parameter.
+        embeddings: ``"adamw"`` (``nn.Embedding`` weights always to AdamW) or ``"rules"``.
+        lm_head: ``"adamw"`` (the output layer always to AdamW) or ``"rules"``.
+        conv: how a kernel given to Muon is viewed: ``"flatten"``, ``"batch"``, or ``None``
+            (a kernel matched by a Muon rule is then a ``ValueError``).
+        weight_decay: AdamW weight decay of its matrices (``None``: the optimizer's default).
+        custom_manifolds: extra ``name -> GramManifold`` rule targets.
+        project: project constrained matrices onto their manifold now.
+    """
+    if not isinstance(model, nn.Module):
+        raise TypeError(f"param_groups needs a torch.nn.Module; got {type(model).__name__}")
+    for option, value in (("embeddings", embeddings), ("lm_head", lm_head)):
+        if value not in INCLUDE_CHOICES:
+            raise ValueError(f"{option}={value!r}; valid: {', '.join(map(repr, INCLUDE_CHOICES))}")
+    if conv is not None and conv not in CONV_VIEWS:
+        raise ValueError(f"conv={conv!r}; valid: {', '.join(map(repr, CONV_VIEWS))} or None")
+    if isinstance(rules, Mapping):
+        rules = [Rule(pattern, target) for pattern, target in rules.items()]
+    named, views = logical_parameters(model)
+    reserved = reserved_for_adamw(model, named, embeddings, lm_head)
+    excluded = [w for w, on in (("embeddings", embeddings == "adamw"), ("lm_head", lm_head == "adamw")) if on]
+    desc = "parameters of 2+ dims" + (f" other than {' and '.join(excluded)} (set "
+                                      f"{' or '.join(f'{w}={INCLUDE_CHOICES[1]!r}' for w in excluded)} to include them)"
+                                      if excluded else "")
+    assignments = assign(named, preset, rules, custom_manifolds,
+                         eligible=lambda name, p: p.dim() >= 2 and id(p) not in reserved, eligible_desc=desc)
+    params = dict(named)
+    for a in assignments:
+        if a.name in views and conv is not None and views[a.name] != conv:
+            raise ValueError(f"{a.name} is already viewed as conv={views[a.name]!r} (an earlier param_groups call); "
+                             f"build a fresh model for conv={conv!r}")
+        if a.optimizer == "muon" and a.name not in views and params[a.name].dim() > 2:
+            views[a.name] = _view_kernel(model, a, conv)
+            a.shape = tuple(params[a.name].shape)
+    muon, adamw = optimizer_groups(assignments, params, weight_decay)
+    moved = project_onto_manifolds(params, assignments) if project else {}
+    return ParamGroups(muon, adamw, assignments, params, {n: v for n, v in views.items() if n in params}, moved)
+
+
+def logical_parameters(model: nn.Module) -> tuple[list[tuple[str, torch.Tensor]], dict[str, str]]:
+    """``model.named_parameters()`` with a `MatrixView`-parametrised weight named as its module's
+    ``weight`` (``conv.weight``, not ``conv.parametrizations.weight.original``), and those views."""
+    renamed, views = {}, {}
+    for prefix, module in model.named_modules():
+        if not parametrize.is_parametrized(module):
+            continue
+        for attr, plist in module.parametrizations.items():
+            if len(plist) == 1 and isinstance(plist[0], MatrixView):
+                dot = f"{prefix}." if prefix else ""
+                renamed[f"{dot}parametrizations.{attr}.original"] = f"{dot}{attr}"
+                views[f"{dot}{attr}"] = plist[0].view
+    return [(renamed.get(n, n), p) for n, p in model.named_parameters()], views
+
+
+def reserved_for_adamw(model: nn.Module, named: Sequence[tuple[str, torch.Tensor]], embeddings: str,
+                       lm_head: str) -> set[int]:
+    """Ids of the parameters that go to AdamW whatever the rules say: embedding weights (and
+    weights tied to them) when ``embeddings == "adamw"``, the output layer when ``lm_head == "adamw"``."""
+    reserved: set[int] = set()
+    if embeddings == "adamw":
+        reserved |= {id(m.weight) for m in model.modules() if isinstance(m, nn.Embedding | nn.EmbeddingBag)}
+    if lm_head == "adamw":
+        reserved |= {id(p) for n, p in named if any(fnmatch.fnmatchcase(n, g) for g in LM_HEAD_GLOBS)}
+        head = model.get_output_embeddings() if callable(getattr(model, "get_output_embeddings", None)) else None
+        if isinstance(head, nn.Module):
+            reserved |= {id(p) for p in head.parameters()}
+    return reserved
+
+
+def _view_kernel(model: nn.Module, a: Assignment, conv: str | None) -> str:
+    """Re-parametrise the module owning kernel ``a.name`` so that it is stored in the ``conv`` view."""
+    shape = _fmt(a.shape)
+    if conv is None:
+        raise ValueError(f"{a.name} is a {len(a.shape)}-dim kernel ({shape}) matched by a Muon rule "
+                         f"({a.manifold_name}); say how to view it: conv='flatten' or conv='batch', "
+                         f"or send it to AdamW with a rule '{a.name}=adamw' first")
+    if conv == "batch" and a.manifold_name == EUCLIDEAN:
+        raise ValueError(f"{a.name}: conv='batch' needs a manifold target; Euclidean Muon flattens 3+-dim "
+                         "tensors (use conv='flatten' there)")
+    module_name, _, attr = a.name.rpartition(".")
+    module = model.get_submodule(module_name)
+    parametrize.register_parametrization(module, attr, MatrixView(a.shape, conv))
+    return conv
+
+
+def optimizer_groups(assignments: Sequence[Assignment], params: Mapping[str, torch.Tensor],
+                     weight_decay: float | None = None) -> tuple[list[dict], list[dict]]:
+    """``(muon_groups, adamw_groups)``: one ManifoldMuon group per manifold object; AdamW matrices
+    (with ``weight_decay`` unless ``None``) and vectors (weight decay 0) in separate groups."""
+    by_manifold: dict[int, dict] = {}  # keyed by object: two BoundedDGram instances must not merge
+    for a in assignments:
+        if a.optimizer == "muon":
+            group = by_manifold.setdefault(id(a.manifold), {"params": [], "manifold": a.manifold,
+                                                            "manifold_name": a.manifold_name})
+            group["params"].append(params[a.name])
+    adam = [params[a.name] for a in assignments if a.optimizer == ADAMW]
+    matrices = {"params": [p for p in adam if p.dim() >= 2]}
+    if weight_decay is not None:
+        matrices["weight_decay"] = weight_decay
+    vectors = {"params": [p for p in adam if p.dim() < 2], "weight_decay": 0.0}
+    return list(by_manifold.values()), [g for g in (matrices, vectors) if g["params"]]
+
+
+@torch.no_grad()
+def project_onto_manifolds(params: Mapping[str, torch.Tensor], assignments: Sequence[Assignment]) -> dict[str, float]:
+    r"""Project each constrained (non-Euclidean) matrix onto its manifold in place; return
+    $\|\pi(W) - W\|_F / \|W\|_F$ per name (0 for a point already on it)."""
+    moved = {}
+    for a in assignments:
+        if a.manifold is not None and a.manifold_name != EUCLIDEAN:
+            p = params[a.name]
+            w = p.detach().float()
+            projected = a.manifold.projx(w)
+            moved[a.name] = float((projected - w).norm() / w.norm().clamp_min(1e-30))
+            p.copy_(projected.to(p.dtype))
+    return moved
+
+
+def _fmt(shape: Sequence[int]) -> str:
+    return "x".join(map(str, shape))
