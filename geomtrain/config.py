@@ -225,7 +225,10 @@ def parse_assignments(items: Sequence[str], what: str = "--set") -> dict[str, An
 def load_toml(path: str | Path) -> dict[str, Any]:
     """Read overrides from a TOML file (top-level keys, or a ``[train]`` table)."""
     with open(path, "rb") as fh:
-        data = tomllib.load(fh)
+        try:
+            data = tomllib.load(fh)
+        except tomllib.TOMLDecodeError as exc:  # its message names the line, not the file
+            raise ValueError(f"{path} is not valid TOML: {exc}") from None
     data = data.get("train", data)
     unknown = sorted(set(data) - set(_FIELDS))
     if unknown:

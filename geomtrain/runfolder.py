@@ -170,6 +170,7 @@ class RunFolder:
                                  f"{status.get('step', '?')}); pass --resume to continue it, --overwrite to replace it, "
                                  "or choose another --out-dir")
         if resume or overwrite:
+            self._refuse_if_in_use()
             self.remove_stale_temporaries()
         if overwrite:
             self._remove_run_files()
@@ -186,6 +187,19 @@ class RunFolder:
             if not os.access(self.path, os.W_OK):
                 raise RunFolderError(f"run folder {self.path} is not writable")
         return False
+
+    def _refuse_if_in_use(self) -> None:
+        """`RunFolderError` when ``status.json`` says running and its process is alive on this host
+        (two writers would interleave the logs). Only the writer checks: under DDP the other ranks
+        may get here after rank 0 has written its own running status."""
+        status = read_json(self.file("status.json"))
+        if not self.master or not isinstance(status, dict) or status.get("status") != "running":
+            return
+        pid = status.get("pid")
+        if pid != os.getpid() and pid_alive(pid, status.get("host")) is True:
+            raise RunFolderError(f"{self.path} is in use: a run (pid {pid}) is still writing it; stop it first "
+                                 f"(SIGTERM checkpoints it) or choose another --out-dir (if pid {pid} is no run, "
+                                 f"delete {self.file('status.json')})")
 
     def remove_stale_temporaries(self) -> list[str]:
         """Delete the temporary files (``.NAME.tmp.PID``, see `geomtrain._io.atomic_write`) that a
@@ -331,7 +345,11 @@ def _verified_bytes(path: Path) -> tuple[bytes, str]:
     except OSError as exc:
         raise CheckpointError(f"cannot read checkpoint {path}: {exc.strerror or exc}") from None
     digest = _sha256(data)
-    manifest = read_json(path.with_name(path.stem + ".json"))
+    manifest_path = path.with_name(path.stem + ".json")
+    manifest = read_json(manifest_path)
+    if manifest_path.exists() and not (isinstance(manifest, dict) and manifest.get("sha256")):
+        raise CheckpointError(f"{manifest_path} is unreadable or holds no sha256, so {path} cannot be verified; "
+                              "restore it, or delete it to load the checkpoint unverified")
     if isinstance(manifest, dict) and manifest.get("sha256"):
         known = {manifest["sha256"], (manifest.get("previous") or {}).get("sha256")}
         if digest not in known:

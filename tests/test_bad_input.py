@@ -48,6 +48,13 @@ def test_toml_with_a_wrongly_typed_value_is_one_line(text, data_dir, tmp_path, c
     assert not (tmp_path / "run").exists()
 
 
+def test_invalid_toml_is_one_line_naming_the_file(data_dir, tmp_path, capsys):
+    path = tmp_path / "c.toml"
+    path.write_text("max_iters 5\n")
+    code, _, err = cli(_short(data_dir, tmp_path / "run") + ["--config", path], capsys)
+    assert_one_line_error(code, err, str(path), "line 1")
+
+
 def _strip_max_iters(argv):
     while "--max-iters" in argv:
         i = argv.index("--max-iters")
@@ -102,6 +109,25 @@ def test_rerun_into_a_run_folder_is_refused_and_changes_nothing(data_dir, stoppe
     before = snapshot(stopped_run)
     code, _, err = cli(run_args(data_dir, stopped_run), capsys)
     assert_one_line_error(code, err, str(stopped_run), "already holds a run", "--resume", "--overwrite")
+    assert snapshot(stopped_run) == before
+
+
+@pytest.mark.parametrize("flag", ["--resume", "--overwrite"])
+def test_a_run_folder_in_use_by_a_live_process_is_refused(flag, data_dir, stopped_run, capsys):
+    import socket
+    import subprocess
+
+    other = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(120)"])
+    try:
+        status = json.loads((stopped_run / "status.json").read_text())
+        status.update(status="running", pid=other.pid, host=socket.gethostname())
+        (stopped_run / "status.json").write_text(json.dumps(status))
+        before = snapshot(stopped_run)
+        code, _, err = cli(run_args(data_dir, stopped_run, flag), capsys)
+    finally:
+        other.kill()
+        other.wait()
+    assert_one_line_error(code, err, str(stopped_run), "in use", f"pid {other.pid}")
     assert snapshot(stopped_run) == before
 
 

@@ -37,6 +37,18 @@ def test_corrupted_checkpoint_is_refused_and_nothing_changes(where, data_dir, st
     assert snapshot(stopped_run) == before  # ckpt, ckpt.json, metrics, status untouched
 
 
+@pytest.mark.parametrize("flip", [False, True])
+def test_unreadable_checkpoint_manifest_is_refused_not_skipped(flip, data_dir, stopped_run, capsys):
+    """A damaged ckpt.json must not turn verification off (a flipped ckpt.pt would then load)."""
+    (stopped_run / "ckpt.json").write_text('{"sha256": "5e')
+    if flip:
+        _flip_bytes(stopped_run / "ckpt.pt")
+    before = snapshot(stopped_run)
+    code, _, err = cli(run_args(data_dir, stopped_run, "--resume"), capsys)
+    assert_one_line_error(code, err, str(stopped_run / "ckpt.json"), "cannot be verified")
+    assert snapshot(stopped_run) == before
+
+
 def test_corrupted_checkpoint_is_refused_by_sample(stopped_run, capsys):
     _flip_bytes(stopped_run / "ckpt.pt")
     code, _, err = cli(["sample", stopped_run, "--max-new-tokens", "2"], capsys)
