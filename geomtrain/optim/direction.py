@@ -56,8 +56,11 @@ class DirectionStats:
         converged: residual at most ``tol`` (``tangent``: always True).
         dual_gap: ``gram_newton`` only: $(U - \langle \hat G, A\rangle)/U$ with $U \ge \mathrm{OPT}$ a dual
             value, $\hat G = G/\|G\|_F$: an upper bound on the relative suboptimality of $A$.
-        dual: the dual variable, for warm starts (``gram_newton``: the correction $S - S_T$, shape
-            ``(..., n, n)``), or None.
+        dual: the warm-start state, shape ``(..., n, n)``, to pass back as ``dual=`` on the next call
+            (``gram_newton``: the correction $S - S_T$ of the multiplier, or for square DGram the
+            Douglas-Rachford iterate; ``published``: its $\Lambda$), or None.
+        multiplier: ``gram_newton`` only: the multiplier $S$ (tall form, ``(..., n, n)``) at which
+            ``dual_gap`` is certified: $\|\hat G + WS\|_* \ge \mathrm{OPT}$.
         trace: with ``trace=True``: per-evaluation ``residual``, ``objective`` and ``dual_bound``
             lists of the first matrix.
     """
@@ -68,6 +71,7 @@ class DirectionStats:
     converged: torch.Tensor
     dual_gap: torch.Tensor | None = None
     dual: torch.Tensor | None = None
+    multiplier: torch.Tensor | None = None
     trace: dict | None = None
 
 
@@ -127,9 +131,10 @@ def spectral_direction(manifold: GramManifold, W: torch.Tensor, G: torch.Tensor,
                "converged": torch.ones(B, dtype=torch.bool)}
     else:
         A3, raw = _SOLVE[solver](manifold, T3, G3, opts)
-    gap, dual, trace = raw.get("dual_gap"), raw.get("dual"), raw.get("trace")
+    gap, dual, trace, mult = raw.get("dual_gap"), raw.get("dual"), raw.get("trace"), raw.get("multiplier")
     stats = DirectionStats(
         solver=solver, evaluations=raw["evaluations"].reshape(batch), residual=raw["residual"].reshape(batch),
         converged=raw["converged"].reshape(batch), dual_gap=None if gap is None else gap.reshape(batch),
-        dual=None if dual is None else dual.reshape(*batch, n, n), trace=None if trace is None else trace.as_dict())
+        dual=None if dual is None else dual.reshape(*batch, n, n),
+        multiplier=None if mult is None else mult.reshape(*batch, n, n), trace=None if trace is None else trace.as_dict())
     return from_tall(A3.reshape(T.shape), like=W), stats

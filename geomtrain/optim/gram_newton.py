@@ -11,8 +11,9 @@ $S - S_T$ (``dual=``): the correction moves slowly between optimizer steps, and 
 where $S_T$ is optimal (square Stiefel). A warm start that evaluates worse than ``warm_reset``
 restarts from $S_T$ (the residual monitor; cold starts begin at residuals of about 1e-2 to 1e-1 RMS).
 
-**Degenerate duals.** DGram and custom masks with $m < 2n$, and entries whose residual stalls,
-continue with `douglas_rachford`. If ``max_iter`` runs out, the best direction is projected onto
+**Degenerate duals.** Square DGram goes to `solve_square_dgram` (the problem in $n \times n$
+matrices; its warm-start state is the Douglas-Rachford iterate). DGram and custom masks with
+$m < 2n$, and entries whose residual stalls, continue with `douglas_rachford`. If ``max_iter`` runs out, the best direction is projected onto
 the tangent space and scaled by its exact spectral norm (`GramDual.polish`): every returned
 direction is tangent to ``tol`` (to rounding where polished) with $\|A\|_{\mathrm{op}} \le 1$ up to
 the rounding floor of the compute dtype.
@@ -30,7 +31,8 @@ import torch
 from manifolds import GramManifold
 
 from .douglas_rachford import DR_ANDERSON, douglas_rachford
-from .gram import GramDual
+from .gram import GramDual, mask_kind
+from .square_dgram import solve_square_dgram
 from .numerics import Anderson, Trace, normalise, sym
 
 __all__ = ["solve_gram_newton", "OPTIONS"]
@@ -63,7 +65,14 @@ def solve_gram_newton(manifold: GramManifold, T: torch.Tensor, G: torch.Tensor, 
     B, m, n = T.shape
     Gh, zero = normalise(G)
     live = ~zero.view(B)
-    dual = GramDual(manifold, T, Gh, compute_dtype_for(T, opts["compute_dtype"]), opts["smoothing"],
+    trace = Trace() if opts["trace"] else None
+    dtype = compute_dtype_for(T, opts["compute_dtype"])
+    stop = tol * STOP_MARGIN.get(dtype, 1.0)
+    if mask_kind(manifold) == "dgram" and m == n:
+        A, out = solve_square_dgram(T.to(dtype), Gh.to(dtype), live, tol, stop, max_iter, opts["smoothing"],
+                                    opts["dual"], trace)
+        return torch.where(zero, torch.zeros_like(A), A).to(T.dtype), out
+    dual = GramDual(manifold, T, Gh, dtype, opts["smoothing"],
                     opts["cg_iters"], opts["cg_tol"])
     S_T = dual.tangent_start()
     S = S_T.clone()
@@ -71,9 +80,7 @@ def solve_gram_newton(manifold: GramManifold, T: torch.Tensor, G: torch.Tensor, 
     if warm:
         S = S + dual.P(opts["dual"].reshape(B, n, n).to(device=T.device, dtype=S.dtype))
     S = torch.where(zero, torch.zeros_like(S), S)
-    trace = Trace() if opts["trace"] else None
     degenerate = dual.kind in ("dgram", "generic") and m < DR_ASPECT * n
-    stop = tol * STOP_MARGIN.get(S.dtype, 1.0)
     best, calls = _newton(dual, S, S_T if warm else None, float(opts["warm_reset"]), stop,
                           1 if degenerate else max_iter, int(opts["anderson"]), live, trace)
     S_out, res = best["S"], best["res"]
@@ -114,7 +121,8 @@ def solve_gram_newton(manifold: GramManifold, T: torch.Tensor, G: torch.Tensor, 
         trace.add(res[0], prim[0], U[0])
     out = {"evaluations": calls, "residual": torch.where(z, torch.zeros_like(res), res).double().cpu(),
            "converged": (converged | z).cpu(), "dual_gap": gap.cpu(),
-           "dual": torch.where(zero, torch.zeros_like(S_out), S_out - S_T), "trace": trace}
+           "dual": torch.where(zero, torch.zeros_like(S_out), S_out - S_T),
+           "multiplier": torch.where(zero, torch.zeros_like(S_out), S_out), "trace": trace}
     return A.to(T.dtype), out
 
 
