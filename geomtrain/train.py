@@ -263,16 +263,21 @@ class Trainer:
         return total
 
     def nonfinite_reason(self, loss: torch.Tensor) -> str | None:
-        """Why this step must be skipped (non-finite loss or gradient), or None; one host sync."""
-        grads = [p.grad for p in self.model.parameters() if p.grad is not None]
-        checks = torch.stack([torch.isfinite(loss).all()] + [torch.isfinite(g).all() for g in grads])
+        """Why this step must be skipped (non-finite loss or gradient), or None; one host sync.
+
+        A gradient counts as non-finite when its squared norm is: NaN and Inf entries, and also
+        finite entries too large for AdamW's second moment (``g**2`` overflows float32 above
+        ~1.8e19, writing Inf into ``exp_avg_sq`` when clipping is off)."""
+        named = [(n, p.grad) for n, p in self.model.named_parameters() if p.grad is not None]
+        checks = torch.stack([torch.isfinite(loss).all()]
+                             + [torch.isfinite(torch.linalg.vector_norm(g.float()).square()) for _, g in named])
         if bool(checks.all()):
             return None
         if not bool(checks[0]):
             return f"non-finite loss ({float(loss)})"
-        names = [n for n, p in self.model.named_parameters() if p.grad is not None]
-        bad = [n for n, ok in zip(names, checks[1:].tolist()) if not ok]
-        return f"non-finite gradient in {bad[0]}" + (f" and {len(bad) - 1} more" if len(bad) > 1 else "")
+        bad = [(n, g) for (n, g), ok in zip(named, checks[1:].tolist()) if not ok]
+        what = "non-finite gradient" if not bool(torch.isfinite(bad[0][1]).all()) else "gradient overflowing float32"
+        return f"{what} in {bad[0][0]}" + (f" and {len(bad) - 1} more" if len(bad) > 1 else "")
 
     def zero_grad(self) -> None:
         for opt in self.optimizers():

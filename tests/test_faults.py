@@ -49,9 +49,10 @@ def test_unreadable_checkpoint_manifest_is_refused_not_skipped(flip, data_dir, s
     assert snapshot(stopped_run) == before
 
 
-def test_corrupted_checkpoint_is_refused_by_sample(stopped_run, capsys):
+@pytest.mark.parametrize("command", [["sample", "--max-new-tokens", "2"], ["eval", "--iters", "1"]])
+def test_corrupted_checkpoint_is_refused_by_sample_and_eval(command, stopped_run, capsys):
     _flip_bytes(stopped_run / "ckpt.pt")
-    code, _, err = cli(["sample", stopped_run, "--max-new-tokens", "2"], capsys)
+    code, _, err = cli([command[0], stopped_run, *command[1:]], capsys)
     assert_one_line_error(code, err, "ckpt.pt", "corrupted")
 
 
@@ -191,12 +192,12 @@ MUON_MATRIX = "transformer.h.0.attn.c_attn.weight"  # Stiefel under the hetero p
 ADAMW_MATRIX = "transformer.wte.weight"
 
 
-def _trainer(data_dir):
+def _trainer(data_dir, **kw):
     from geomtrain.config import make_config
     from geomtrain.train import Trainer
 
     cfg = make_config(dict(model="tiny", data_dir=str(data_dir), block_size=16, batch_size=4, max_iters=10,
-                           warmup_iters=2, eval_iters=1, diagnostics=False, progress=False, seed=3))
+                           warmup_iters=2, eval_iters=1, diagnostics=False, progress=False, seed=3, **kw))
     return Trainer(cfg)
 
 
@@ -212,9 +213,12 @@ def tensors_of_trainer(trainer):
 
 
 @pytest.mark.parametrize("param", [MUON_MATRIX, ADAMW_MATRIX])
-@pytest.mark.parametrize("bad", [float("nan"), float("inf")])
-def test_one_non_finite_gradient_entry_skips_the_step_and_touches_nothing(param, bad, data_dir):
-    trainer = _trainer(data_dir)
+@pytest.mark.parametrize("bad, grad_clip", [
+    (float("nan"), 1.0), (float("inf"), 1.0),
+    (1e30, 0.0),  # finite, but its square overflows float32: Inf in Adam's exp_avg_sq when nothing clips it
+])
+def test_one_non_finite_gradient_entry_skips_the_step_and_touches_nothing(param, bad, grad_clip, data_dir):
+    trainer = _trainer(data_dir, grad_clip=grad_clip)
     by_name = dict(trainer.model.named_parameters())
     assert (param == MUON_MATRIX) == any(p is by_name[param] for g in trainer.muon.param_groups for p in g["params"])
     for _ in range(2):  # Adam moments and Muon momentum exist
