@@ -233,3 +233,18 @@ def test_warm_start_far_from_the_problem_restarts_cold():
     A, warm = spectral_direction(Stiefel(), W, G, dual=bad + bad.T)
     assert float(warm.residual) <= 1e-4
     assert int(warm.evaluations) <= int(cold.evaluations) + 1
+
+
+@pytest.mark.parametrize("manifold", [Stiefel(), DGram()], ids=lambda m: type(m).__name__)
+def test_low_rank_float32_gradients_are_solved_as_well_as_in_float64(manifold):
+    # Training gradients are nearly low rank: M = Y^T Y then has eigenvalues below float32's resolution,
+    # and the solver must escalate to float64 rather than stall or return a loose certificate.
+    W = manifold.random(96, 32, generator=seeded(80))
+    U, V = torch.randn(96, 3, generator=seeded(81)), torch.randn(32, 3, generator=seeded(82))
+    G = U @ V.T + 1e-4 * torch.randn(96, 32, generator=seeded(83))
+    A, st = spectral_direction(manifold, W, G)
+    A64, st64 = spectral_direction(manifold, W.double(), G.double())
+    assert bool(st.converged) and float(tangent_residual(manifold, W.double(), A.double())) <= 1e-4
+    assert opnorm(A) <= 1 + 1e-4
+    assert abs(float(objective(G, A)) - float(objective(G, A64))) <= 1e-4 * float(objective(G, A64))
+    assert float(st.dual_gap) <= 1e-3

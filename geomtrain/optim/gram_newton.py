@@ -31,7 +31,7 @@ import torch
 from manifolds import GramManifold
 
 from .douglas_rachford import DR_ANDERSON, douglas_rachford
-from .gram import GramDual, mask_kind
+from .gram import Evaluation, GramDual, mask_kind
 from .square_dgram import solve_square_dgram
 from .numerics import Anderson, Trace, normalise, sym
 
@@ -48,10 +48,16 @@ FLOOR = {torch.float32: 1e-6, torch.float64: 1e-12}  # residuals at the rounding
 # The loop stops at STOP_MARGIN * tol: the residual is evaluated in Gram space, and the float32 product
 # A = Y R that is returned differs from it by its rounding (measured up to 0.4% of 1e-4 at n = 16-768).
 STOP_MARGIN = {torch.float32: 0.95, torch.float64: 1.0}
+# Float32 inputs are solved in float32 unless the first evaluation finds lambda_min(M) below this fraction
+# of lambda_max (and is not already converged): ~2000 float32 roundoffs, where the eigenvalues of M lose
+# their relative accuracy. Gaussian gradients at GPT-2 shapes: lambda_min / lambda_max ~ 0.07 (tall);
+# low-rank training gradients of the mini model: < 1e-6 (they stall at residuals ~2e-4 in float32).
+ESCALATE = 2e-4
 
 
 def compute_dtype_for(T: torch.Tensor, requested: torch.dtype | None) -> torch.dtype:
-    """The dtype of the $n \\times n$ work: as requested, else float64 for float64 inputs, else float32."""
+    """The dtype the $n \\times n$ work starts in: as requested, else float64 for float64 inputs, else
+    float32 (then escalated to float64 for ill-conditioned duals, see ``ESCALATE``)."""
     if requested is not None:
         return requested
     return torch.float64 if T.dtype == torch.float64 else torch.float32
@@ -72,17 +78,25 @@ def solve_gram_newton(manifold: GramManifold, T: torch.Tensor, G: torch.Tensor, 
         A, out = solve_square_dgram(T.to(dtype), Gh.to(dtype), live, tol, stop, max_iter, opts["smoothing"],
                                     opts["dual"], trace)
         return torch.where(zero, torch.zeros_like(A), A).to(T.dtype), out
-    dual = GramDual(manifold, T, Gh, dtype, opts["smoothing"],
-                    opts["cg_iters"], opts["cg_tol"])
-    S_T = dual.tangent_start()
-    S = S_T.clone()
-    warm = opts["dual"] is not None
-    if warm:
-        S = S + dual.P(opts["dual"].reshape(B, n, n).to(device=T.device, dtype=S.dtype))
-    S = torch.where(zero, torch.zeros_like(S), S)
+    dual, S_T, S = _setup(manifold, T, Gh, zero, dtype, opts)
+    first = None
+    if opts["compute_dtype"] is None and dtype == torch.float32:
+        # Probe in float32; an ill-conditioned dual that the first evaluation does not solve is redone in
+        # float64 (its small eigenvalues are below float32's resolution of M: the residual would stall there).
+        first = dual.evaluate(S)
+        ill = (first.lam[..., 0] < ESCALATE * first.lam[..., -1]) & (first.res > stop) & live
+        if opts["dual"] is not None:  # a warm start that the monitor will reset says nothing about the problem
+            ill = ill & (first.res <= float(opts["warm_reset"]))
+        if bool(ill.any()):
+            dtype, first = torch.float64, None
+            stop = tol * STOP_MARGIN[dtype]
+            dual, S_T, S = _setup(manifold, T, Gh, zero, dtype, opts)
+        first = None if first is None else first.select(live)
     degenerate = dual.kind in ("dgram", "generic") and m < DR_ASPECT * n
-    best, calls = _newton(dual, S, S_T if warm else None, float(opts["warm_reset"]), stop,
-                          1 if degenerate else max_iter, int(opts["anderson"]), live, trace)
+    best, calls = _newton(dual, S, S_T if opts["dual"] is not None else None, float(opts["warm_reset"]), stop,
+                          1 if degenerate else max_iter, int(opts["anderson"]), live, trace, first)
+    if first is None and dtype == torch.float64 and T.dtype == torch.float32 and opts["compute_dtype"] is None:
+        calls[live.cpu()] += 1  # the float32 probe
     S_out, res = best["S"], best["res"]
     coef = torch.stack([best["R"], best["S"] @ best["R"]], 1)
     Y, A = dual.direction(best["S"], best["R"])
@@ -126,12 +140,25 @@ def solve_gram_newton(manifold: GramManifold, T: torch.Tensor, G: torch.Tensor, 
     return A.to(T.dtype), out
 
 
+def _setup(manifold, T, Gh, zero, dtype, opts) -> tuple[GramDual, torch.Tensor, torch.Tensor]:
+    """The dual in ``dtype``, the tangent start $S_T$ and the (warm) start $S$."""
+    B, n = T.shape[0], T.shape[-1]
+    dual = GramDual(manifold, T, Gh, dtype, opts["smoothing"], opts["cg_iters"], opts["cg_tol"])
+    S_T = dual.tangent_start()
+    S = S_T.clone()
+    if opts["dual"] is not None:
+        S = S + dual.P(opts["dual"].reshape(B, n, n).to(device=T.device, dtype=S.dtype))
+    return dual, S_T, torch.where(zero, torch.zeros_like(S), S)
+
+
 def _newton(dual: GramDual, S: torch.Tensor, S_reset: torch.Tensor | None, warm_reset: float, tol: float,
-            budget: int, depth: int, live: torch.Tensor, trace: Trace | None) -> tuple[dict, torch.Tensor]:
+            budget: int, depth: int, live: torch.Tensor, trace: Trace | None,
+            first: Evaluation | None = None) -> tuple[dict, torch.Tensor]:
     """The Gauss-Newton/Anderson loop; returns the best evaluation per entry and the evaluations used.
 
     ``S_reset`` (the cold start, given for warm starts): entries whose first evaluation has a residual
-    above ``warm_reset`` continue from it instead."""
+    above ``warm_reset`` continue from it instead. ``first``: the evaluation at ``S`` of the live entries,
+    when already done."""
     B, n = S.shape[0], S.shape[-1]
     dev, dt = S.device, S.dtype
     calls = torch.zeros(B, dtype=torch.long)
@@ -143,7 +170,7 @@ def _newton(dual: GramDual, S: torch.Tensor, S_reset: torch.Tensor | None, warm_
     for it in range(budget):
         if active.numel() == 0:
             break
-        ev = dual.sub(active).evaluate(S[active])
+        ev = first if it == 0 and first is not None else dual.sub(active).evaluate(S[active])
         calls[active.cpu()] += 1
         if trace is not None and int(active[0]) == 0:
             trace.add(ev.res[0], ev.prim[0])

@@ -85,7 +85,8 @@ class Anderson:
         use = k > 0
         if bool(use.any()):
             j = idx[use]
-            dX, dF = self.dX[j], self.dF[j]
+            whole = len(j) == self.dX.shape[0] and bool((j == torch.arange(len(j), device=j.device)).all())
+            dX, dF = (self.dX, self.dF) if whole else (self.dX[j], self.dF[j])  # no copy of the history
             valid = (torch.arange(self.depth, device=k.device)[None, :] < k[use][:, None]).double()
             Gm = (dF @ dF.mT).double() * (valid[:, :, None] * valid[:, None, :])
             reg = 1e-10 * Gm.diagonal(dim1=-2, dim2=-1).amax(-1, keepdim=True) + 1e-300
