@@ -9,7 +9,8 @@ $$M(S) = Y^\top Y = C + K^\top S + S K + S \Gamma S,\qquad R = (M + \mu^2 I)^{-1
 A = Y R,\qquad L_W(A) = P(Z R + R Z^\top),\ Z = W^\top Y = K + \Gamma S.$$
 
 On the manifold $\Gamma$ is known: $I$ for Stiefel, $\operatorname{diag}$ of the squared column
-norms for DGram (and its subclasses); other masks form $W^\top W$. So the $m \times n$ work of a
+norms for DGram (and its subclasses), used in float32; float64 solves and other masks form
+$W^\top W$ (a float32 point is on the manifold only to $\sim 10^{-7}$, which float64 would resolve). So the $m \times n$ work of a
 solve is two Gram products ($C$, $K$) and the final $A = (\hat G + W S) R$: the rest is
 $n \times n$.
 
@@ -106,9 +107,13 @@ class GramDual:
         self.Td, self.Gd = T.to(dtype), Gh.to(dtype)
         self.C, self.K = self.Gd.mT @ self.Gd, self.Td.mT @ self.Gd
         self.n = T.shape[-1]
-        if self.kind == "stiefel":  # W^T W = I on the manifold
+        # On the manifold W^T W is I (Stiefel) or diag(d) (DGram) to the rounding of W. In float32 that is
+        # the rounding of everything else; in float64 (e.g. a float32 point solved in float64) the
+        # mismatch with C and K would be amplified by R in near-null directions: form W^T W there.
+        known = dtype == torch.float32
+        if self.kind == "stiefel" and known:
             self.d, self.Gw = torch.ones(T.shape[0], self.n, dtype=dtype, device=T.device), None
-        elif self.kind == "dgram":  # W^T W = diag(d) on the manifold
+        elif self.kind == "dgram" and known:
             self.d, self.Gw = self.Td.square().sum(-2), None
         else:
             self.Gw = self.Td.mT @ self.Td
