@@ -324,7 +324,8 @@ class RunFolder:
         """The verified checkpoint; `CheckpointError` (one line, naming the file) when it does not verify."""
         data, digest = _verified_bytes(self.file("ckpt.pt"))
         state = _unpickle(self.file("ckpt.pt"), data, map_location)
-        self._in_place = {"sha256": digest, "bytes": len(data), "step": state.get("step") if isinstance(state, dict) else None}
+        step = state.get("step") if isinstance(state, dict) else None
+        self._in_place = {"sha256": digest, "bytes": len(data), "step": step}
         return state
 
 

@@ -85,24 +85,27 @@ def assert_log_whole(run, last_step: int = MAX_ITERS) -> None:
     """metrics.jsonl: train steps 1..last_step once each, in order; eval steps unique; diagnostics
     steps = eval steps; every line valid JSON (``metrics`` would raise on a torn line)."""
     train_steps = [r["step"] for r in records(run, "train")]
-    assert train_steps == list(range(1, last_step + 1)), train_steps
+    assert train_steps == list(range(1, last_step + 1)), f"train steps {train_steps}"
     eval_steps = [r["step"] for r in records(run, "eval")]
-    assert eval_steps == list(range(CHECKPOINT_EVERY, last_step + 1, CHECKPOINT_EVERY)), eval_steps
+    assert eval_steps == list(range(CHECKPOINT_EVERY, last_step + 1, CHECKPOINT_EVERY)), f"eval steps {eval_steps}"
     diag = [json.loads(line)["step"] for line in (Path(run) / "diagnostics.jsonl").read_text().splitlines()]
-    assert diag == eval_steps
+    assert diag == eval_steps, f"diagnostics steps {diag}"
 
 
 def assert_same_run(run, reference) -> None:
     """Step by step the same losses (exact), the same evaluations and the same final weights and
-    optimizer state as the uninterrupted reference run."""
+    optimizer state as the uninterrupted reference run. (Both must run the same code: a source
+    file edited while the suite runs makes a later subprocess differ from the session's reference.)"""
     from geomtrain.train import load_checkpoint
 
     assert_log_whole(run)
-    assert losses(run) == losses(reference)
+    ours, theirs = losses(run), losses(reference)
+    differ = [(a, b) for a, b in zip(ours, theirs) if a != b]
+    assert not differ, f"{len(differ)} steps differ from the uninterrupted run; first (step, loss): {differ[0]}"
     assert [(r["step"], r["val_loss"]) for r in records(run, "eval")] == \
-           [(r["step"], r["val_loss"]) for r in records(reference, "eval")]
+           [(r["step"], r["val_loss"]) for r in records(reference, "eval")], "evaluations differ"
     a, b = load_checkpoint(Path(run) / "ckpt.pt"), load_checkpoint(Path(reference) / "ckpt.pt")
-    assert a["step"] == b["step"] == MAX_ITERS
+    assert a["step"] == b["step"] == MAX_ITERS, (a["step"], b["step"])
     for part in ("model", "adamw", "muon"):
         pa, pb = tensors_of(a[part]), tensors_of(b[part])
         assert pa.keys() == pb.keys(), part

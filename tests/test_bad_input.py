@@ -7,9 +7,17 @@ import sys
 
 import pytest
 import torch
-
-from fault_helpers import (CHECKPOINT_EVERY, MAX_ITERS, assert_log_whole, assert_one_line_error, assert_same_run, cli,
-                           records, run_args, snapshot)
+from fault_helpers import (
+    CHECKPOINT_EVERY,
+    MAX_ITERS,
+    assert_log_whole,
+    assert_one_line_error,
+    assert_same_run,
+    cli,
+    records,
+    run_args,
+    snapshot,
+)
 
 pytest_plugins = ["fault_helpers"]
 
@@ -196,7 +204,8 @@ def test_allowed_config_change_is_recorded_never_overwritten(data_dir, stopped_r
 
 def test_allowed_change_of_the_model_is_still_one_line_and_not_recorded(data_dir, stopped_run, capsys):
     before = snapshot(stopped_run)
-    code, _, err = cli(run_args(data_dir, stopped_run, "--resume", "--block-size", "8", "--allow-config-change"), capsys)
+    argv = run_args(data_dir, stopped_run, "--resume", "--block-size", "8", "--allow-config-change")
+    code, _, err = cli(argv, capsys)
     assert_one_line_error(code, err, "block_size")
     assert snapshot(stopped_run) == before  # no config_history.jsonl for a change that never happened
 

@@ -5,16 +5,27 @@ What each test asserts is what a user loses or sees: nothing lost (the previous 
 verifies and a later resume matches the uninterrupted run exactly), nothing duplicated, no NaN in
 weights or optimizer state, and one clear line on stderr with exit code 2.
 """
-import errno
+import contextlib
 import json
 import os
 
 import numpy as np
 import pytest
 import torch
-
-from fault_helpers import (CHECKPOINT_EVERY, FailingDisk, assert_all_finite, assert_log_whole, assert_one_line_error,
-                           assert_same_run, cli, losses, records, run_args, snapshot, temp_files)
+from fault_helpers import (
+    CHECKPOINT_EVERY,
+    FailingDisk,
+    assert_all_finite,
+    assert_log_whole,
+    assert_one_line_error,
+    assert_same_run,
+    cli,
+    losses,
+    records,
+    run_args,
+    snapshot,
+    temp_files,
+)
 
 pytest_plugins = ["fault_helpers"]
 
@@ -142,19 +153,11 @@ def test_full_disk_is_one_line_and_a_later_resume_loses_nothing(free, fails_on, 
     assert load_checkpoint(stopped_run / "ckpt.pt")["step"] == CHECKPOINT_EVERY  # the previous checkpoint verifies
     if fails_on == "metrics.jsonl":
         assert not (stopped_run / "metrics.jsonl").read_text().endswith("\n")  # really torn
-    with pytest.warns(RuntimeWarning, match="torn") if fails_on == "metrics.jsonl" else _no_warning():
+    with pytest.warns(RuntimeWarning, match="torn") if fails_on == "metrics.jsonl" else contextlib.nullcontext():
         code, out, err = cli(run_args(data_dir, stopped_run, "--resume"), capsys)  # space again
     assert code == 0, err[-3000:]
     assert f"from step {CHECKPOINT_EVERY}" in out
     assert_same_run(stopped_run, reference)
-
-
-class _no_warning:
-    def __enter__(self):
-        return self
-
-    def __exit__(self, *exc):
-        return False
 
 
 class _Killed(BaseException):

@@ -12,9 +12,18 @@ import sys
 import time
 
 import pytest
-
-from fault_helpers import (MAX_ITERS, WORKER, assert_same_run, cli, losses, records, run_args, temp_files, worker,
-                           worker_env)
+from fault_helpers import (
+    MAX_ITERS,
+    WORKER,
+    assert_same_run,
+    cli,
+    losses,
+    records,
+    run_args,
+    temp_files,
+    worker,
+    worker_env,
+)
 
 pytest_plugins = ["fault_helpers"]
 
