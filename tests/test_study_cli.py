@@ -47,7 +47,7 @@ def test_parsers_register_and_dispatch_the_modes():
         "run_toy_command",
         "run_report_command",
     ]
-    assert overhead.solvers == "tangent" and overhead.steps == 2 and rep.out == "o"
+    assert overhead.solvers == "tangent" and overhead.steps == 2 and rep.out == ["o"]
     from geomtrain.study.cli import command_argv
 
     # the command line study.json records: every non-default option, in the parser's order

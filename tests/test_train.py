@@ -130,7 +130,7 @@ def test_non_finite_loss_for_patience_steps_is_divergence(data_dir, tmp_path, mo
 
 @pytest.mark.parametrize("argv, message", [
     (["train", "--preset", "hetero2"], "invalid choice: 'hetero2'"),
-    (["train", "--rule", "*.mlp.*=sphere"], "valid: stiefel, dgram, oblique, euclidean, bdgram, adamw"),
+    (["train", "--rule", "*.mlp.*=sphere"], "unknown manifold 'sphere'; valid: stiefel, dgram, oblique, euclidean, bdgram"),
     (["train", "--model", "huge"], "valid: gpt2, mini, tiny"),
     (["train", "--dtype", "fp8"], "invalid choice: 'fp8'"),
     (["prepare", "--dataset", "wiki"], "invalid choice: 'wiki'"),
