@@ -31,9 +31,9 @@ import torch
 from manifolds import GramManifold
 
 from .douglas_rachford import DR_ANDERSON, douglas_rachford
-from .gram import Evaluation, GramDual, mask_kind
+from .gram import ROUNDING_FLOOR, Evaluation, GramDual, mask_kind
 from .square_dgram import solve_square_dgram
-from .numerics import Anderson, Trace, normalise, sym
+from .numerics import Anderson, Trace, eigh_psd, normalise, sym
 
 __all__ = ["solve_gram_newton", "OPTIONS"]
 
@@ -77,6 +77,9 @@ def solve_gram_newton(manifold: GramManifold, T: torch.Tensor, G: torch.Tensor, 
     if mask_kind(manifold) == "dgram" and m == n:
         A, out = solve_square_dgram(T.to(dtype), Gh.to(dtype), live, tol, stop, max_iter, opts["smoothing"],
                                     opts["dual"], trace)
+        return torch.where(zero, torch.zeros_like(A), A).to(T.dtype), out
+    if mask_kind(manifold) == "stiefel" and m == n:
+        A, out = _square_stiefel(manifold, T, Gh, live, dtype, opts, trace)
         return torch.where(zero, torch.zeros_like(A), A).to(T.dtype), out
     dual, S_T, S = _setup(manifold, T, Gh, zero, dtype, opts)
     first = None
@@ -138,6 +141,41 @@ def solve_gram_newton(manifold: GramManifold, T: torch.Tensor, G: torch.Tensor, 
            "dual": torch.where(zero, torch.zeros_like(S_out), S_out - S_T),
            "multiplier": torch.where(zero, torch.zeros_like(S_out), S_out), "trace": trace}
     return A.to(T.dtype), out
+
+
+def _square_stiefel(manifold, T, Gh, live, dtype, opts, trace):
+    r"""Square Stiefel: the tangent solution is optimal (the tangent space $\{W\Omega\}$ is closed under
+    msign), so one evaluation at $S_T$ solves it. With $Z = K + S_T = \operatorname{skew}(K)$ the direction
+    is $A = W\operatorname{skew}(ZR)$: one $m n^2$ product, and tangent to the rounding of $W$ whatever
+    the rounding of $R$ (the skew part only drops $\operatorname{sym}(ZR)$, zero in exact arithmetic).
+    Certificate: $U = \tfrac12(\langle ZR, Z\rangle + \operatorname{tr}R^{-1})$ ($\|Y\|_* = \|Z\|_*$ for $Y = WZ$).
+    The reported residual uses $W^\top W = I$: zero up to the rounding of the skew part; the true
+    residual is the rounding of $W$'s orthogonality ($\sim 10^{-7}$ in float32)."""
+    n = T.shape[-1]
+    Td = T.to(dtype)
+    K = Td.mT @ Gh.to(dtype)
+    Z = 0.5 * (K - K.mT)  # K + S_T with S_T = -sym(K); Y = W Z, M = Z^T Z (W^T W = I: no C needed)
+    lam, V = eigh_psd(Z.mT @ Z)
+    lam = lam.clamp_min(0)
+    mu2 = torch.clamp(ROUNDING_FLOOR * torch.finfo(dtype).eps * lam[..., -1:], min=float(opts["smoothing"]) ** 2 / n)
+    r = (lam + mu2).rsqrt()
+    ZR = Z @ ((V * r.unsqueeze(-2)) @ V.mT)
+    Bk = 0.5 * (ZR - ZR.mT)
+    A = Td @ Bk
+    res = torch.where(live, ((Bk + Bk.mT).square().sum(dim=(-2, -1)) / (n * n)).sqrt(), torch.zeros_like(lam[..., 0]))
+    S_T = Z - K
+    eps = torch.finfo(dtype).eps
+    margin = eps * n * n**0.5 * S_T.double().norm(dim=(-2, -1))
+    U = 0.5 * ((ZR.double() * Z.double()).sum(dim=(-2, -1)) + r.double().reciprocal().sum(-1)) + margin
+    prim = (A.double() * Gh.double()).sum(dim=(-2, -1))
+    gap = torch.where(live, (U - prim) / U.clamp_min(torch.finfo(torch.float64).tiny), torch.zeros_like(U))
+    if trace is not None:
+        trace.add(res[0], prim[0], U[0])
+    calls = torch.where(live.cpu(), 1, 0).long()
+    tol = float(opts["tol"])
+    return A, {"evaluations": calls, "residual": res.double().cpu(), "converged": (res <= tol).cpu() | ~live.cpu(),
+               "dual_gap": gap.cpu(), "dual": torch.zeros_like(S_T), "multiplier": torch.where(
+                   live[:, None, None], S_T, torch.zeros_like(S_T)), "trace": trace}
 
 
 def _setup(manifold, T, Gh, zero, dtype, opts) -> tuple[GramDual, torch.Tensor, torch.Tensor]:
