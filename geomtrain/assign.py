@@ -208,7 +208,10 @@ def assign(
     for rule in all_rules:  # validate every rule up front
         key = rule.target if isinstance(rule.target, str) else id(rule.target)
         if key not in cache:
-            cache[key] = resolve_target(rule.target, custom_manifolds)
+            try:
+                cache[key] = resolve_target(rule.target, custom_manifolds)
+            except ValueError as exc:
+                raise ValueError(f"rule {str(rule)!r}: {exc}") from None
         resolved.append((rule, *cache[key]))
     for rule, label, _ in resolved[: len(user_rules)]:
         _check_rule_matches(rule, label != ADAMW, named, eligible, eligible_desc)

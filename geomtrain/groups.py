@@ -39,6 +39,7 @@ manifold parameter as a batch, so both views are exact; its Euclidean path flatt
 Constrained matrices are projected onto their manifold (``project=True``); `ParamGroups.moved`
 says how far each moved, $\|\pi(W) - W\|_F / \|W\|_F$.
 """
+
 from __future__ import annotations
 
 import fnmatch
@@ -54,8 +55,18 @@ from manifolds import GramManifold
 
 from .assign import ADAMW, Assignment, Rule, assign, format_table
 
-__all__ = ["param_groups", "ParamGroups", "MatrixView", "project_onto_manifolds", "CONV_VIEWS", "INCLUDE_CHOICES",
-           "LM_HEAD_GLOBS"]
+__all__ = [
+    "param_groups",
+    "ParamGroups",
+    "MatrixView",
+    "project_onto_manifolds",
+    "CONV_VIEWS",
+    "INCLUDE_CHOICES",
+    "LM_HEAD_GLOBS",
+    "optimizer_groups",
+    "logical_parameters",
+    "reserved_for_adamw",
+]
 
 CONV_VIEWS = ("flatten", "batch")
 INCLUDE_CHOICES = ("adamw", "rules")  # embeddings= / lm_head=: always AdamW, or follow the rules
@@ -162,16 +173,27 @@ def param_groups(
     named, views = logical_parameters(model)
     reserved = reserved_for_adamw(model, named, embeddings, lm_head)
     excluded = [w for w, on in (("embeddings", embeddings == "adamw"), ("lm_head", lm_head == "adamw")) if on]
-    desc = "parameters of 2+ dims" + (f" other than {' and '.join(excluded)} (set "
-                                      f"{' or '.join(f'{w}={INCLUDE_CHOICES[1]!r}' for w in excluded)} to include them)"
-                                      if excluded else "")
-    assignments = assign(named, preset, rules, custom_manifolds,
-                         eligible=lambda name, p: p.dim() >= 2 and id(p) not in reserved, eligible_desc=desc)
+    desc = "parameters of 2+ dims" + (
+        f" other than {' and '.join(excluded)} (set "
+        f"{' or '.join(f'{w}={INCLUDE_CHOICES[1]!r}' for w in excluded)} to include them)"
+        if excluded
+        else ""
+    )
+    assignments = assign(
+        named,
+        preset,
+        rules,
+        custom_manifolds,
+        eligible=lambda name, p: p.dim() >= 2 and id(p) not in reserved,
+        eligible_desc=desc,
+    )
     params = dict(named)
     for a in assignments:
         if a.name in views and conv is not None and views[a.name] != conv:
-            raise ValueError(f"{a.name} is already viewed as conv={views[a.name]!r} (an earlier param_groups call); "
-                             f"build a fresh model for conv={conv!r}")
+            raise ValueError(
+                f"{a.name} is already viewed as conv={views[a.name]!r} (an earlier param_groups call); "
+                f"build a fresh model for conv={conv!r}"
+            )
         if a.optimizer == "muon" and a.name not in views and params[a.name].dim() > 2:
             views[a.name] = _view_kernel(model, a, conv)
             a.shape = tuple(params[a.name].shape)
@@ -195,8 +217,9 @@ def logical_parameters(model: nn.Module) -> tuple[list[tuple[str, torch.Tensor]]
     return [(renamed.get(n, n), p) for n, p in model.named_parameters()], views
 
 
-def reserved_for_adamw(model: nn.Module, named: Sequence[tuple[str, torch.Tensor]], embeddings: str,
-                       lm_head: str) -> set[int]:
+def reserved_for_adamw(
+    model: nn.Module, named: Sequence[tuple[str, torch.Tensor]], embeddings: str, lm_head: str
+) -> set[int]:
     """Ids of the parameters that go to AdamW whatever the rules say: embedding weights (and
     weights tied to them) when ``embeddings == "adamw"``, the output layer when ``lm_head == "adamw"``."""
     reserved: set[int] = set()
@@ -214,27 +237,33 @@ def _view_kernel(model: nn.Module, a: Assignment, conv: str | None) -> str:
     """Re-parametrise the module owning kernel ``a.name`` so that it is stored in the ``conv`` view."""
     shape = _fmt(a.shape)
     if conv is None:
-        raise ValueError(f"{a.name} is a {len(a.shape)}-dim kernel ({shape}) matched by a Muon rule "
-                         f"({a.manifold_name}); say how to view it: conv='flatten' or conv='batch', "
-                         f"or send it to AdamW with a rule '{a.name}=adamw' first")
+        raise ValueError(
+            f"{a.name} is a {len(a.shape)}-dim kernel ({shape}) matched by a Muon rule "
+            f"({a.manifold_name}); say how to view it: conv='flatten' or conv='batch', "
+            f"or send it to AdamW with a rule '{a.name}=adamw' first"
+        )
     if conv == "batch" and a.manifold_name == EUCLIDEAN:
-        raise ValueError(f"{a.name}: conv='batch' needs a manifold target; Euclidean Muon flattens 3+-dim "
-                         "tensors (use conv='flatten' there)")
+        raise ValueError(
+            f"{a.name}: conv='batch' needs a manifold target; Euclidean Muon flattens 3+-dim "
+            "tensors (use conv='flatten' there)"
+        )
     module_name, _, attr = a.name.rpartition(".")
     module = model.get_submodule(module_name)
     parametrize.register_parametrization(module, attr, MatrixView(a.shape, conv))
     return conv
 
 
-def optimizer_groups(assignments: Sequence[Assignment], params: Mapping[str, torch.Tensor],
-                     weight_decay: float | None = None) -> tuple[list[dict], list[dict]]:
+def optimizer_groups(
+    assignments: Sequence[Assignment], params: Mapping[str, torch.Tensor], weight_decay: float | None = None
+) -> tuple[list[dict], list[dict]]:
     """``(muon_groups, adamw_groups)``: one ManifoldMuon group per manifold object; AdamW matrices
     (with ``weight_decay`` unless ``None``) and vectors (weight decay 0) in separate groups."""
     by_manifold: dict[int, dict] = {}  # keyed by object: two BoundedDGram instances must not merge
     for a in assignments:
         if a.optimizer == "muon":
-            group = by_manifold.setdefault(id(a.manifold), {"params": [], "manifold": a.manifold,
-                                                            "manifold_name": a.manifold_name})
+            group = by_manifold.setdefault(
+                id(a.manifold), {"params": [], "manifold": a.manifold, "manifold_name": a.manifold_name}
+            )
             group["params"].append(params[a.name])
     adam = [params[a.name] for a in assignments if a.optimizer == ADAMW]
     matrices = {"params": [p for p in adam if p.dim() >= 2]}

@@ -4,6 +4,10 @@ Tolerances: constraints are checked in float32 against 1e-5 (`manifolds.base`'s 
 tolerance: rounding of an O(1) Gram product is ~n * 6e-8 for n <= 128 here); equalities of the
 same float32 computation done two ways against 1e-6 (a few ulps of O(1) entries).
 """
+
+import re
+from pathlib import Path
+
 import pytest
 import torch
 from torch import nn
@@ -28,8 +32,9 @@ def mlp(seed=0):
 
 def cnn(seed=0):
     torch.manual_seed(seed)
-    return nn.Sequential(nn.Conv2d(3, 8, 3), nn.ReLU(), nn.Conv2d(8, 16, 3), nn.ReLU(), nn.Flatten(),
-                         nn.Linear(16 * 4 * 4, 10))
+    return nn.Sequential(
+        nn.Conv2d(3, 8, 3), nn.ReLU(), nn.Conv2d(8, 16, 3), nn.ReLU(), nn.Flatten(), nn.Linear(16 * 4 * 4, 10)
+    )
 
 
 class TinyLM(nn.Module):
@@ -78,7 +83,9 @@ def test_mlp_groups_matrices_to_muon_vectors_to_adamw_without_decay():
     assert by_name["2.bias"].optimizer == "adamw"  # a manifold glob takes the matrix only
     assert by_name["4.weight"].optimizer == "adamw"
     assert [(grp["manifold_name"], [id(p) for p in grp["params"]]) for grp in g.muon] == [
-        ("stiefel", [id(model[0].weight)]), ("dgram", [id(model[2].weight)])]
+        ("stiefel", [id(model[0].weight)]),
+        ("dgram", [id(model[2].weight)]),
+    ]
     matrices, vectors = g.adamw
     assert [id(p) for p in matrices["params"]] == [id(model[4].weight)] and matrices["weight_decay"] == 0.1
     assert {id(p) for p in vectors["params"]} == {id(model[i].bias) for i in (0, 2, 4)}
@@ -87,8 +94,11 @@ def test_mlp_groups_matrices_to_muon_vectors_to_adamw_without_decay():
 
 
 def test_every_parameter_is_in_exactly_one_group_and_once_in_the_table():
-    for model, kwargs in ((mlp(), {"rules": ["*=stiefel"]}), (cnn(), {"rules": ["*=dgram"], "conv": "batch"}),
-                          (TinyLM(), {"rules": ["*=stiefel"]})):
+    for model, kwargs in (
+        (mlp(), {"rules": ["*=stiefel"]}),
+        (cnn(), {"rules": ["*=dgram"], "conv": "batch"}),
+        (TinyLM(), {"rules": ["*=stiefel"]}),
+    ):
         g = param_groups(model, **kwargs)
         grouped = [id(p) for grp in g.muon + g.adamw for p in grp["params"]]
         assert sorted(grouped) == sorted(id(p) for p in model.parameters())
@@ -101,8 +111,11 @@ def test_every_parameter_is_in_exactly_one_group_and_once_in_the_table():
 
 
 def test_rules_as_strings_rule_objects_and_a_mapping_agree():
-    forms = (["0.*=stiefel", "2.weight=bdgram@1.5"], [Rule("0.*", "stiefel"), Rule("2.weight", "bdgram@1.5")],
-             {"0.*": "stiefel", "2.weight": "bdgram@1.5"})
+    forms = (
+        ["0.*=stiefel", "2.weight=bdgram@1.5"],
+        [Rule("0.*", "stiefel"), Rule("2.weight", "bdgram@1.5")],
+        {"0.*": "stiefel", "2.weight": "bdgram@1.5"},
+    )
     tables = [param_groups(mlp(), rules=r, project=False).table() for r in forms]
     assert tables[0] == tables[1] == tables[2]
     assert "bdgram@1.5" in tables[0]
@@ -113,7 +126,9 @@ def test_manifold_instances_each_keep_their_own_group():
     loose, tight = BoundedDGram(2.0), BoundedDGram(1.0)
     g = param_groups(model, rules=[Rule("0.weight", loose), Rule("2.weight", tight)])
     assert [(grp["manifold"], [id(p) for p in grp["params"]]) for grp in g.muon] == [
-        (loose, [id(model[0].weight)]), (tight, [id(model[2].weight)])]
+        (loose, [id(model[0].weight)]),
+        (tight, [id(model[2].weight)]),
+    ]
 
 
 def test_constrained_matrices_are_projected_and_the_distance_reported():
@@ -152,22 +167,32 @@ def test_a_few_steps_on_the_mlp_reduce_the_loss_and_stay_on_the_manifolds():
 def test_embeddings_and_lm_head_go_to_adamw_unless_asked():
     by_name = lambda g: {a.name: a.manifold_name for a in g.assignments}  # noqa: E731
     assert by_name(param_groups(TinyLM(), rules=["*=stiefel"])) == {
-        "emb.weight": None, "body.weight": "stiefel", "body.bias": None, "lm_head.weight": None}
+        "emb.weight": None,
+        "body.weight": "stiefel",
+        "body.bias": None,
+        "lm_head.weight": None,
+    }
     both = by_name(param_groups(TinyLM(), rules=["*=stiefel"], embeddings="rules", lm_head="rules"))
     assert both["emb.weight"] == both["lm_head.weight"] == "stiefel"
-    with pytest.raises(ValueError, match=r"rule 'emb\.\*=stiefel' matches no matrix \(only 1 parameter\(s\) it may "
-                                         r"not take, e\.g\. emb\.weight \(50, 16\)\); manifold rules apply to .*"
-                                         r"other than embeddings and lm_head \(set embeddings='rules' or "
-                                         r"lm_head='rules' to include them\)") as e:
+    with pytest.raises(
+        ValueError,
+        match=r"rule 'emb\.\*=stiefel' matches no matrix \(only 1 parameter\(s\) it may "
+        r"not take, e\.g\. emb\.weight \(50, 16\)\); manifold rules apply to .*"
+        r"other than embeddings and lm_head \(set embeddings='rules' or "
+        r"lm_head='rules' to include them\)",
+    ) as e:
         param_groups(TinyLM(), rules=["emb.*=stiefel"])
     one_line(e)
 
 
 # ---------------------------------------------------------------------------------------- CNN
 def test_a_kernel_on_muon_needs_a_view():
-    with pytest.raises(ValueError, match=r"^0\.weight is a 4-dim kernel \(8x3x3x3\) matched by a Muon rule "
-                                         r"\(stiefel\); say how to view it: conv='flatten' or conv='batch', or send "
-                                         r"it to AdamW with a rule '0\.weight=adamw' first$") as e:
+    with pytest.raises(
+        ValueError,
+        match=r"^0\.weight is a 4-dim kernel \(8x3x3x3\) matched by a Muon rule "
+        r"\(stiefel\); say how to view it: conv='flatten' or conv='batch', or send "
+        r"it to AdamW with a rule '0\.weight=adamw' first$",
+    ) as e:
         param_groups(cnn(), rules=["*=stiefel"])
     one_line(e)
     g = param_groups(cnn(), rules=["5.weight=stiefel", "*.weight=adamw"])  # kernels to AdamW: no view
@@ -204,8 +229,10 @@ def test_a_manifold_muon_step_keeps_each_viewed_kernel_on_its_manifold(view):
         kernel = model[i].weight.detach()  # (out, in, 3, 3), what the conv uses
         matrices = kernel.reshape(kernel.shape[0], -1) if view == "flatten" else kernel.permute(2, 3, 0, 1)
         assert on_manifold(manifold, matrices), (i, view)
-    assert not on_manifold(Stiefel(), model[2].weight.detach().permute(2, 3, 0, 1) if view == "flatten"
-                           else model[2].weight.detach().reshape(16, -1))  # the other view is not constrained
+    assert not on_manifold(
+        Stiefel(),
+        model[2].weight.detach().permute(2, 3, 0, 1) if view == "flatten" else model[2].weight.detach().reshape(16, -1),
+    )  # the other view is not constrained
 
 
 def test_flattened_kernels_get_the_same_euclidean_muon_update_as_muon_itself():
@@ -234,15 +261,18 @@ def test_a_viewed_model_keeps_its_view_on_a_second_call():
 
 
 # ---------------------------------------------------------------------------------------- errors
-@pytest.mark.parametrize("kwargs, error, match", [
-    ({"rules": ["0.weight=sphere"]}, ValueError, r"unknown manifold 'sphere'; valid: stiefel, dgram, .*adamw"),
-    ({"rules": ["9.*=stiefel"]}, ValueError, r"rule '9\.\*=stiefel' matches no parameter; closest names: "),
-    ({"rules": ["0.weight"]}, ValueError, r"rule '0\.weight' must look like GLOB=TARGET"),
-    ({"preset": "hetero-x"}, ValueError, r"unknown preset 'hetero-x'; valid: adamw, unconstrained"),
-    ({"embeddings": "muon"}, ValueError, r"embeddings='muon'; valid: 'adamw', 'rules'"),
-    ({"lm_head": None}, ValueError, r"lm_head=None; valid: 'adamw', 'rules'"),
-    ({"conv": "unfold"}, ValueError, r"conv='unfold'; valid: 'flatten', 'batch' or None"),
-])
+@pytest.mark.parametrize(
+    "kwargs, error, match",
+    [
+        ({"rules": ["0.weight=sphere"]}, ValueError, r"unknown manifold 'sphere'; valid: stiefel, dgram, .*adamw"),
+        ({"rules": ["9.*=stiefel"]}, ValueError, r"rule '9\.\*=stiefel' matches no parameter; closest names: "),
+        ({"rules": ["0.weight"]}, ValueError, r"rule '0\.weight' must look like GLOB=TARGET"),
+        ({"preset": "hetero-x"}, ValueError, r"unknown preset 'hetero-x'; valid: adamw, unconstrained"),
+        ({"embeddings": "muon"}, ValueError, r"embeddings='muon'; valid: 'adamw', 'rules'"),
+        ({"lm_head": None}, ValueError, r"lm_head=None; valid: 'adamw', 'rules'"),
+        ({"conv": "unfold"}, ValueError, r"conv='unfold'; valid: 'flatten', 'batch' or None"),
+    ],
+)
 def test_bad_input_is_a_one_line_error(kwargs, error, match):
     with pytest.raises(error, match=match) as e:
         param_groups(mlp(), **kwargs)
@@ -265,8 +295,9 @@ def test_the_package_exports_param_groups_lazily():
 def hf_gpt2():
     transformers = pytest.importorskip("transformers")
     torch.manual_seed(0)
-    config = transformers.GPT2Config(vocab_size=64, n_positions=16, n_embd=32, n_layer=2, n_head=2,
-                                     bos_token_id=0, eos_token_id=0)
+    config = transformers.GPT2Config(
+        vocab_size=64, n_positions=16, n_embd=32, n_layer=2, n_head=2, bos_token_id=0, eos_token_id=0
+    )
     return transformers.GPT2LMHeadModel(config)
 
 
@@ -304,3 +335,42 @@ def test_hf_gpt2_any_matrix_rule_keeps_embeddings_on_adamw(hf_gpt2):
     g = param_groups(hf_gpt2, rules=["*=dgram"])
     muon = [a.name for a in g.assignments if a.optimizer == "muon"]
     assert len(muon) == 8 and not any("wte" in n or "wpe" in n for n in muon)
+
+
+# ---------------------------------------------------------------------------------------- the docs page
+DOCS = Path(__file__).resolve().parents[1] / "docs" / "any-model.md"
+
+
+def fenced(language):
+    return re.findall(rf"```{language}\n(.*?)```", DOCS.read_text(), flags=re.S)
+
+
+def test_the_docs_usage_runs_and_prints_the_table_shown(capsys):
+    exec(compile(fenced("python")[0], str(DOCS), "exec"), {})
+    assert capsys.readouterr().out == fenced("text")[0]
+
+
+def test_the_docs_error_messages_are_the_real_ones():
+    def message(model, **kwargs):
+        with pytest.raises(ValueError) as e:
+            param_groups(model, **kwargs)
+        return str(e.value)
+
+    docs_mlp = nn.Sequential(nn.Linear(64, 128), nn.Tanh(), nn.Linear(128, 128), nn.Tanh(), nn.Linear(128, 10))
+    shown = fenced("text")[1].splitlines()
+    assert shown == [
+        message(docs_mlp, rules=["0.weight=sphere"]),
+        message(docs_mlp, rules=["9.*=stiefel"]),
+        message(TinyLM(), rules=["emb.*=stiefel"]),
+    ]
+    assert fenced("text")[2].strip() == message(nn.Sequential(nn.Conv2d(1, 8, 3)), rules=["*=stiefel"])
+
+
+def test_euclidean_muon_reads_the_stored_layout_as_out_in():
+    # The docs' note: Conv1D c_fc (in=32, out=128) gets shape factor 1, its nn.Linear layout (128, 32) gets 2.
+    torch.manual_seed(3)
+    G = torch.randn(32, 128)
+    conv1d, linear = nn.Parameter(torch.zeros(32, 128)), nn.Parameter(torch.zeros(128, 32))
+    conv1d.grad, linear.grad = G.clone(), G.mT.clone()
+    ManifoldMuon([conv1d, linear], lr=0.02, momentum=0.0, nesterov=False).step()
+    torch.testing.assert_close(linear.detach(), 2 * conv1d.detach().mT, rtol=1e-4, atol=1e-6)
