@@ -24,6 +24,11 @@ only, so ``*.attn.*=stiefel`` puts the attention weight matrices on Stiefel and 
 biases to the later rules (in the end AdamW). An ``adamw`` rule matches any parameter. A custom
 rule that matches no parameter (or, for a manifold rule, no matrix) is a ``ValueError`` naming
 the rule: a typo in a glob must not pass silently.
+
+**Other models.** `assign` works on any ``named_parameters()``; which parameters a manifold rule
+may take is its ``eligible`` predicate (default `is_matrix`). `geomtrain.groups.param_groups`
+builds on it for any ``nn.Module``: kernels through a view, embeddings and the output layer kept
+on AdamW, and the optimizer groups.
 """
 from __future__ import annotations
 

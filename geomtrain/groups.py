@@ -161,6 +161,26 @@ def param_groups(
         custom_manifolds: extra ``name -> GramManifold`` rule targets.
         project: project constrained matrices onto their manifold now.
     """
+    _check_options(model, embeddings, lm_head, conv)
+    if isinstance(rules, Mapping):
+        rules = [Rule(pattern, target) for pattern, target in rules.items()]
+    named, views = logical_parameters(model)
+    reserved = reserved_for_adamw(model, named, embeddings, lm_head)
+    eligible = lambda name, p: p.dim() >= 2 and id(p) not in reserved  # noqa: E731
+    assignments = assign(named, preset, rules, custom_manifolds, eligible, _eligible_desc(embeddings, lm_head))
+    params = dict(named)
+    kernels = _kernels_to_view(assignments, params, views, conv)  # every check before the model changes
+    for a in kernels:
+        module_name, _, attr = a.name.rpartition(".")
+        parametrize.register_parametrization(model.get_submodule(module_name), attr, MatrixView(a.shape, conv))
+        views[a.name] = conv
+        a.shape = tuple(params[a.name].shape)  # the same Parameter, now stored as the view
+    muon, adamw = optimizer_groups(assignments, params, weight_decay)
+    moved = project_onto_manifolds(params, assignments) if project else {}
+    return ParamGroups(muon, adamw, assignments, params, views, moved)
+
+
+def _check_options(model: object, embeddings: str, lm_head: str, conv: str | None) -> None:
     if not isinstance(model, nn.Module):
         raise TypeError(f"param_groups needs a torch.nn.Module; got {type(model).__name__}")
     for option, value in (("embeddings", embeddings), ("lm_head", lm_head)):
@@ -168,38 +188,44 @@ def param_groups(
             raise ValueError(f"{option}={value!r}; valid: {', '.join(map(repr, INCLUDE_CHOICES))}")
     if conv is not None and conv not in CONV_VIEWS:
         raise ValueError(f"conv={conv!r}; valid: {', '.join(map(repr, CONV_VIEWS))} or None")
-    if isinstance(rules, Mapping):
-        rules = [Rule(pattern, target) for pattern, target in rules.items()]
-    named, views = logical_parameters(model)
-    reserved = reserved_for_adamw(model, named, embeddings, lm_head)
-    excluded = [w for w, on in (("embeddings", embeddings == "adamw"), ("lm_head", lm_head == "adamw")) if on]
-    desc = "parameters of 2+ dims" + (
-        f" other than {' and '.join(excluded)} (set "
-        f"{' or '.join(f'{w}={INCLUDE_CHOICES[1]!r}' for w in excluded)} to include them)"
-        if excluded
-        else ""
-    )
-    assignments = assign(
-        named,
-        preset,
-        rules,
-        custom_manifolds,
-        eligible=lambda name, p: p.dim() >= 2 and id(p) not in reserved,
-        eligible_desc=desc,
-    )
-    params = dict(named)
+
+
+def _eligible_desc(embeddings: str, lm_head: str) -> str:
+    """What a Muon rule may take, in words (for the error of a rule that matches none of it)."""
+    excluded = [w for w, v in (("embeddings", embeddings), ("lm_head", lm_head)) if v == "adamw"]
+    if not excluded:
+        return "parameters of 2+ dims"
+    include = " or ".join(f"{w}='rules'" for w in excluded)
+    return f"parameters of 2+ dims other than {' and '.join(excluded)} (set {include} to include them)"
+
+
+def _kernels_to_view(
+    assignments: Sequence[Assignment], params: Mapping[str, torch.Tensor], views: Mapping[str, str], conv: str | None
+) -> list[Assignment]:
+    """The Muon kernels (3+ dims, not viewed yet) to re-parametrise; ``ValueError`` (one line) if
+    one needs a ``conv`` view that was not given or cannot be honoured."""
+    out = []
     for a in assignments:
         if a.name in views and conv is not None and views[a.name] != conv:
             raise ValueError(
-                f"{a.name} is already viewed as conv={views[a.name]!r} (an earlier param_groups call); "
-                f"build a fresh model for conv={conv!r}"
+                f"{a.name} is already viewed as conv={views[a.name]!r} (an earlier param_groups "
+                f"call); build a fresh model for conv={conv!r}"
             )
-        if a.optimizer == "muon" and a.name not in views and params[a.name].dim() > 2:
-            views[a.name] = _view_kernel(model, a, conv)
-            a.shape = tuple(params[a.name].shape)
-    muon, adamw = optimizer_groups(assignments, params, weight_decay)
-    moved = project_onto_manifolds(params, assignments) if project else {}
-    return ParamGroups(muon, adamw, assignments, params, {n: v for n, v in views.items() if n in params}, moved)
+        if a.optimizer != "muon" or a.name in views or params[a.name].dim() <= 2:
+            continue
+        if conv is None:
+            raise ValueError(
+                f"{a.name} is a {len(a.shape)}-dim kernel ({_fmt(a.shape)}) matched by a Muon rule "
+                f"({a.manifold_name}); say how to view it: conv='flatten' or conv='batch', "
+                f"or send it to AdamW with a rule '{a.name}=adamw' first"
+            )
+        if conv == "batch" and a.manifold_name == EUCLIDEAN:
+            raise ValueError(
+                f"{a.name}: conv='batch' needs a manifold target; Euclidean Muon flattens 3+-dim "
+                "tensors (use conv='flatten' there)"
+            )
+        out.append(a)
+    return out
 
 
 def logical_parameters(model: nn.Module) -> tuple[list[tuple[str, torch.Tensor]], dict[str, str]]:
@@ -231,26 +257,6 @@ def reserved_for_adamw(
         if isinstance(head, nn.Module):
             reserved |= {id(p) for p in head.parameters()}
     return reserved
-
-
-def _view_kernel(model: nn.Module, a: Assignment, conv: str | None) -> str:
-    """Re-parametrise the module owning kernel ``a.name`` so that it is stored in the ``conv`` view."""
-    shape = _fmt(a.shape)
-    if conv is None:
-        raise ValueError(
-            f"{a.name} is a {len(a.shape)}-dim kernel ({shape}) matched by a Muon rule "
-            f"({a.manifold_name}); say how to view it: conv='flatten' or conv='batch', "
-            f"or send it to AdamW with a rule '{a.name}=adamw' first"
-        )
-    if conv == "batch" and a.manifold_name == EUCLIDEAN:
-        raise ValueError(
-            f"{a.name}: conv='batch' needs a manifold target; Euclidean Muon flattens 3+-dim "
-            "tensors (use conv='flatten' there)"
-        )
-    module_name, _, attr = a.name.rpartition(".")
-    module = model.get_submodule(module_name)
-    parametrize.register_parametrization(module, attr, MatrixView(a.shape, conv))
-    return conv
 
 
 def optimizer_groups(

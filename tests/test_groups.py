@@ -11,6 +11,7 @@ from pathlib import Path
 import pytest
 import torch
 from torch import nn
+from torch.nn.utils import parametrize
 
 import geomtrain
 from geomtrain.assign import Rule
@@ -197,8 +198,10 @@ def test_a_kernel_on_muon_needs_a_view():
     one_line(e)
     g = param_groups(cnn(), rules=["5.weight=stiefel", "*.weight=adamw"])  # kernels to AdamW: no view
     assert g.views == {} and [a.name for a in g.assignments if a.optimizer == "muon"] == ["5.weight"]
-    with pytest.raises(ValueError, match=r"conv='batch' needs a manifold target; Euclidean Muon flattens"):
-        param_groups(cnn(), rules=["*=euclidean"], conv="batch")
+    model = cnn()
+    with pytest.raises(ValueError, match=r"^2\.weight: conv='batch' needs a manifold target; Euclidean Muon flattens"):
+        param_groups(model, rules=["0.weight=stiefel", "2.weight=euclidean"], conv="batch")
+    assert not parametrize.is_parametrized(model[0])  # checked before anything changed
 
 
 @pytest.mark.parametrize("view", CONV_VIEWS)
