@@ -261,6 +261,9 @@ def test_a_viewed_model_keeps_its_view_on_a_second_call():
     with pytest.raises(ValueError, match=r"0\.weight is already viewed as conv='flatten'"):
         param_groups(model, rules=["*=stiefel"], conv="batch")
     assert isinstance(model[0].parametrizations.weight[0], MatrixView)
+    kernel = model[0].weight.detach().clone()
+    parametrize.remove_parametrizations(model[0], "weight")  # the way back to a plain module (docs)
+    assert "0.weight" in model.state_dict() and torch.equal(model[0].weight, kernel)
 
 
 # ---------------------------------------------------------------------------------------- errors
