@@ -6,6 +6,8 @@ same float32 computation done two ways against 1e-6 (a few ulps of O(1) entries)
 """
 
 import re
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -292,6 +294,8 @@ def test_not_a_module_is_a_type_error():
 
 def test_the_package_exports_param_groups_lazily():
     assert geomtrain.param_groups is param_groups
+    probe = "import sys, geomtrain; print('torch' in sys.modules)"
+    assert subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, check=True).stdout == "False\n"
     with pytest.raises(AttributeError, match="has no attribute 'nope'"):
         geomtrain.nope  # noqa: B018
 
