@@ -1,6 +1,7 @@
 """Launched by torchrun from tests/test_optim_distributed.py (or called in-process for the 1-process
 reference): a few ManifoldMuon steps on a mix of manifolds, then write this rank's parameters,
 optimizer state and statistics to ``<out_dir>/rank<r>.pt``."""
+
 import gc
 import sys
 from pathlib import Path
@@ -26,12 +27,15 @@ def make_params():
 
 def run(steps: int = STEPS):
     params = make_params()
-    opt = ManifoldMuon([
-        {"params": [params[f"st{i}"] for i in range(3)], "manifold": Stiefel()},
-        {"params": [params["dg0"], params["dg1"]], "manifold": DGram()},
-        {"params": [params["ob"]], "manifold": Oblique()},
-        {"params": [params["eu"]], "weight_decay": 0.1},
-    ], lr=0.05)
+    opt = ManifoldMuon(
+        [
+            {"params": [params[f"st{i}"] for i in range(3)], "manifold": Stiefel()},
+            {"params": [params["dg0"], params["dg1"]], "manifold": DGram()},
+            {"params": [params["ob"]], "manifold": Oblique()},
+            {"params": [params["eu"]], "weight_decay": 0.1},
+        ],
+        lr=0.05,
+    )
     stats = []
     for step in range(steps):
         gen = torch.Generator().manual_seed(100 + step)  # the same gradients on every rank
@@ -49,8 +53,10 @@ def main(out_dir: str) -> None:
     dist.init_process_group("gloo")
     try:
         params, state, stats = run()
-        torch.save({"params": params, "state": state, "stats": stats, "world_size": dist.get_world_size()},
-                   Path(out_dir) / f"rank{dist.get_rank()}.pt")
+        torch.save(
+            {"params": params, "state": state, "stats": stats, "world_size": dist.get_world_size()},
+            Path(out_dir) / f"rank{dist.get_rank()}.pt",
+        )
         gc.collect()  # nothing that touched the process group may outlive it (gloo aborts at exit otherwise)
         dist.barrier()
     finally:

@@ -1,4 +1,5 @@
 """Shared cases of the optimizer tests: manifolds, random problems, a float64 reference solve."""
+
 import torch
 
 from geomtrain.optim import spectral_direction

@@ -1,4 +1,5 @@
 """geomtrain bench optimizer: the tables, the JSON, the estimate and bad input."""
+
 import json
 
 from geomtrain.bench.optimizer import OPT_SOLVERS, estimate_seconds
@@ -8,8 +9,22 @@ def test_bench_optimizer_cli_writes_tables_and_json(tmp_path, capsys):
     from geomtrain import bench
 
     out = tmp_path / "bench.json"
-    code = bench.main(["optimizer", "--shapes", "24x8", "8x8", "--manifolds", "stiefel", "dgram", "--scales", "1e-3",
-                       "--quiet", "--out", str(out)])
+    code = bench.main(
+        [
+            "optimizer",
+            "--shapes",
+            "24x8",
+            "8x8",
+            "--manifolds",
+            "stiefel",
+            "dgram",
+            "--scales",
+            "1e-3",
+            "--quiet",
+            "--out",
+            str(out),
+        ]
+    )
     assert code == 0
     captured = capsys.readouterr()
     assert "Per matrix" in captured.out and "Per layer" in captured.out and "x muon" in captured.out
@@ -34,8 +49,10 @@ def test_quick_mode_skips_the_reference_and_estimates_less(tmp_path, capsys):
     from geomtrain import bench
 
     out = tmp_path / "quick.json"
-    assert bench.main(["optimizer", "--quick", "--shapes", "16x8", "--manifolds", "stiefel", "--quiet",
-                       "--out", str(out)]) == 0
+    assert (
+        bench.main(["optimizer", "--quick", "--shapes", "16x8", "--manifolds", "stiefel", "--quiet", "--out", str(out)])
+        == 0
+    )
     result = json.loads(out.read_text())
     assert result["config"]["scales"] == [1e-3] and result["config"]["reference"] is False
     assert all(r["reference"] is None and "gap" not in r["solvers"]["cold"] for r in result["matrices"])

@@ -1,11 +1,12 @@
 """spectral_direction: every solver, the default solver's accuracy, certificate, warm starts and errors."""
+
 import geoopt
 import pytest
 import torch
+from optim_cases import CONSTRAINED, MANIFOLDS, SHAPES, BlockGram, objective, opnorm, problem, reference, seeded
 
 from geomtrain.optim import SOLVERS, spectral_direction, tangent_residual
 from manifolds import BoundedDGram, DGram, Euclidean, Stiefel, msign
-from optim_cases import CONSTRAINED, MANIFOLDS, SHAPES, BlockGram, seeded, objective, opnorm, problem, reference
 
 
 # ============================================================================ spectral_direction
@@ -174,8 +175,6 @@ def test_spectral_direction_errors_name_the_choices():
         spectral_direction(geoopt.Sphere(), W, G)
 
 
-
-
 def _dual_value_exact(W, G, S):
     r"""||G_hat + W S||_* by an exact float64 SVD at the reported multiplier S."""
     W, G = W.double(), G.double()
@@ -183,9 +182,11 @@ def _dual_value_exact(W, G, S):
     return float(torch.linalg.matrix_norm(Gh + W @ S.double(), ord="nuc")), Gh
 
 
-@pytest.mark.parametrize("manifold, shape", [(Stiefel(), (24, 8)), (DGram(), (24, 8)), (DGram(), (16, 16)),
-                                             (DGram(), (20, 16)), (BlockGram(), (12, 8))],
-                         ids=["stiefel-tall", "dgram-tall", "dgram-square", "dgram-near-square", "blockgram"])
+@pytest.mark.parametrize(
+    "manifold, shape",
+    [(Stiefel(), (24, 8)), (DGram(), (24, 8)), (DGram(), (16, 16)), (DGram(), (20, 16)), (BlockGram(), (12, 8))],
+    ids=["stiefel-tall", "dgram-tall", "dgram-square", "dgram-near-square", "blockgram"],
+)
 @pytest.mark.parametrize("dtype", [torch.float64, torch.float32], ids=str)
 def test_certified_gap_is_a_true_upper_bound(manifold, shape, dtype):
     # The reported gap must bound (1) the gap at the returned dual, evaluated exactly (slack: float64
@@ -208,9 +209,11 @@ def test_certified_gap_is_a_true_upper_bound(manifold, shape, dtype):
         assert float(st.dual_gap) < 1e-2  # and it is informative, not a vacuous bound
 
 
-@pytest.mark.parametrize("manifold, shape", [(Stiefel(), (48, 16)), (Stiefel(), (16, 16)), (DGram(), (48, 16)),
-                                             (DGram(), (16, 16)), (DGram(), (16, 48))],
-                         ids=["stiefel-tall", "stiefel-square", "dgram-tall", "dgram-square", "dgram-wide"])
+@pytest.mark.parametrize(
+    "manifold, shape",
+    [(Stiefel(), (48, 16)), (Stiefel(), (16, 16)), (DGram(), (48, 16)), (DGram(), (16, 16)), (DGram(), (16, 48))],
+    ids=["stiefel-tall", "stiefel-square", "dgram-tall", "dgram-square", "dgram-wide"],
+)
 def test_every_step_of_a_warm_started_run_meets_the_targets(manifold, shape):
     # The issue's targets on every matrix, every step (float32): residual RMS <= 1e-4, ||A||_op <= 1 + 1e-2.
     W, G = problem(manifold, shape, seed=50)

@@ -1,5 +1,6 @@
 """ManifoldMuon on 2 CPU ranks (gloo): solves split across ranks, every rank ends identical and equal to
 one process."""
+
 import os
 import subprocess
 import sys
@@ -22,8 +23,15 @@ def test_two_ranks_match_each_other_and_one_process(tmp_path):
         ref_params, ref_state, ref_stats = dist_optim_worker.run()
 
     env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(HERE.parent)}
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2",
-           str(HERE / "dist_optim_worker.py"), str(tmp_path)]
+    cmd = [
+        sys.executable,
+        "-m",
+        "torch.distributed.run",
+        "--standalone",
+        "--nproc_per_node=2",
+        str(HERE / "dist_optim_worker.py"),
+        str(tmp_path),
+    ]
     proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=180)
     assert proc.returncode == 0, proc.stderr[-3000:]
     r0, r1 = (torch.load(tmp_path / f"rank{r}.pt", weights_only=True) for r in (0, 1))

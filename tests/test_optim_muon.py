@@ -1,4 +1,5 @@
 """ManifoldMuon: steps, manifolds, batching, state, non-finite handling, statistics, errors."""
+
 import io
 import json
 import math
@@ -8,10 +9,10 @@ import geoopt
 import pytest
 import scipy.linalg
 import torch
+from optim_cases import CONSTRAINED, MANIFOLDS, opnorm, problem, seeded
 
 from geomtrain.optim import SOLVERS, ManifoldMuon
 from manifolds import BoundedDGram, DGram, Euclidean, Oblique, Stiefel, msign
-from optim_cases import CONSTRAINED, MANIFOLDS, seeded, opnorm, problem
 
 
 # ============================================================================ ManifoldMuon
@@ -156,12 +157,15 @@ def _make_model(seed=0):
 
 
 def _make_opt(model):
-    return ManifoldMuon([
-        {"params": [model["st"]], "manifold": Stiefel()},
-        {"params": [model["dg"]], "manifold": DGram(), "solver_options": {"tol": 1e-5}},
-        {"params": [model["ob"]], "manifold": Oblique(), "solver": "tangent"},
-        {"params": [model["eu"]], "weight_decay": 0.1},
-    ], lr=0.03)
+    return ManifoldMuon(
+        [
+            {"params": [model["st"]], "manifold": Stiefel()},
+            {"params": [model["dg"]], "manifold": DGram(), "solver_options": {"tol": 1e-5}},
+            {"params": [model["ob"]], "manifold": Oblique(), "solver": "tangent"},
+            {"params": [model["eu"]], "weight_decay": 0.1},
+        ],
+        lr=0.03,
+    )
 
 
 def _train(model, opt, steps, seed):
@@ -234,8 +238,18 @@ def test_last_stats_are_json_ready_and_lr_schedulers_work():
     model = _make_model()
     opt = _make_opt(model)
     _train(model, opt, 1, seed=6)
-    keys = {"n_matrices", "msign_calls", "iterations_max", "residual_max", "residual_mean", "dual_gap_max",
-            "n_unconverged", "off_manifold_max", "n_skipped_nonfinite", "n_skipped_nonfinite_total"}
+    keys = {
+        "n_matrices",
+        "msign_calls",
+        "iterations_max",
+        "residual_max",
+        "residual_mean",
+        "dual_gap_max",
+        "n_unconverged",
+        "off_manifold_max",
+        "n_skipped_nonfinite",
+        "n_skipped_nonfinite_total",
+    }
     assert keys <= set(opt.last_stats) and json.loads(json.dumps(opt.last_stats))
     assert opt.last_stats["n_matrices"] == 4 and opt.last_stats["n_unconverged"] == 0
     sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda k: 1.0 if k == 0 else 0.0)
@@ -262,8 +276,6 @@ def test_optimizer_errors_name_the_choices():
         ManifoldMuon([geoopt.ManifoldParameter(torch.randn(4, 3), manifold=geoopt.Sphere())])
     with pytest.raises(TypeError, match="GramManifold"):
         ManifoldMuon([{"params": [W], "manifold": "stiefel"}])
-
-
 
 
 def test_batches_keep_each_manifolds_own_settings():

@@ -20,6 +20,7 @@ same problem, skipped by ``--quick``; negative when an infeasible $A$ overshoots
 default solver, its own certified ``dual_gap``. Tables: per matrix (ratios to ``muon`` and
 evaluations) and per layer (summed times). The run prints its estimated duration first.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -28,12 +29,19 @@ import math
 import platform
 import sys
 import time
-from typing import Callable
+from collections.abc import Callable
 
 import torch
 
-__all__ = ["bench_optimizer", "format_optimizer_table", "format_matrix_table", "estimate_seconds", "add_parser",
-           "GPT2_SHAPES", "OPT_SOLVERS"]
+__all__ = [
+    "bench_optimizer",
+    "format_optimizer_table",
+    "format_matrix_table",
+    "estimate_seconds",
+    "add_parser",
+    "GPT2_SHAPES",
+    "OPT_SOLVERS",
+]
 
 GPT2_SHAPES = (("c_attn", (2304, 768)), ("attn.c_proj", (768, 768)), ("c_fc", (3072, 768)), ("mlp.c_proj", (768, 3072)))
 OPT_SOLVERS = ("muon", "published", "tangent", "cold", "warm")
@@ -87,8 +95,9 @@ def _opnorm(A: torch.Tensor) -> float:
     return float(torch.linalg.eigvalsh(small)[..., -1].clamp_min(0).sqrt())
 
 
-def estimate_seconds(manifolds, scales, layers: int, solvers, shapes, reference: bool, repeats: int,
-                     device: str = "cpu") -> tuple[float, float]:
+def estimate_seconds(
+    manifolds, scales, layers: int, solvers, shapes, reference: bool, repeats: int, device: str = "cpu"
+) -> tuple[float, float]:
     """Predicted wall time of a run and the measured float32 matmul rate it is based on (GFLOP/s)."""
     n = 512
     X = torch.randn(n, n, device=device)
@@ -100,16 +109,26 @@ def estimate_seconds(manifolds, scales, layers: int, solvers, shapes, reference:
             m, k = max(out, inp), min(out, inp)
             msign_s = _MSIGN_STEPS * _MSIGN_GRAMS * 2 * m * k * k / rate
             square_dgram = mname == "dgram" and m < 2 * k
-            cost = lambda s: (_SQUARE_DGRAM_COST if square_dgram else _COST).get(s, _COST[s])  # noqa: E731
+            cost = lambda s: (_SQUARE_DGRAM_COST if square_dgram else _COST).get(s, _COST[s])  # noqa: E731, B023 (called at once)
             per_scale = sum(cost(s) for s in solvers) * repeats
             total += msign_s * (per_scale * len(scales) + (cost("reference") if reference else 0.0))
     return total * layers, rate / 1e9
 
 
-def bench_optimizer(manifolds=("stiefel", "dgram"), scales=(1e-3,), layers: int = 1, solvers=OPT_SOLVERS,
-                    device: str = "cpu", muon_dtype: torch.dtype | None = None, spectrum: str = "gaussian",
-                    repeats: int = 1, seed: int = 0, shapes=GPT2_SHAPES, reference: bool = True,
-                    log: Callable[[str], None] = print) -> dict:
+def bench_optimizer(
+    manifolds=("stiefel", "dgram"),
+    scales=(1e-3,),
+    layers: int = 1,
+    solvers=OPT_SOLVERS,
+    device: str = "cpu",
+    muon_dtype: torch.dtype | None = None,
+    spectrum: str = "gaussian",
+    repeats: int = 1,
+    seed: int = 0,
+    shapes=GPT2_SHAPES,
+    reference: bool = True,
+    log: Callable[[str], None] = print,
+) -> dict:
     """Run the optimizer benchmark; returns ``{"matrices": [...], "layers": [...], "config": {...}}``.
 
     ``shapes`` is a sequence of ``(name, (out, in))`` (default: one GPT-2-small layer).
@@ -136,16 +155,32 @@ def bench_optimizer(manifolds=("stiefel", "dgram"), scales=(1e-3,), layers: int 
                 fresh = _gradient(shape, spectrum, gen, torch.float32, device)
                 ref = _reference(man, W, direction, log, f"{mname} {sname} layer {li}") if reference else None
                 for scale in scales:
-                    rec = _bench_matrix(man, W, scale * direction, scale * fresh, solvers, muon_dtype, repeats,
-                                        device, ref)
+                    rec = _bench_matrix(
+                        man, W, scale * direction, scale * fresh, solvers, muon_dtype, repeats, device, ref
+                    )
                     rec.update(manifold=mname, layer=li, matrix=sname, shape=list(shape), scale=scale)
                     matrices.append(rec)
-                    log(f"  {mname} {sname} layer {li} scale {scale:g}: " + ", ".join(
-                        f"{k} {v['seconds']:.2f}s" for k, v in rec["solvers"].items()))
-    return {"config": {"manifolds": list(manifolds), "scales": list(scales), "layers": layers, "solvers": list(solvers),
-                       "device": str(device), "muon_dtype": str(muon_dtype), "spectrum": spectrum, "repeats": repeats,
-                       "seed": seed, "shapes": {k: list(v) for k, v in shapes}, "reference": reference},
-            "matrices": matrices, "layers": _layer_rows(matrices, solvers)}
+                    log(
+                        f"  {mname} {sname} layer {li} scale {scale:g}: "
+                        + ", ".join(f"{k} {v['seconds']:.2f}s" for k, v in rec["solvers"].items())
+                    )
+    return {
+        "config": {
+            "manifolds": list(manifolds),
+            "scales": list(scales),
+            "layers": layers,
+            "solvers": list(solvers),
+            "device": str(device),
+            "muon_dtype": str(muon_dtype),
+            "spectrum": spectrum,
+            "repeats": repeats,
+            "seed": seed,
+            "shapes": {k: list(v) for k, v in shapes},
+            "reference": reference,
+        },
+        "matrices": matrices,
+        "layers": _layer_rows(matrices, solvers),
+    }
 
 
 def _reference(man, W, G, log, label) -> dict:
@@ -153,10 +188,16 @@ def _reference(man, W, G, log, label) -> dict:
 
     t0 = time.perf_counter()
     A, st = spectral_direction(man, W.double(), G.double(), tol=1e-6, max_iter=150, smoothing=1e-5)
-    log(f"  reference {label}: {int(st.evaluations)} evaluations, residual {float(st.residual):.1e}, "
-        f"certified gap {float(st.dual_gap):.1e} ({time.perf_counter() - t0:.1f} s)")
-    return {"objective": _objective(G, A), "residual": float(st.residual), "dual_gap": float(st.dual_gap),
-            "evaluations": int(st.evaluations)}
+    log(
+        f"  reference {label}: {int(st.evaluations)} evaluations, residual {float(st.residual):.1e}, "
+        f"certified gap {float(st.dual_gap):.1e} ({time.perf_counter() - t0:.1f} s)"
+    )
+    return {
+        "objective": _objective(G, A),
+        "residual": float(st.residual),
+        "dual_gap": float(st.dual_gap),
+        "evaluations": int(st.evaluations),
+    }
 
 
 def _bench_matrix(man, W, G, fresh, solvers, muon_dtype, repeats, device, ref) -> dict:
@@ -169,8 +210,12 @@ def _bench_matrix(man, W, G, fresh, solvers, muon_dtype, repeats, device, ref) -
     out: dict = {"reference": ref, "solvers": {}}
 
     def record(name, seconds, A, st, W_, G_, ref_obj):
-        entry = {"seconds": seconds, "residual": float(tangent_residual(man, W_.double(), A.double())),
-                 "opnorm": _opnorm(A), "evaluations": int(st.evaluations) if st is not None else 1}
+        entry = {
+            "seconds": seconds,
+            "residual": float(tangent_residual(man, W_.double(), A.double())),
+            "opnorm": _opnorm(A),
+            "evaluations": int(st.evaluations) if st is not None else 1,
+        }
         if ref_obj is not None:
             entry["gap"] = (ref_obj - _objective(G_, A)) / ref_obj
         if st is not None and st.dual_gap is not None:
@@ -184,7 +229,7 @@ def _bench_matrix(man, W, G, fresh, solvers, muon_dtype, repeats, device, ref) -
             sec, A = _timed(lambda: msign(G, "polar_express", steps=5, compute_dtype=muon_dtype), repeats, device)
             record(name, sec, A, None, W, G, ref_obj)
         elif name in ("published", "tangent"):
-            sec, (A, st) = _timed(lambda: spectral_direction(man, W, G, solver=name, **mopts), repeats, device)
+            sec, (A, st) = _timed(lambda: spectral_direction(man, W, G, solver=name, **mopts), repeats, device)  # noqa: B023
             record(name, sec, A, st, W, G, ref_obj)
         elif name == "cold":
             sec, cold = _timed(lambda: spectral_direction(man, W, G), repeats, device)
@@ -193,7 +238,7 @@ def _bench_matrix(man, W, G, fresh, solvers, muon_dtype, repeats, device, ref) -
             A0, st0 = cold if cold is not None else spectral_direction(man, W, G)
             W2 = man.retr(W, -0.02 * A0)
             G2 = 0.95 * G + 0.05 * fresh
-            sec, (A, st) = _timed(lambda: spectral_direction(man, W2, G2, dual=st0.dual), repeats, device)
+            sec, (A, st) = _timed(lambda: spectral_direction(man, W2, G2, dual=st0.dual), repeats, device)  # noqa: B023
             record(name, sec, A, st, W2, G2, None)
     muon_s = out["solvers"]["muon"]["seconds"]
     for entry in out["solvers"].values():
@@ -211,8 +256,14 @@ def _layer_rows(matrices: list[dict], solvers) -> list[dict]:
         muon_s = sum(r["solvers"]["muon"]["seconds"] for r in rs)
         for name in solvers:
             es = [r["solvers"][name] for r in rs]
-            row = {"manifold": mname, "scale": scale, "layer": layer, "solver": name,
-                   "seconds": sum(e["seconds"] for e in es), "evaluations": sum(e["evaluations"] for e in es)}
+            row = {
+                "manifold": mname,
+                "scale": scale,
+                "layer": layer,
+                "solver": name,
+                "seconds": sum(e["seconds"] for e in es),
+                "evaluations": sum(e["evaluations"] for e in es),
+            }
             row["x_muon"] = row["seconds"] / muon_s
             row["x_muon_max"] = max(e["x_muon"] for e in es)
             for key in ("residual", "opnorm", "gap", "dual_gap"):
@@ -235,35 +286,83 @@ def _fmt(v, f) -> str:
 def format_matrix_table(result: dict) -> str:
     """Per matrix: muon seconds and every solver's ratio to it (evaluations in brackets), accuracy of cold/warm."""
     solvers = [s for s in result["config"]["solvers"] if s != "muon"]
-    head = ("manifold", "scale", "matrix", "muon [s]", *[f"{s} x" for s in solvers], "residual", "opnorm",
-            "gap vs ref", "dual gap")
+    head = (
+        "manifold",
+        "scale",
+        "matrix",
+        "muon [s]",
+        *[f"{s} x" for s in solvers],
+        "residual",
+        "opnorm",
+        "gap vs ref",
+        "dual gap",
+    )
     lines = []
     for r in result["matrices"]:
         sv = r["solvers"]
         ours = [sv[k] for k in ("cold", "warm") if k in sv]
-        worst = lambda key: max((e[key] for e in ours if key in e), key=abs, default=None)  # noqa: E731
-        lines.append((r["manifold"], f"{r['scale']:g}", f"{r['matrix']} {r['shape'][0]}x{r['shape'][1]}",
-                      f"{sv['muon']['seconds']:.3f}",
-                      *[f"{sv[s]['x_muon']:.2f} ({sv[s]['evaluations']})" for s in solvers],
-                      _fmt(worst("residual"), ".1e"), _fmt(worst("opnorm"), ".5f"), _fmt(worst("gap"), ".1e"),
-                      _fmt(worst("dual_gap"), ".1e")))
+        worst = lambda key: max((e[key] for e in ours if key in e), key=abs, default=None)  # noqa: E731, B023 (called at once)
+        lines.append(
+            (
+                r["manifold"],
+                f"{r['scale']:g}",
+                f"{r['matrix']} {r['shape'][0]}x{r['shape'][1]}",
+                f"{sv['muon']['seconds']:.3f}",
+                *[f"{sv[s]['x_muon']:.2f} ({sv[s]['evaluations']})" for s in solvers],
+                _fmt(worst("residual"), ".1e"),
+                _fmt(worst("opnorm"), ".5f"),
+                _fmt(worst("gap"), ".1e"),
+                _fmt(worst("dual_gap"), ".1e"),
+            )
+        )
     return _table(head, lines)
 
 
 def format_optimizer_table(result: dict) -> str:
     """Per layer: summed seconds, ratio to plain Muon, the largest single-matrix ratio, accuracy."""
-    head = ("manifold", "scale", "layer", "solver", "time [s]", "x muon", "max matrix x", "evaluations", "residual",
-            "opnorm", "gap vs ref", "dual gap")
-    lines = [(r["manifold"], f"{r['scale']:g}", str(r["layer"]), r["solver"], f"{r['seconds']:.3f}",
-              f"{r['x_muon']:.2f}", f"{r['x_muon_max']:.2f}", str(r["evaluations"]), _fmt(r["residual"], ".1e"),
-              _fmt(r["opnorm"], ".5f"), _fmt(r["gap"], ".1e"), _fmt(r["dual_gap"], ".1e")) for r in result["layers"]]
+    head = (
+        "manifold",
+        "scale",
+        "layer",
+        "solver",
+        "time [s]",
+        "x muon",
+        "max matrix x",
+        "evaluations",
+        "residual",
+        "opnorm",
+        "gap vs ref",
+        "dual gap",
+    )
+    lines = [
+        (
+            r["manifold"],
+            f"{r['scale']:g}",
+            str(r["layer"]),
+            r["solver"],
+            f"{r['seconds']:.3f}",
+            f"{r['x_muon']:.2f}",
+            f"{r['x_muon_max']:.2f}",
+            str(r["evaluations"]),
+            _fmt(r["residual"], ".1e"),
+            _fmt(r["opnorm"], ".5f"),
+            _fmt(r["gap"], ".1e"),
+            _fmt(r["dual_gap"], ".1e"),
+        )
+        for r in result["layers"]
+    ]
     return _table(head, lines)
 
 
 def _machine(device: str) -> dict:
-    info = {"python": platform.python_version(), "torch": torch.__version__, "platform": platform.platform(),
-            "processor": platform.processor() or platform.machine(), "threads": torch.get_num_threads(),
-            "device": str(device)}
+    info = {
+        "python": platform.python_version(),
+        "torch": torch.__version__,
+        "platform": platform.platform(),
+        "processor": platform.processor() or platform.machine(),
+        "threads": torch.get_num_threads(),
+        "device": str(device),
+    }
     try:
         with open("/proc/cpuinfo") as fh:
             names = [ln.split(":", 1)[1].strip() for ln in fh if ln.startswith("model name")]
@@ -304,14 +403,29 @@ def _cmd_optimizer(args: argparse.Namespace) -> int:
     reference = not (args.quick or args.no_reference)
     shapes = _parse_shapes(args.shapes) if args.shapes else GPT2_SHAPES
     est, rate = estimate_seconds(args.manifolds, scales, layers, args.solvers, shapes, reference, args.repeats, device)
-    print(f"geomtrain bench optimizer: {len(args.manifolds)} manifold(s) x {layers} layer(s) x {len(shapes)} "
-          f"matrices x {len(scales)} scale(s), reference {'on' if reference else 'off'}: estimated "
-          f"~{est / 60:.1f} min (float32 matmul here: {rate:.0f} GFLOP/s)", file=sys.stderr, flush=True)
+    print(
+        f"geomtrain bench optimizer: {len(args.manifolds)} manifold(s) x {layers} layer(s) x {len(shapes)} "
+        f"matrices x {len(scales)} scale(s), reference {'on' if reference else 'off'}: estimated "
+        f"~{est / 60:.1f} min (float32 matmul here: {rate:.0f} GFLOP/s)",
+        file=sys.stderr,
+        flush=True,
+    )
     log = (lambda s: print(s, file=sys.stderr, flush=True)) if not args.quiet else (lambda s: None)
     t0 = time.perf_counter()
-    result = bench_optimizer(manifolds=args.manifolds, scales=scales, layers=layers, solvers=args.solvers,
-                             device=device, muon_dtype=muon_dtype, spectrum=args.spectrum, repeats=args.repeats,
-                             seed=args.seed, shapes=shapes, reference=reference, log=log)
+    result = bench_optimizer(
+        manifolds=args.manifolds,
+        scales=scales,
+        layers=layers,
+        solvers=args.solvers,
+        device=device,
+        muon_dtype=muon_dtype,
+        spectrum=args.spectrum,
+        repeats=args.repeats,
+        seed=args.seed,
+        shapes=shapes,
+        reference=reference,
+        log=log,
+    )
     result["machine"] = _machine(device)
     result["command"] = "geomtrain bench " + " ".join(argv)
     result["wall_seconds"] = time.perf_counter() - t0
@@ -320,8 +434,10 @@ def _cmd_optimizer(args: argparse.Namespace) -> int:
     print(format_matrix_table(result))
     print("\nPer layer (summed times):")
     print(format_optimizer_table(result))
-    print(f"\n{result['command']}  ({result['wall_seconds']:.0f} s, estimated {est:.0f} s, "
-          f"{result['machine'].get('cpu', device)}, {result['machine']['threads']} threads)")
+    print(
+        f"\n{result['command']}  ({result['wall_seconds']:.0f} s, estimated {est:.0f} s, "
+        f"{result['machine'].get('cpu', device)}, {result['machine']['threads']} threads)"
+    )
     if args.out:
         with open(args.out, "w") as fh:
             json.dump(result, fh, indent=1)
@@ -331,23 +447,45 @@ def _cmd_optimizer(args: argparse.Namespace) -> int:
 
 def add_parser(sub) -> None:
     """Register ``optimizer`` on the ``geomtrain bench`` subparsers."""
-    p = sub.add_parser("optimizer", help="Manifold Muon solvers vs plain Muon at GPT-2-small shapes",
-                       description=__doc__.split("\n\n")[1] if __doc__ else None)
-    p.add_argument("--quick", action="store_true",
-                   help="one gradient scale (1e-3), no reference solve: about two minutes on a 2-core CPU")
-    p.add_argument("--layers", type=int, default=None, help="transformer layers (4 matrices each); default 12 on GPU, 1 on CPU")
+    p = sub.add_parser(
+        "optimizer",
+        help="Manifold Muon solvers vs plain Muon at GPT-2-small shapes",
+        description=__doc__.split("\n\n")[1] if __doc__ else None,
+    )
+    p.add_argument(
+        "--quick",
+        action="store_true",
+        help="one gradient scale (1e-3), no reference solve: about two minutes on a 2-core CPU",
+    )
+    p.add_argument(
+        "--layers", type=int, default=None, help="transformer layers (4 matrices each); default 12 on GPU, 1 on CPU"
+    )
     p.add_argument("--manifolds", nargs="+", default=["stiefel", "dgram"], choices=["stiefel", "dgram", "oblique"])
-    p.add_argument("--scales", nargs="+", type=float, default=None,
-                   help="gradient entry RMS (default: 1e-3 1; --quick: 1e-3)")
+    p.add_argument(
+        "--scales", nargs="+", type=float, default=None, help="gradient entry RMS (default: 1e-3 1; --quick: 1e-3)"
+    )
     p.add_argument("--solvers", nargs="+", default=list(OPT_SOLVERS), choices=list(OPT_SOLVERS))
     p.add_argument("--no-reference", action="store_true", help="skip the float64 reference solves (no gap vs ref)")
-    p.add_argument("--shapes", nargs="+", default=None, metavar="OUTxIN",
-                   help="matrix shapes instead of a GPT-2-small layer (e.g. 64x32 32x64)")
-    p.add_argument("--spectrum", default="gaussian", choices=["gaussian", "powerlaw"],
-                   help="gradient singular values: i.i.d. Gaussian entries, or k^-1/2 decay")
+    p.add_argument(
+        "--shapes",
+        nargs="+",
+        default=None,
+        metavar="OUTxIN",
+        help="matrix shapes instead of a GPT-2-small layer (e.g. 64x32 32x64)",
+    )
+    p.add_argument(
+        "--spectrum",
+        default="gaussian",
+        choices=["gaussian", "powerlaw"],
+        help="gradient singular values: i.i.d. Gaussian entries, or k^-1/2 decay",
+    )
     p.add_argument("--device", default="auto", help="auto, cpu or cuda")
-    p.add_argument("--muon-dtype", default=None, choices=list(_DTYPES),
-                   help="msign dtype of muon/published/tangent (default bfloat16 on GPU, float32 on CPU)")
+    p.add_argument(
+        "--muon-dtype",
+        default=None,
+        choices=list(_DTYPES),
+        help="msign dtype of muon/published/tangent (default bfloat16 on GPU, float32 on CPU)",
+    )
     p.add_argument("--repeats", type=int, default=1, help="time each solve this many times, keep the best")
     p.add_argument("--threads", type=int, default=0, help="torch CPU threads (0: torch's default)")
     p.add_argument("--seed", type=int, default=0)

@@ -7,9 +7,26 @@ Modules: `direction` (entry point), `gram` (the Gram-space dual), `gram_newton` 
 solver), `douglas_rachford` (degenerate duals), `baselines` (``tangent``, ``published``),
 `numerics` (kernels), `muon` (the optimizer).
 """
-from .direction import (DEFAULT_SOLVER, SOLVER_OPTIONS, SOLVERS, DirectionStats, mask_kind, spectral_direction,
-                        tangent_residual)
+
+from .direction import (
+    DEFAULT_SOLVER,
+    SOLVER_OPTIONS,
+    SOLVERS,
+    DirectionStats,
+    mask_kind,
+    spectral_direction,
+    tangent_residual,
+)
 from .muon import SHAPE_SCALES, ManifoldMuon
 
-__all__ = ["ManifoldMuon", "SHAPE_SCALES", "spectral_direction", "DirectionStats", "tangent_residual", "mask_kind",
-           "SOLVERS", "SOLVER_OPTIONS", "DEFAULT_SOLVER"]
+__all__ = [
+    "ManifoldMuon",
+    "SHAPE_SCALES",
+    "spectral_direction",
+    "DirectionStats",
+    "tangent_residual",
+    "mask_kind",
+    "SOLVERS",
+    "SOLVER_OPTIONS",
+    "DEFAULT_SOLVER",
+]

@@ -6,6 +6,7 @@ $A = \operatorname{msign}(G + L^*(\Lambda))$, $\Lambda \leftarrow \Lambda - \alp
 for $K$ = ``steps`` steps, stop when $\|L(A)\|_F / n <$ ``tol`` (RMS over all $n^2$ entries, as
 published; with the default $10^{-6}$ it never fires). Not scale-invariant.
 """
+
 from __future__ import annotations
 
 import torch
@@ -19,8 +20,14 @@ __all__ = ["solve_tangent", "solve_published", "MSIGN_OPTIONS", "TANGENT_OPTIONS
 
 MSIGN_OPTIONS = {"msign": "polar_express", "msign_steps": 5, "msign_dtype": None, "trace": False}
 TANGENT_OPTIONS = dict(MSIGN_OPTIONS)
-PUBLISHED_OPTIONS = {"steps": 20, "alpha": 0.1, "tol": 1e-6, "dual": None,
-                     **MSIGN_OPTIONS, "msign_dtype": torch.bfloat16}  # the paper's bf16 msign
+PUBLISHED_OPTIONS = {
+    "steps": 20,
+    "alpha": 0.1,
+    "tol": 1e-6,
+    "dual": None,
+    **MSIGN_OPTIONS,
+    "msign_dtype": torch.bfloat16,
+}  # the paper's bf16 msign
 
 
 def msign_with(X: torch.Tensor, opts: dict) -> torch.Tensor:
@@ -37,8 +44,12 @@ def solve_tangent(manifold: GramManifold, T: torch.Tensor, G: torch.Tensor, opts
     if opts["trace"]:
         trace = Trace()
         trace.add(res[0], first_objective(G, A))
-    return A, {"evaluations": torch.ones(B, dtype=torch.long), "residual": res,
-               "converged": torch.ones(B, dtype=torch.bool), "trace": trace}
+    return A, {
+        "evaluations": torch.ones(B, dtype=torch.long),
+        "residual": res,
+        "converged": torch.ones(B, dtype=torch.bool),
+        "trace": trace,
+    }
 
 
 def solve_published(manifold: GramManifold, T: torch.Tensor, G: torch.Tensor, opts: dict) -> tuple[torch.Tensor, dict]:
@@ -61,5 +72,10 @@ def solve_published(manifold: GramManifold, T: torch.Tensor, G: torch.Tensor, op
         Lam = Lam - alpha * (1 - k / steps) * H
     B = T.shape[0]
     res = (H.square().sum(dim=(-2, -1)) / count).sqrt()
-    return A, {"evaluations": torch.full((B,), calls, dtype=torch.long), "residual": res.double().cpu(),
-               "converged": (H.norm(dim=(-2, -1)) / n < tol).cpu(), "dual": Lam, "trace": trace}
+    return A, {
+        "evaluations": torch.full((B,), calls, dtype=torch.long),
+        "residual": res.double().cpu(),
+        "converged": (H.norm(dim=(-2, -1)) / n < tol).cpu(),
+        "dual": Lam,
+        "trace": trace,
+    }

@@ -18,6 +18,7 @@ Gram-space dual of `geomtrain.optim.gram`, with `geomtrain.optim.douglas_rachfor
 duals), ``"tangent"`` and ``"published"`` (`geomtrain.optim.baselines`). $G$ is normalised to
 $\|G\|_F = 1$ first by every solver except ``"published"``: the argmax does not change.
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -31,8 +32,15 @@ from . import gram_newton
 from .baselines import MSIGN_OPTIONS, PUBLISHED_OPTIONS, TANGENT_OPTIONS, msign_with, solve_published, solve_tangent
 from .gram import mask_kind, tangent_residual
 
-__all__ = ["spectral_direction", "DirectionStats", "SOLVERS", "DEFAULT_SOLVER", "SOLVER_OPTIONS",
-           "tangent_residual", "mask_kind"]
+__all__ = [
+    "spectral_direction",
+    "DirectionStats",
+    "SOLVERS",
+    "DEFAULT_SOLVER",
+    "SOLVER_OPTIONS",
+    "tangent_residual",
+    "mask_kind",
+]
 
 SOLVERS = ("gram_newton", "tangent", "published")
 DEFAULT_SOLVER = "gram_newton"
@@ -82,8 +90,10 @@ def _check(manifold, W: torch.Tensor, G: torch.Tensor, solver: str, options: dic
         raise TypeError(f"spectral_direction needs a manifolds.GramManifold; got {type(manifold).__name__}")
     unknown = set(options) - set(SOLVER_OPTIONS[solver])
     if unknown:
-        raise ValueError(f"unknown option(s) {', '.join(sorted(unknown))} for solver {solver!r}; "
-                         f"valid: {', '.join(SOLVER_OPTIONS[solver])}")
+        raise ValueError(
+            f"unknown option(s) {', '.join(sorted(unknown))} for solver {solver!r}; "
+            f"valid: {', '.join(SOLVER_OPTIONS[solver])}"
+        )
     if W.shape != G.shape or W.dim() < 2:
         raise ValueError(f"W and G must have the same shape (..., m, n); got {tuple(W.shape)} and {tuple(G.shape)}")
     if not bool(torch.isfinite(G).all()):
@@ -91,8 +101,9 @@ def _check(manifold, W: torch.Tensor, G: torch.Tensor, solver: str, options: dic
     return {**SOLVER_OPTIONS[solver], **options}
 
 
-def spectral_direction(manifold: GramManifold, W: torch.Tensor, G: torch.Tensor, *, solver: str = DEFAULT_SOLVER,
-                       **options: object) -> tuple[torch.Tensor, DirectionStats]:
+def spectral_direction(
+    manifold: GramManifold, W: torch.Tensor, G: torch.Tensor, *, solver: str = DEFAULT_SOLVER, **options: object
+) -> tuple[torch.Tensor, DirectionStats]:
     r"""Unit-spectral-norm tangent direction maximising $\langle G, A\rangle$ at ``W``.
 
     Args:
@@ -127,14 +138,22 @@ def spectral_direction(manifold: GramManifold, W: torch.Tensor, G: torch.Tensor,
     if mask_kind(manifold) == "euclidean":
         B = T3.shape[0]
         A3 = msign_with(G3, opts)
-        raw = {"evaluations": torch.ones(B, dtype=torch.long), "residual": torch.zeros(B, dtype=torch.float64),
-               "converged": torch.ones(B, dtype=torch.bool)}
+        raw = {
+            "evaluations": torch.ones(B, dtype=torch.long),
+            "residual": torch.zeros(B, dtype=torch.float64),
+            "converged": torch.ones(B, dtype=torch.bool),
+        }
     else:
         A3, raw = _SOLVE[solver](manifold, T3, G3, opts)
     gap, dual, trace, mult = raw.get("dual_gap"), raw.get("dual"), raw.get("trace"), raw.get("multiplier")
     stats = DirectionStats(
-        solver=solver, evaluations=raw["evaluations"].reshape(batch), residual=raw["residual"].reshape(batch),
-        converged=raw["converged"].reshape(batch), dual_gap=None if gap is None else gap.reshape(batch),
+        solver=solver,
+        evaluations=raw["evaluations"].reshape(batch),
+        residual=raw["residual"].reshape(batch),
+        converged=raw["converged"].reshape(batch),
+        dual_gap=None if gap is None else gap.reshape(batch),
         dual=None if dual is None else dual.reshape(*batch, n, n),
-        multiplier=None if mult is None else mult.reshape(*batch, n, n), trace=None if trace is None else trace.as_dict())
+        multiplier=None if mult is None else mult.reshape(*batch, n, n),
+        trace=None if trace is None else trace.as_dict(),
+    )
     return from_tall(A3.reshape(T.shape), like=W), stats

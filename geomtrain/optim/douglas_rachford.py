@@ -11,6 +11,7 @@ started at the fixed point implied by the current dual iterate, $z_0 = A - Y/\rh
 Anderson-accelerated (depth 2) with a safeguard on the fixed-point residual $\|y - x\|_F$.
 At a fixed point $z^\star$, $-\rho S_F(z^\star + \hat G/\rho)$ is a dual optimum.
 """
+
 from __future__ import annotations
 
 import math
@@ -26,15 +27,22 @@ DR_RELAX = 1.5  # over-relaxed Douglas-Rachford: 10-20% fewer evaluations than 1
 DR_ANDERSON = 2  # deeper Anderson histories destabilise Douglas-Rachford on these problems (measured)
 
 
-def douglas_rachford(dual: GramDual, S: torch.Tensor, R: torch.Tensor, tol: float, budget: torch.Tensor,
-                     depth: int, trace: Trace | None = None):
+def douglas_rachford(
+    dual: GramDual,
+    S: torch.Tensor,
+    R: torch.Tensor,
+    tol: float,
+    budget: torch.Tensor,
+    depth: int,
+    trace: Trace | None = None,
+):
     """Run Douglas-Rachford from the dual iterate ``(S, R)`` for at most ``budget`` evaluations per entry.
 
     Returns ``(Z, res, S_dual, used)``: the coefficients of the best ball point $y$ (lowest tangent
     residual), its residual, the implied dual multiplier and the evaluations used.
     """
     B, n = S.shape[0], S.shape[-1]
-    rho = n ** -0.5
+    rho = n**-0.5
     eye = torch.eye(n, dtype=S.dtype, device=S.device).expand(B, n, n)
     Z = torch.stack([R - eye / rho, S @ R - S / rho], 1)
     G_rho = torch.stack([eye / rho, torch.zeros_like(S)], 1)

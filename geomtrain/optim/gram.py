@@ -10,7 +10,8 @@ A = Y R,\qquad L_W(A) = P(Z R + R Z^\top),\ Z = W^\top Y = K + \Gamma S.$$
 
 On the manifold $\Gamma$ is known: $I$ for Stiefel, $\operatorname{diag}$ of the squared column
 norms for DGram (and its subclasses), used in float32; float64 solves and other masks form
-$W^\top W$ (a float32 point is on the manifold only to $\sim 10^{-7}$, which float64 would resolve). So the $m \times n$ work of a
+$W^\top W$ (a float32 point is on the manifold only to $\sim 10^{-7}$, which float64 would resolve).
+So the $m \times n$ work of a
 solve is two Gram products ($C$, $K$) and the final $A = (\hat G + W S) R$: the rest is
 $n \times n$.
 
@@ -29,6 +30,7 @@ With $X = R^{-1}$ this is $\tfrac12(\langle YR, Y\rangle + \operatorname{tr} R^{
 matrices actually formed, so errors of the eigendecomposition only loosen it; with weak duality
 $\mathrm{OPT} \le \|Y(S)\|_*$ it bounds the optimum from above.
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -90,7 +92,7 @@ class Evaluation:
     res: torch.Tensor  # RMS of H over the constrained entries
     prim: torch.Tensor  # <G_hat, Y R>
 
-    def select(self, mask: torch.Tensor) -> "Evaluation":
+    def select(self, mask: torch.Tensor) -> Evaluation:
         return Evaluation(*(getattr(self, f)[mask] for f in self.__dataclass_fields__))
 
 
@@ -99,8 +101,16 @@ class GramDual:
 
     _BATCHED = ("C", "K", "Gw", "d", "Td", "Gd")
 
-    def __init__(self, manifold: GramManifold, T: torch.Tensor, Gh: torch.Tensor, dtype: torch.dtype,
-                 smoothing: float, cg_iters: int = 10, cg_tol: float = 1e-2):
+    def __init__(
+        self,
+        manifold: GramManifold,
+        T: torch.Tensor,
+        Gh: torch.Tensor,
+        dtype: torch.dtype,
+        smoothing: float,
+        cg_iters: int = 10,
+        cg_tol: float = 1e-2,
+    ):
         if dtype not in (torch.float32, torch.float64):
             raise ValueError(f"compute_dtype must be torch.float32 or torch.float64; got {dtype}")
         self.manifold, self.kind = manifold, mask_kind(manifold)
@@ -128,7 +138,7 @@ class GramDual:
     def batch(self) -> int:
         return self.C.shape[0]
 
-    def sub(self, idx: torch.Tensor) -> "GramDual":
+    def sub(self, idx: torch.Tensor) -> GramDual:
         """The same dual restricted to batch entries ``idx`` (itself when ``idx`` is every entry)."""
         if len(idx) == self.batch and bool((idx == torch.arange(len(idx), device=idx.device)).all()):
             return self
@@ -277,4 +287,3 @@ class GramDual:
     def combine(self, Z: torch.Tensor) -> torch.Tensor:
         r"""$\hat G a + W b$ from coefficient pairs."""
         return torch.baddbmm(self.Gd @ Z[:, 0], self.Td, Z[:, 1])
-

@@ -13,7 +13,8 @@ restarts from $S_T$ (the residual monitor; cold starts begin at residuals of abo
 
 **Degenerate duals.** Square DGram goes to `solve_square_dgram` (the problem in $n \times n$
 matrices; its warm-start state is the Douglas-Rachford iterate). DGram and custom masks with
-$m < 2n$, and entries whose residual stalls, continue with `douglas_rachford`. If ``max_iter`` runs out, the best direction is projected onto
+$m < 2n$, and entries whose residual stalls, continue with `douglas_rachford`. If ``max_iter`` runs out,
+the best direction is projected onto
 the tangent space and scaled by its exact spectral norm (`GramDual.polish`): every returned
 direction is tangent to ``tol`` (to rounding where polished) with $\|A\|_{\mathrm{op}} \le 1$ up to
 the rounding floor of the compute dtype.
@@ -22,6 +23,7 @@ the rounding floor of the compute dtype.
 \ge \mathrm{OPT}$ from `GramDual.upper_bound` at the returned multiplier: a true upper bound on the
 relative suboptimality of $A$ (up to the rounding of the compute dtype).
 """
+
 from __future__ import annotations
 
 import math
@@ -32,13 +34,22 @@ from manifolds import GramManifold
 
 from .douglas_rachford import DR_ANDERSON, douglas_rachford
 from .gram import ROUNDING_FLOOR, Evaluation, GramDual, mask_kind
-from .square_dgram import solve_square_dgram
 from .numerics import Anderson, Trace, eigh_psd, normalise, sym
+from .square_dgram import solve_square_dgram
 
 __all__ = ["solve_gram_newton", "OPTIONS"]
 
-OPTIONS = {"tol": 1e-4, "max_iter": 50, "anderson": 5, "smoothing": 1e-4, "compute_dtype": None,
-           "warm_reset": 0.1, "cg_iters": 10, "cg_tol": 1e-2, "dual": None}
+OPTIONS = {
+    "tol": 1e-4,
+    "max_iter": 50,
+    "anderson": 5,
+    "smoothing": 1e-4,
+    "compute_dtype": None,
+    "warm_reset": 0.1,
+    "cg_iters": 10,
+    "cg_tol": 1e-2,
+    "dual": None,
+}
 
 # An entry stops when its best residual fell by less than this factor over this many evaluations:
 # where the dual optimum is degenerate (square DGram/Oblique: Y loses rank) progress becomes slow.
@@ -63,7 +74,9 @@ def compute_dtype_for(T: torch.Tensor, requested: torch.dtype | None) -> torch.d
     return torch.float64 if T.dtype == torch.float64 else torch.float32
 
 
-def solve_gram_newton(manifold: GramManifold, T: torch.Tensor, G: torch.Tensor, opts: dict) -> tuple[torch.Tensor, dict]:
+def solve_gram_newton(
+    manifold: GramManifold, T: torch.Tensor, G: torch.Tensor, opts: dict
+) -> tuple[torch.Tensor, dict]:
     """Solve a batch of tall problems ``(B, m, n)``; returns ``(A, raw statistics)``."""
     tol, max_iter = float(opts["tol"]), int(opts["max_iter"])
     if max_iter < 1:
@@ -75,8 +88,9 @@ def solve_gram_newton(manifold: GramManifold, T: torch.Tensor, G: torch.Tensor, 
     dtype = compute_dtype_for(T, opts["compute_dtype"])
     stop = tol * STOP_MARGIN.get(dtype, 1.0)
     if mask_kind(manifold) == "dgram" and m == n:
-        A, out = solve_square_dgram(T.to(dtype), Gh.to(dtype), live, tol, stop, max_iter, opts["smoothing"],
-                                    opts["dual"], trace)
+        A, out = solve_square_dgram(
+            T.to(dtype), Gh.to(dtype), live, tol, stop, max_iter, opts["smoothing"], opts["dual"], trace
+        )
         return torch.where(zero, torch.zeros_like(A), A).to(T.dtype), out
     if mask_kind(manifold) == "stiefel" and m == n:
         A, out = _square_stiefel(manifold, T, Gh, live, dtype, opts, trace)
@@ -96,8 +110,18 @@ def solve_gram_newton(manifold: GramManifold, T: torch.Tensor, G: torch.Tensor, 
             dual, S_T, S = _setup(manifold, T, Gh, zero, dtype, opts)
         first = None if first is None else first.select(live)
     degenerate = dual.kind in ("dgram", "generic") and m < DR_ASPECT * n
-    best, calls = _newton(dual, S, S_T if opts["dual"] is not None else None, float(opts["warm_reset"]), stop,
-                          1 if degenerate else max_iter, int(opts["anderson"]), live, trace, first)
+    best, calls = _newton(
+        dual,
+        S,
+        S_T if opts["dual"] is not None else None,
+        float(opts["warm_reset"]),
+        stop,
+        1 if degenerate else max_iter,
+        int(opts["anderson"]),
+        live,
+        trace,
+        first,
+    )
     if first is None and dtype == torch.float64 and T.dtype == torch.float32 and opts["compute_dtype"] is None:
         calls[live.cpu()] += 1  # the float32 probe
     S_out, res = best["S"], best["res"]
@@ -108,10 +132,15 @@ def solve_gram_newton(manifold: GramManifold, T: torch.Tensor, G: torch.Tensor, 
     if bool(stalled.any()):
         idx = stalled.nonzero().squeeze(-1)
         sub = dual.sub(idx)
-        Z, res_dr, S_dr, used = douglas_rachford(sub, best["S"][idx], best["R"][idx], stop,
-                                                 max_iter - calls[idx.cpu()].to(idx.device),
-                                                 min(int(opts["anderson"]), DR_ANDERSON),
-                                                 trace if int(idx[0]) == 0 else None)
+        Z, res_dr, S_dr, used = douglas_rachford(
+            sub,
+            best["S"][idx],
+            best["R"][idx],
+            stop,
+            max_iter - calls[idx.cpu()].to(idx.device),
+            min(int(opts["anderson"]), DR_ANDERSON),
+            trace if int(idx[0]) == 0 else None,
+        )
         calls[idx.cpu()] += used.cpu()
         ev = sub.evaluate(S_dr)  # the certificate of the DR multiplier: one more evaluation
         calls[idx.cpu()] += 1
@@ -136,10 +165,15 @@ def solve_gram_newton(manifold: GramManifold, T: torch.Tensor, G: torch.Tensor, 
     gap = torch.where(z, torch.zeros_like(prim), (U - prim) / U.clamp_min(torch.finfo(torch.float64).tiny))
     if trace is not None and bool(polish[0]):
         trace.add(res[0], prim[0], U[0])
-    out = {"evaluations": calls, "residual": torch.where(z, torch.zeros_like(res), res).double().cpu(),
-           "converged": (converged | z).cpu(), "dual_gap": gap.cpu(),
-           "dual": torch.where(zero, torch.zeros_like(S_out), S_out - S_T),
-           "multiplier": torch.where(zero, torch.zeros_like(S_out), S_out), "trace": trace}
+    out = {
+        "evaluations": calls,
+        "residual": torch.where(z, torch.zeros_like(res), res).double().cpu(),
+        "converged": (converged | z).cpu(),
+        "dual_gap": gap.cpu(),
+        "dual": torch.where(zero, torch.zeros_like(S_out), S_out - S_T),
+        "multiplier": torch.where(zero, torch.zeros_like(S_out), S_out),
+        "trace": trace,
+    }
     return A.to(T.dtype), out
 
 
@@ -173,9 +207,15 @@ def _square_stiefel(manifold, T, Gh, live, dtype, opts, trace):
         trace.add(res[0], prim[0], U[0])
     calls = torch.where(live.cpu(), 1, 0).long()
     tol = float(opts["tol"])
-    return A, {"evaluations": calls, "residual": res.double().cpu(), "converged": (res <= tol).cpu() | ~live.cpu(),
-               "dual_gap": gap.cpu(), "dual": torch.zeros_like(S_T), "multiplier": torch.where(
-                   live[:, None, None], S_T, torch.zeros_like(S_T)), "trace": trace}
+    return A, {
+        "evaluations": calls,
+        "residual": res.double().cpu(),
+        "converged": (res <= tol).cpu() | ~live.cpu(),
+        "dual_gap": gap.cpu(),
+        "dual": torch.zeros_like(S_T),
+        "multiplier": torch.where(live[:, None, None], S_T, torch.zeros_like(S_T)),
+        "trace": trace,
+    }
 
 
 def _setup(manifold, T, Gh, zero, dtype, opts) -> tuple[GramDual, torch.Tensor, torch.Tensor]:
@@ -189,9 +229,18 @@ def _setup(manifold, T, Gh, zero, dtype, opts) -> tuple[GramDual, torch.Tensor, 
     return dual, S_T, torch.where(zero, torch.zeros_like(S), S)
 
 
-def _newton(dual: GramDual, S: torch.Tensor, S_reset: torch.Tensor | None, warm_reset: float, tol: float,
-            budget: int, depth: int, live: torch.Tensor, trace: Trace | None,
-            first: Evaluation | None = None) -> tuple[dict, torch.Tensor]:
+def _newton(
+    dual: GramDual,
+    S: torch.Tensor,
+    S_reset: torch.Tensor | None,
+    warm_reset: float,
+    tol: float,
+    budget: int,
+    depth: int,
+    live: torch.Tensor,
+    trace: Trace | None,
+    first: Evaluation | None = None,
+) -> tuple[dict, torch.Tensor]:
     """The Gauss-Newton/Anderson loop; returns the best evaluation per entry and the evaluations used.
 
     ``S_reset`` (the cold start, given for warm starts): entries whose first evaluation has a residual
@@ -200,8 +249,13 @@ def _newton(dual: GramDual, S: torch.Tensor, S_reset: torch.Tensor | None, warm_
     B, n = S.shape[0], S.shape[-1]
     dev, dt = S.device, S.dtype
     calls = torch.zeros(B, dtype=torch.long)
-    best = {"res": torch.full((B,), math.inf, dtype=dt, device=dev), "S": S.clone(),
-            "R": torch.zeros_like(S), "r": torch.ones(B, n, dtype=dt, device=dev), "D": torch.zeros_like(S)}
+    best = {
+        "res": torch.full((B,), math.inf, dtype=dt, device=dev),
+        "S": S.clone(),
+        "R": torch.zeros_like(S),
+        "r": torch.ones(B, n, dtype=dt, device=dev),
+        "D": torch.zeros_like(S),
+    }
     active = live.nonzero().squeeze(-1)
     mixer = Anderson(depth, S)
     history: list[torch.Tensor] = []

@@ -41,10 +41,11 @@ of the directions), ``dual_gap_max`` (relative, where the solver knows it, else 
 ``n_unconverged``, ``off_manifold_max`` (largest `constraint_violation` after the retraction),
 ``n_skipped_nonfinite`` (this step) and ``n_skipped_nonfinite_total``.
 """
+
 from __future__ import annotations
 
 import warnings
-from typing import Iterable
+from collections.abc import Iterable
 from dataclasses import dataclass
 
 import geoopt
@@ -99,15 +100,40 @@ class ManifoldMuon(torch.optim.Optimizer):
             ``ManifoldParameter``, else Euclidean).
     """
 
-    def __init__(self, params: Iterable, lr: float = 0.02, momentum: float = 0.95, nesterov: bool = True,
-                 weight_decay: float = 0.0, solver: str = DEFAULT_SOLVER, solver_options: dict | None = None,
-                 warm_start: bool = True, shape_scale: str = "muon", msign_method: str = "polar_express",
-                 msign_steps: int = 5, msign_dtype: torch.dtype | None = None, manifold: GramManifold | None = None):
+    def __init__(
+        self,
+        params: Iterable,
+        lr: float = 0.02,
+        momentum: float = 0.95,
+        nesterov: bool = True,
+        weight_decay: float = 0.0,
+        solver: str = DEFAULT_SOLVER,
+        solver_options: dict | None = None,
+        warm_start: bool = True,
+        shape_scale: str = "muon",
+        msign_method: str = "polar_express",
+        msign_steps: int = 5,
+        msign_dtype: torch.dtype | None = None,
+        manifold: GramManifold | None = None,
+    ):
         if lr < 0 or not 0 <= momentum < 1 or weight_decay < 0:
-            raise ValueError(f"need lr >= 0, 0 <= momentum < 1, weight_decay >= 0; got {lr}, {momentum}, {weight_decay}")
-        defaults = dict(lr=lr, momentum=momentum, nesterov=nesterov, weight_decay=weight_decay, solver=solver,
-                        solver_options=dict(solver_options or {}), warm_start=warm_start, shape_scale=shape_scale,
-                        msign_method=msign_method, msign_steps=msign_steps, msign_dtype=msign_dtype, manifold=manifold)
+            raise ValueError(
+                f"need lr >= 0, 0 <= momentum < 1, weight_decay >= 0; got {lr}, {momentum}, {weight_decay}"
+            )
+        defaults = dict(
+            lr=lr,
+            momentum=momentum,
+            nesterov=nesterov,
+            weight_decay=weight_decay,
+            solver=solver,
+            solver_options=dict(solver_options or {}),
+            warm_start=warm_start,
+            shape_scale=shape_scale,
+            msign_method=msign_method,
+            msign_steps=msign_steps,
+            msign_dtype=msign_dtype,
+            manifold=manifold,
+        )
         super().__init__(params, defaults)
         self._manifold_of: dict[int, GramManifold] = {}
         for group in self.param_groups:
@@ -128,8 +154,9 @@ class ManifoldMuon(torch.optim.Optimizer):
         valid = [k for k in SOLVER_OPTIONS[group["solver"]] if k != "dual"]  # the optimizer owns warm starts
         bad = set(group["solver_options"]) - set(valid)
         if bad:
-            raise ValueError(f"unknown solver option(s) {', '.join(sorted(bad))} for {group['solver']!r}; "
-                             f"valid: {', '.join(valid)}")
+            raise ValueError(
+                f"unknown solver option(s) {', '.join(sorted(bad))} for {group['solver']!r}; valid: {', '.join(valid)}"
+            )
         m = group["manifold"]
         if m is not None and not isinstance(m, GramManifold):
             raise TypeError(f"param group manifold must be a manifolds.GramManifold or None; got {type(m).__name__}")
@@ -142,12 +169,16 @@ class ManifoldMuon(torch.optim.Optimizer):
             if isinstance(m, geoopt.Euclidean):
                 m = None
             elif not isinstance(m, GramManifold):
-                raise TypeError(f"ManifoldMuon supports manifolds.GramManifold (Stiefel, DGram, Oblique, Euclidean "
-                                f"or a subclass); a parameter has geoopt manifold {type(m).__name__}")
+                raise TypeError(
+                    f"ManifoldMuon supports manifolds.GramManifold (Stiefel, DGram, Oblique, Euclidean "
+                    f"or a subclass); a parameter has geoopt manifold {type(m).__name__}"
+                )
         m = _EUCLIDEAN if m is None else m
         if p.dim() < 2:
-            raise ValueError(f"ManifoldMuon updates matrices; got a parameter of shape {tuple(p.shape)} "
-                             "(give biases and norms to AdamW)")
+            raise ValueError(
+                f"ManifoldMuon updates matrices; got a parameter of shape {tuple(p.shape)} "
+                "(give biases and norms to AdamW)"
+            )
         if mask_kind(m) != "euclidean" and p.dtype not in (torch.float32, torch.float64):
             raise TypeError(f"manifold parameters must be float32 or float64; got {p.dtype}")
         return m
@@ -191,7 +222,9 @@ class ManifoldMuon(torch.optim.Optimizer):
 
         stats = torch.zeros(len(items), len(_STAT_FIELDS), dtype=torch.float64)
         stats[:, _STAT_FIELDS.index("dual_gap")] = float("nan")
-        world, rank = (dist.get_world_size(), dist.get_rank()) if dist.is_available() and dist.is_initialized() else (1, 0)
+        world, rank = (
+            (dist.get_world_size(), dist.get_rank()) if dist.is_available() and dist.is_initialized() else (1, 0)
+        )
         mine = [it for it in items if it.index % world == rank]
         for batch in self._batches(mine):
             self._solve_and_apply(batch, stats)
@@ -202,9 +235,12 @@ class ManifoldMuon(torch.optim.Optimizer):
             self.n_skipped_nonfinite_total += skipped
             if not self._warned_nonfinite:
                 self._warned_nonfinite = True
-                warnings.warn(f"ManifoldMuon: skipped {skipped} matrix update(s) with a non-finite gradient or "
-                              "update (counted in last_stats['n_skipped_nonfinite']; warned once)", RuntimeWarning,
-                              stacklevel=2)
+                warnings.warn(
+                    f"ManifoldMuon: skipped {skipped} matrix update(s) with a non-finite gradient or "
+                    "update (counted in last_stats['n_skipped_nonfinite']; warned once)",
+                    RuntimeWarning,
+                    stacklevel=2,
+                )
         self.last_stats = self._aggregate(stats, skipped)
         return loss
 
@@ -215,8 +251,18 @@ class ManifoldMuon(torch.optim.Optimizer):
         # equal geometry only (class and every public setting, e.g. BoundedDGram's bound): the batch is
         # retracted with one manifold object; manifolds without ``key()`` batch only with themselves
         mkey = m.key() if callable(getattr(m, "key", None)) else id(m)
-        return (mkey, tuple(tall[-2:]), it.p.dtype, it.p.device, g["solver"], repr(sorted(g["solver_options"].items())),
-                g["warm_start"], g["msign_method"], g["msign_steps"], g["msign_dtype"])
+        return (
+            mkey,
+            tuple(tall[-2:]),
+            it.p.dtype,
+            it.p.device,
+            g["solver"],
+            repr(sorted(g["solver_options"].items())),
+            g["warm_start"],
+            g["msign_method"],
+            g["msign_steps"],
+            g["msign_dtype"],
+        )
 
     def _batches(self, items: list[_Item]) -> list[list[_Item]]:
         out: dict[tuple, list[_Item]] = {}
@@ -233,8 +279,13 @@ class ManifoldMuon(torch.optim.Optimizer):
         col = {f: _STAT_FIELDS.index(f) for f in _STAT_FIELDS}
         if euclid:
             A = msign(U, g0["msign_method"], steps=g0["msign_steps"], compute_dtype=g0["msign_dtype"])
-            st = {"msign_calls": torch.ones(len(U)), "residual": torch.zeros(len(U)), "converged": torch.ones(len(U)),
-                  "dual_gap": None, "dual": None}
+            st = {
+                "msign_calls": torch.ones(len(U)),
+                "residual": torch.zeros(len(U)),
+                "converged": torch.ones(len(U)),
+                "dual_gap": None,
+                "dual": None,
+            }
         else:
             W = torch.cat([to_tall(_plain(it.p)).reshape(-1, *to_tall(it.p).shape[-2:]) for it in batch])
             opts = {"msign": g0["msign_method"], "msign_steps": g0["msign_steps"], "msign_dtype": g0["msign_dtype"]}
@@ -244,8 +295,13 @@ class ManifoldMuon(torch.optim.Optimizer):
             if g0["warm_start"] and g0["solver"] == "gram_newton" and all(d is not None for d in duals):
                 opts["dual"] = torch.cat([d.reshape(-1, *d.shape[-2:]) for d in duals]).double()
             A, ds = spectral_direction(m, W, U, solver=g0["solver"], **opts)
-            st = {"msign_calls": ds.evaluations, "residual": ds.residual, "converged": ds.converged,
-                  "dual_gap": ds.dual_gap, "dual": ds.dual}
+            st = {
+                "msign_calls": ds.evaluations,
+                "residual": ds.residual,
+                "converged": ds.converged,
+                "dual_gap": ds.dual_gap,
+                "dual": ds.dual,
+            }
         start = 0
         for it, k in zip(batch, sizes):
             sl = slice(start, start + k)
@@ -253,13 +309,17 @@ class ManifoldMuon(torch.optim.Optimizer):
             row = stats[it.index]
             for f in ("msign_calls", "residual", "dual_gap", "converged"):
                 if st.get(f) is not None:
-                    row[col[f]] = float(st[f][sl].double().max()) if f != "converged" else float(st[f][sl].double().min())
+                    row[col[f]] = (
+                        float(st[f][sl].double().max()) if f != "converged" else float(st[f][sl].double().min())
+                    )
             a = from_tall(A[sl].reshape(to_tall(it.update).shape), like=it.update)
             lr = it.group["lr"]
             if euclid:
                 rows, cols = it.update.shape[-2:]
                 scale = max(1.0, rows / cols) ** 0.5 if it.group["shape_scale"] == "muon" else 1.0
-                new = it.p.reshape(it.update.shape) * (1 - lr * it.group["weight_decay"]) - (lr * scale) * a.to(it.p.dtype)
+                new = it.p.reshape(it.update.shape) * (1 - lr * it.group["weight_decay"]) - (lr * scale) * a.to(
+                    it.p.dtype
+                )
                 new = new.reshape(it.p.shape)
             elif bool(torch.isfinite(a).all()):
                 try:
@@ -296,8 +356,9 @@ class ManifoldMuon(torch.optim.Optimizer):
         buf = local.to(_comm_device())
         dist.all_reduce(buf)
         out = buf.cpu()
-        out[:, _STAT_FIELDS.index("dual_gap")] = torch.where(out[:, _STAT_FIELDS.index("dual_gap")] == -1,
-                                                             torch.nan, out[:, _STAT_FIELDS.index("dual_gap")])
+        out[:, _STAT_FIELDS.index("dual_gap")] = torch.where(
+            out[:, _STAT_FIELDS.index("dual_gap")] == -1, torch.nan, out[:, _STAT_FIELDS.index("dual_gap")]
+        )
         stats.copy_(out)
         for it in items:  # drop receive buffers where the owner kept no dual (skipped update)
             if stats[it.index, _STAT_FIELDS.index("has_dual")] == 0:
@@ -330,7 +391,9 @@ class ManifoldMuon(torch.optim.Optimizer):
             g["manifold"] = None if m is None else type(m).__name__
             if g.get("msign_dtype") is not None:
                 g["msign_dtype"] = str(g["msign_dtype"])
-            g["solver_options"] = {k: (str(v) if isinstance(v, torch.dtype) else v) for k, v in g["solver_options"].items()}
+            g["solver_options"] = {
+                k: (str(v) if isinstance(v, torch.dtype) else v) for k, v in g["solver_options"].items()
+            }
         sd["n_skipped_nonfinite_total"] = self.n_skipped_nonfinite_total
         return sd
 
@@ -343,10 +406,18 @@ class ManifoldMuon(torch.optim.Optimizer):
         for saved, live in zip(state_dict["param_groups"], self.param_groups):
             want = None if live["manifold"] is None else type(live["manifold"]).__name__
             if saved.get("manifold") != want:
-                raise ValueError(f"state_dict param group has manifold {saved.get('manifold')!r}, this optimizer has {want!r}")
-            saved = dict(saved, manifold=live["manifold"], msign_dtype=live["msign_dtype"],
-                         solver_options={**saved.get("solver_options", {}),
-                                         **{k: v for k, v in live["solver_options"].items() if isinstance(v, torch.dtype)}})
+                raise ValueError(
+                    f"state_dict param group has manifold {saved.get('manifold')!r}, this optimizer has {want!r}"
+                )
+            saved = dict(
+                saved,
+                manifold=live["manifold"],
+                msign_dtype=live["msign_dtype"],
+                solver_options={
+                    **saved.get("solver_options", {}),
+                    **{k: v for k, v in live["solver_options"].items() if isinstance(v, torch.dtype)},
+                },
+            )
             groups.append(saved)
         state_dict["param_groups"] = groups
         super().load_state_dict(state_dict)

@@ -2,6 +2,7 @@ r"""Numerical kernels of the direction solvers: batched symmetric parts and inne
 normalisation, a guarded symmetric eigendecomposition, Anderson mixing, preconditioned CG and the
 per-evaluation trace. Pure functions and small classes on ``(B, n, n)`` tensors; nothing here
 knows about manifolds."""
+
 from __future__ import annotations
 
 import torch

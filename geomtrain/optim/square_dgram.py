@@ -24,6 +24,7 @@ what warm-starts the next step: measured at 768x768, 17-18 iterations cold, 8-9 
 The returned $C$ is the ball point $y$ with the lowest tangent residual; the certificate is the
 variational bound of `geomtrain.optim.gram` at the implied multiplier (one more eigendecomposition).
 """
+
 from __future__ import annotations
 
 import math
@@ -56,7 +57,7 @@ class _Frame:
         self.den = d[..., :, None] + d[..., None, :]
         self.n = T.shape[-1]
 
-    def sub(self, idx: torch.Tensor) -> "_Frame":
+    def sub(self, idx: torch.Tensor) -> _Frame:
         out = object.__new__(_Frame)
         out.__dict__.update(self.__dict__)
         for k in ("s", "Q", "K", "den"):
@@ -95,13 +96,22 @@ class _Frame:
         return 0.5 * ((XR * X).sum(dim=(-2, -1)) + r.reciprocal().sum(-1)) + margin
 
 
-def solve_square_dgram(T: torch.Tensor, Gh: torch.Tensor, live: torch.Tensor, tol: float, stop: float,
-                       max_iter: int, smoothing: float, z0: torch.Tensor | None, trace: Trace | None):
+def solve_square_dgram(
+    T: torch.Tensor,
+    Gh: torch.Tensor,
+    live: torch.Tensor,
+    tol: float,
+    stop: float,
+    max_iter: int,
+    smoothing: float,
+    z0: torch.Tensor | None,
+    trace: Trace | None,
+):
     """Square DGram problems ``(B, n, n)`` (``Gh`` normalised); returns ``(A, raw statistics)`` with the
     Douglas-Rachford state as ``dual``."""
     B, n = T.shape[0], T.shape[-1]
     fr = _Frame(T, Gh)
-    rho = n ** -0.5
+    rho = n**-0.5
     if z0 is None:  # the fixed point implied by the tangent projection: z = x - K/rho with x = Pi_T(K), scaled
         x = fr.proj_tangent(fr.K)
         top = torch.linalg.matrix_norm(x, ord=2).clamp_min(torch.finfo(x.dtype).tiny)
@@ -155,8 +165,12 @@ def solve_square_dgram(T: torch.Tensor, Gh: torch.Tensor, live: torch.Tensor, to
     prim = (A.double() * Gh.double()).sum(dim=(-2, -1))
     gap = (U - prim) / U.clamp_min(torch.finfo(torch.float64).tiny)
     zero = ~live
-    return A, {"evaluations": torch.where(zero.cpu(), torch.zeros_like(used), used),
-               "residual": torch.where(zero, torch.zeros_like(res), res).double().cpu(),
-               "converged": (converged | zero).cpu(), "dual_gap": torch.where(zero, torch.zeros_like(gap), gap).cpu(),
-               "dual": torch.where(zero[:, None, None], torch.zeros_like(best_z), best_z),
-               "multiplier": torch.where(zero[:, None, None], torch.zeros_like(S), S), "trace": trace}
+    return A, {
+        "evaluations": torch.where(zero.cpu(), torch.zeros_like(used), used),
+        "residual": torch.where(zero, torch.zeros_like(res), res).double().cpu(),
+        "converged": (converged | zero).cpu(),
+        "dual_gap": torch.where(zero, torch.zeros_like(gap), gap).cpu(),
+        "dual": torch.where(zero[:, None, None], torch.zeros_like(best_z), best_z),
+        "multiplier": torch.where(zero[:, None, None], torch.zeros_like(S), S),
+        "trace": trace,
+    }
