@@ -40,6 +40,7 @@ from ._io import environment_record, to_jsonable
 from .assign import assign, format_table
 from .config import TrainConfig, import_manifold_modules
 from .diagnostics import collect_diagnostics, gradient_norms
+from .groups import optimizer_groups, project_onto_manifolds
 from .model import GPT, load_hf_gpt2_folder, model_config
 from .runfolder import CheckpointError, RunFolder, RunFolderError, load_verified_checkpoint
 
@@ -83,27 +84,19 @@ def lr_at(step: int, cfg: TrainConfig) -> float:
 
 def build_optimizers(model: torch.nn.Module, assignments, cfg: TrainConfig):
     """AdamW for the ``adamw`` parameters (weight decay on 2-D ones only) and ManifoldMuon for
-    the ``muon`` parameters, one param group per manifold. Returns ``(adamw, muon_or_None)``."""
+    the ``muon`` parameters, one param group per manifold (`geomtrain.groups.optimizer_groups`).
+    Returns ``(adamw, muon_or_None)``."""
     from .optim import ManifoldMuon
 
-    params = dict(model.named_parameters())
-    adam = [params[a.name] for a in assignments if a.optimizer == "adamw"]
-    groups = [{"params": [p for p in adam if p.dim() >= 2], "weight_decay": cfg.weight_decay},
-              {"params": [p for p in adam if p.dim() < 2], "weight_decay": 0.0}]
-    adamw = torch.optim.AdamW([g for g in groups if g["params"]], lr=cfg.lr, betas=(cfg.beta1, cfg.beta2))
-    by_manifold: dict[str, dict] = {}
-    for a in assignments:
-        if a.optimizer == "muon":
-            group = by_manifold.setdefault(a.manifold_name, {"params": [], "manifold": a.manifold,
-                                                             "manifold_name": a.manifold_name})
-            group["params"].append(params[a.name])
-    if not by_manifold:
+    muon_groups, adam_groups = optimizer_groups(assignments, dict(model.named_parameters()), cfg.weight_decay)
+    adamw = torch.optim.AdamW(adam_groups, lr=cfg.lr, betas=(cfg.beta1, cfg.beta2))
+    if not muon_groups:
         return adamw, None
     kwargs = dict(lr=cfg.muon_lr, momentum=cfg.muon_momentum, nesterov=cfg.muon_nesterov,
                   weight_decay=cfg.muon_weight_decay)
     if cfg.muon_solver is not None:
         kwargs["solver"] = cfg.muon_solver
-    return adamw, ManifoldMuon(list(by_manifold.values()), **kwargs)
+    return adamw, ManifoldMuon(muon_groups, **kwargs)
 
 
 def rng_state() -> dict:
@@ -167,7 +160,7 @@ class Trainer:
             self._load_pretrained(cfg.init_from)
         named = list(self.model.named_parameters())
         self.assignments = assignments or assign(named, preset=cfg.preset, rules=cfg.rules, custom_manifolds=custom_manifolds)
-        self.projection = self._project_onto_manifolds(dict(named))
+        self.projection = project_onto_manifolds(dict(named), self.assignments)  # start on the manifolds
         self.adamw, self.muon = build_optimizers(self.model, self.assignments, cfg)
         self._steps_done = 0
         self.n_skipped = 0
@@ -210,19 +203,6 @@ class Trainer:
             raise ValueError(f"init_from {path} is not a {self.cfg.model!r} model on this data ({'; '.join(differ)}); "
                              "choose the matching --model and a data folder with its tokenizer")
         self.model.load_state_dict(pretrained.state_dict())
-
-    @torch.no_grad()
-    def _project_onto_manifolds(self, params: dict) -> dict[str, float]:
-        r"""Constrained matrices start on their manifold; returns how far each moved,
-        $\|\pi(W) - W\|_F / \|W\|_F$ (large for pretrained weights, 0 for a point already on it)."""
-        moved = {}
-        for a in self.assignments:
-            if a.manifold is not None and a.manifold_name != "euclidean":
-                p = params[a.name]
-                projected = a.manifold.projx(p.float())
-                moved[a.name] = float((projected - p.float()).norm() / p.float().norm().clamp_min(1e-30))
-                p.copy_(projected.to(p.dtype))
-        return moved
 
     @property
     def steps_done(self) -> int:
