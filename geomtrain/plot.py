@@ -11,11 +11,12 @@ One PNG with four panels, one line colour per run:
 Runs are read through `geomtrain.runfolder.RunFolder` (metrics.jsonl, diagnostics.jsonl);
 a run without diagnostics shows only its losses.
 """
+
 from __future__ import annotations
 
 import io
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Sequence
 
 import numpy as np
 
@@ -34,8 +35,14 @@ def read_curves(run_dir: str | Path) -> dict:
     if not folder.holds_run():
         raise ValueError(f"{run_dir} is not a run folder (no config.json, metrics.jsonl or ckpt.pt)")
     metrics = folder.read_metrics()
-    curves: dict = {"name": Path(run_dir).name, "train": [], "val": [], "sigma_max": {k: [] for k in MODULE_KINDS},
-                    "max_abs_logit": [], "mean_entropy": []}
+    curves: dict = {
+        "name": Path(run_dir).name,
+        "train": [],
+        "val": [],
+        "sigma_max": {k: [] for k in MODULE_KINDS},
+        "max_abs_logit": [],
+        "mean_entropy": [],
+    }
     for r in metrics:
         if r.get("kind") == "train" and r.get("loss") is not None:
             curves["train"].append((r["step"], r["loss"]))
@@ -43,7 +50,11 @@ def read_curves(run_dir: str | Path) -> dict:
             curves["val"].append((r["step"], r["val_loss"]))
     for d in folder.read_diagnostics():
         for kind in MODULE_KINDS:
-            values = [m["sigma_max"] for m in d.get("matrices", []) if m.get("kind") == kind and m.get("sigma_max") is not None]
+            values = [
+                m["sigma_max"]
+                for m in d.get("matrices", [])
+                if m.get("kind") == kind and m.get("sigma_max") is not None
+            ]
             if values:
                 curves["sigma_max"][kind].append((d["step"], max(values)))
         attention = d.get("attention") or []
@@ -79,12 +90,21 @@ def plot_runs(run_dirs: Sequence[str | Path], out: str | Path, dpi: int = 100) -
         _line(axes[0, 0], run["train"], color=c, lw=0.7, alpha=0.5)
         _line(axes[0, 0], run["val"], color=c, marker="o", ms=3, label=run["name"])
         for kind in MODULE_KINDS:
-            _line(axes[0, 1], run["sigma_max"][kind], color=c, ls=_STYLES[kind],
-                  label=f"{run['name']}: {kind}" if len(runs) == 1 or i == 0 else None)
+            _line(
+                axes[0, 1],
+                run["sigma_max"][kind],
+                color=c,
+                ls=_STYLES[kind],
+                label=f"{run['name']}: {kind}" if len(runs) == 1 or i == 0 else None,
+            )
         _line(axes[1, 0], run["max_abs_logit"], color=c, marker="o", ms=3, label=run["name"])
         _line(axes[1, 1], run["mean_entropy"], color=c, marker="o", ms=3, label=run["name"])
-    titles = ("loss (val: markers, train: thin)", "sigma_max per module type (max over layers)",
-              "attention max |logit| (max over layers)", "attention mean row entropy (nats, mean over layers)")
+    titles = (
+        "loss (val: markers, train: thin)",
+        "sigma_max per module type (max over layers)",
+        "attention max |logit| (max over layers)",
+        "attention mean row entropy (nats, mean over layers)",
+    )
     for ax, title in zip(axes.flat, titles):
         ax.set_title(title, fontsize=10)
         ax.set_xlabel("step")

@@ -25,6 +25,7 @@ Guarantees (tested in ``tests/test_faults.py``):
 - **Never silently changed**: a resume whose run-defining config keys differ is refused naming
   them, unless allowed; then the change is recorded in ``config_history.jsonl``.
 """
+
 from __future__ import annotations
 
 import hashlib
@@ -51,12 +52,32 @@ from ._io import (
 )
 from .config import RUN_DEFINING_KEYS
 
-__all__ = ["RunFolder", "RunFolderError", "CheckpointError", "config_changes", "pid_alive", "load_verified_checkpoint",
-           "status_summary", "flatten_numbers", "runs_table"]
+__all__ = [
+    "RunFolder",
+    "RunFolderError",
+    "CheckpointError",
+    "config_changes",
+    "pid_alive",
+    "load_verified_checkpoint",
+    "status_summary",
+    "flatten_numbers",
+    "runs_table",
+]
 
 CHECKPOINT_FORMAT = 2
-_RUN_FILES = ("config.json", "env.json", "assignment.json", "assignment.txt", "metrics.jsonl", "diagnostics.jsonl",
-              "ckpt.pt", "ckpt.json", "status.json", "config_history.jsonl", "init_from.json")
+_RUN_FILES = (
+    "config.json",
+    "env.json",
+    "assignment.json",
+    "assignment.txt",
+    "metrics.jsonl",
+    "diagnostics.jsonl",
+    "ckpt.pt",
+    "ckpt.json",
+    "status.json",
+    "config_history.jsonl",
+    "init_from.json",
+)
 
 
 class RunFolderError(ValueError):
@@ -140,10 +161,16 @@ class RunFolder:
     def read_status(self) -> dict | None:
         """``status.json``, with a ``running`` status whose process is gone reported as ``stale``."""
         status = read_json(self.file("status.json"))
-        if isinstance(status, dict) and status.get("status") == "running" \
-                and pid_alive(status.get("pid"), status.get("host")) is False:
-            status = {**status, "status": "stale", "reason": f"status says running, but pid {status.get('pid')} is gone "
-                                                                "(killed?); resume with --resume"}
+        if (
+            isinstance(status, dict)
+            and status.get("status") == "running"
+            and pid_alive(status.get("pid"), status.get("host")) is False
+        ):
+            status = {
+                **status,
+                "status": "stale",
+                "reason": f"status says running, but pid {status.get('pid')} is gone (killed?); resume with --resume",
+            }
         return status
 
     def read_metrics(self) -> list[dict]:
@@ -153,8 +180,9 @@ class RunFolder:
         return read_jsonl(self.file("diagnostics.jsonl"))
 
     # ------------------------------------------------------------------ opening
-    def open(self, config: dict, *, resume: bool = False, overwrite: bool = False,
-             allow_config_change: bool = False) -> bool:
+    def open(
+        self, config: dict, *, resume: bool = False, overwrite: bool = False, allow_config_change: bool = False
+    ) -> bool:
         """Make the folder ready for a run with ``config``; returns True when a checkpoint should be loaded.
 
         - a folder holding a run, without ``resume`` or ``overwrite``: `RunFolderError`;
@@ -166,9 +194,11 @@ class RunFolder:
             raise RunFolderError("--resume and --overwrite exclude each other")
         if self.holds_run() and not (resume or overwrite):
             status = self.read_status() or {}
-            raise RunFolderError(f"{self.path} already holds a run (status {status.get('status', 'unknown')}, step "
-                                 f"{status.get('step', '?')}); pass --resume to continue it, --overwrite to replace it, "
-                                 "or choose another --out-dir")
+            raise RunFolderError(
+                f"{self.path} already holds a run (status {status.get('status', 'unknown')}, step "
+                f"{status.get('step', '?')}); pass --resume to continue it, --overwrite to replace it, "
+                "or choose another --out-dir"
+            )
         if resume or overwrite:
             self._refuse_if_in_use()
             self.remove_stale_temporaries()
@@ -197,9 +227,11 @@ class RunFolder:
             return
         pid = status.get("pid")
         if pid != os.getpid() and pid_alive(pid, status.get("host")) is True:
-            raise RunFolderError(f"{self.path} is in use: a run (pid {pid}) is still writing it; stop it first "
-                                 f"(SIGTERM checkpoints it) or choose another --out-dir (if pid {pid} is no run, "
-                                 f"delete {self.file('status.json')})")
+            raise RunFolderError(
+                f"{self.path} is in use: a run (pid {pid}) is still writing it; stop it first "
+                f"(SIGTERM checkpoints it) or choose another --out-dir (if pid {pid} is no run, "
+                f"delete {self.file('status.json')})"
+            )
 
     def remove_stale_temporaries(self) -> list[str]:
         """Delete the temporary files (``.NAME.tmp.PID``, see `geomtrain._io.atomic_write`) that a
@@ -229,20 +261,27 @@ class RunFolder:
             return
         listed = "; ".join(f"{k}: {a!r} -> {b!r}" for k, (a, b) in changes.items())
         if not allow:
-            raise RunFolderError(f"resume of {self.path} would change the run ({listed}); pass --allow-config-change "
-                                 "to continue with the new values (recorded in config_history.jsonl)")
+            raise RunFolderError(
+                f"resume of {self.path} would change the run ({listed}); pass --allow-config-change "
+                "to continue with the new values (recorded in config_history.jsonl)"
+            )
         step = (read_json(self.file("ckpt.json")) or {}).get("step")
         # recorded by write_run_info, i.e. once the checkpoint loaded into the changed run
-        self._pending_history = {"step": step, "time": time.time(),
-                                 "changes": {k: {"old": a, "new": b} for k, (a, b) in changes.items()}}
+        self._pending_history = {
+            "step": step,
+            "time": time.time(),
+            "changes": {k: {"old": a, "new": b} for k, (a, b) in changes.items()},
+        }
 
     # ------------------------------------------------------------------ writing
     def write_run_info(self, config: dict, environment: dict, assignment: list[dict], table: str) -> None:
         if self.master:
             if self._pending_history is not None:
                 loaded_step = (self._in_place or {}).get("step")  # the checkpoint the changed run continues
-                append_jsonl(self.file("config_history.jsonl"),
-                             {**self._pending_history, **({"step": loaded_step} if loaded_step is not None else {})})
+                append_jsonl(
+                    self.file("config_history.jsonl"),
+                    {**self._pending_history, **({"step": loaded_step} if loaded_step is not None else {})},
+                )
                 self._pending_history = None
             atomic_write_json(self.file("config.json"), config)
             atomic_write_json(self.file("env.json"), environment)
@@ -349,13 +388,17 @@ def _verified_bytes(path: Path) -> tuple[bytes, str]:
     manifest_path = path.with_name(path.stem + ".json")
     manifest = read_json(manifest_path)
     if manifest_path.exists() and not (isinstance(manifest, dict) and manifest.get("sha256")):
-        raise CheckpointError(f"{manifest_path} is unreadable or holds no sha256, so {path} cannot be verified; "
-                              "restore it, or delete it to load the checkpoint unverified")
+        raise CheckpointError(
+            f"{manifest_path} is unreadable or holds no sha256, so {path} cannot be verified; "
+            "restore it, or delete it to load the checkpoint unverified"
+        )
     if isinstance(manifest, dict) and manifest.get("sha256"):
         known = {manifest["sha256"], (manifest.get("previous") or {}).get("sha256")}
         if digest not in known:
-            raise CheckpointError(f"checkpoint {path} is corrupted (sha256 {digest[:12]}... matches neither "
-                                  f"{path.stem}.json entry); nothing was changed: restore it or start over with --overwrite")
+            raise CheckpointError(
+                f"checkpoint {path} is corrupted (sha256 {digest[:12]}... matches neither "
+                f"{path.stem}.json entry); nothing was changed: restore it or start over with --overwrite"
+            )
     else:
         warnings.warn(f"{path}: no checksum file beside it; loading unverified", RuntimeWarning, stacklevel=3)
     return data, digest
@@ -380,9 +423,20 @@ def runs_table(paths) -> str:
             raise RunFolderError(f"{path} is neither a study folder nor a run folder")
         cfg, st = folder.read_config() or {}, folder.read_status() or {}
         step = f"{st.get('step', '?')}/{cfg.get('max_iters', '?')}"
-        status = st.get("status", "unknown") + (f" ({st['reason']})" if st.get("status") in ("diverged", "stale") else "")
-        lines.append(f"| {folder.path.name} | {cfg.get('preset', '-')} | {status} | {step} | {fmt(st.get('best_val_loss'), '.4f')} "
-                     f"| {fmt(st.get('last_val_loss'), '.4f')} | {st.get('n_skipped', 0)} | {fmt(st.get('ms_per_step'), '.0f')} |")
+        status = st.get("status", "unknown") + (
+            f" ({st['reason']})" if st.get("status") in ("diverged", "stale") else ""
+        )
+        cells = [
+            folder.path.name,
+            cfg.get("preset", "-"),
+            status,
+            step,
+            fmt(st.get("best_val_loss"), ".4f"),
+            fmt(st.get("last_val_loss"), ".4f"),
+            str(st.get("n_skipped", 0)),
+            fmt(st.get("ms_per_step"), ".0f"),
+        ]
+        lines.append("| " + " | ".join(cells) + " |")
     return "\n".join(lines)
 
 
@@ -395,4 +449,3 @@ def status_summary(folder: RunFolder) -> str:
     if status.get("reason"):
         parts.append(str(status["reason"]))
     return ", ".join(parts)
-

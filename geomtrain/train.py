@@ -19,6 +19,7 @@ Batches are a pure function of ``(seed, step, rank)`` (`geomtrain.data.get_batch
 run sees exactly the batches the uninterrupted run would have seen and continues bit-exactly.
 Under ``torchrun`` the run is DDP (gloo on CPU, nccl on GPU); rank 0 writes the outputs.
 """
+
 from __future__ import annotations
 
 import contextlib
@@ -44,9 +45,22 @@ from .groups import optimizer_groups, project_onto_manifolds
 from .model import GPT, load_hf_gpt2_folder, model_config
 from .runfolder import CheckpointError, RunFolder, RunFolderError, load_verified_checkpoint
 
-__all__ = ["Trainer", "StepResult", "StopSignals", "train", "lr_at", "build_optimizers", "resolve_device",
-           "load_checkpoint", "distributed_from_env", "import_manifold_modules", "rng_state", "set_rng_state",
-           "RunFolderError", "CheckpointError"]
+__all__ = [
+    "Trainer",
+    "StepResult",
+    "StopSignals",
+    "train",
+    "lr_at",
+    "build_optimizers",
+    "resolve_device",
+    "load_checkpoint",
+    "distributed_from_env",
+    "import_manifold_modules",
+    "rng_state",
+    "set_rng_state",
+    "RunFolderError",
+    "CheckpointError",
+]
 
 DEVICES = ("auto", "cpu", "cuda", "cuda:N", "mps")
 
@@ -92,8 +106,9 @@ def build_optimizers(model: torch.nn.Module, assignments, cfg: TrainConfig):
     adamw = torch.optim.AdamW(adam_groups, lr=cfg.lr, betas=(cfg.beta1, cfg.beta2))
     if not muon_groups:
         return adamw, None
-    kwargs = dict(lr=cfg.muon_lr, momentum=cfg.muon_momentum, nesterov=cfg.muon_nesterov,
-                  weight_decay=cfg.muon_weight_decay)
+    kwargs = dict(
+        lr=cfg.muon_lr, momentum=cfg.muon_momentum, nesterov=cfg.muon_nesterov, weight_decay=cfg.muon_weight_decay
+    )
     if cfg.muon_solver is not None:
         kwargs["solver"] = cfg.muon_solver
     return adamw, ManifoldMuon(muon_groups, **kwargs)
@@ -123,11 +138,11 @@ def load_checkpoint(path, map_location="cpu") -> dict:
 class StepResult:
     """What one `Trainer.step` did."""
 
-    step: int                 # the step counter after this step
-    loss: float               # rank-averaged training loss (may be non-finite)
-    lr: float                 # AdamW lr of this step
+    step: int  # the step counter after this step
+    loss: float  # rank-averaged training loss (may be non-finite)
+    lr: float  # AdamW lr of this step
     muon_lr: float
-    seconds: float            # wall time of the step (CUDA-synchronised)
+    seconds: float  # wall time of the step (CUDA-synchronised)
     skipped: str | None = None  # why the update was skipped (non-finite loss / gradient), else None
     muon: dict = field(default_factory=dict)  # ManifoldMuon.last_stats
 
@@ -159,7 +174,9 @@ class Trainer:
         if cfg.init_from:
             self._load_pretrained(cfg.init_from)
         named = list(self.model.named_parameters())
-        self.assignments = assignments or assign(named, preset=cfg.preset, rules=cfg.rules, custom_manifolds=custom_manifolds)
+        self.assignments = assignments or assign(
+            named, preset=cfg.preset, rules=cfg.rules, custom_manifolds=custom_manifolds
+        )
         self.projection = project_onto_manifolds(dict(named), self.assignments)  # start on the manifolds
         self.adamw, self.muon = build_optimizers(self.model, self.assignments, cfg)
         self._steps_done = 0
@@ -171,13 +188,18 @@ class Trainer:
         self.net = self.model
         if self.ddp:
             self.net = torch.nn.parallel.DistributedDataParallel(
-                self.model, device_ids=[self.device.index] if self.device.type == "cuda" else None)
+                self.model, device_ids=[self.device.index] if self.device.type == "cuda" else None
+            )
         if cfg.compile:
             self.net = torch.compile(self.net)
-        self.autocast = (torch.autocast(self.device.type, dtype=torch.bfloat16)
-                         if cfg.dtype == "bfloat16" else contextlib.nullcontext())
-        self.eval_batches = list(gdata.iter_eval_batches(self.val_tokens, min(cfg.batch_size, 16), self.block,
-                                                         cfg.eval_iters, cfg.seed))
+        self.autocast = (
+            torch.autocast(self.device.type, dtype=torch.bfloat16)
+            if cfg.dtype == "bfloat16"
+            else contextlib.nullcontext()
+        )
+        self.eval_batches = list(
+            gdata.iter_eval_batches(self.val_tokens, min(cfg.batch_size, 16), self.block, cfg.eval_iters, cfg.seed)
+        )
         self.diag_batch = gdata.fixed_batch(self.val_tokens, cfg.diag_batch_size, self.block, cfg.seed + 1)[0]
 
     def _load_data(self) -> None:
@@ -197,11 +219,16 @@ class Trainer:
         """Weights of a Hugging Face GPT-2 folder whose shape is this run's model (``init_from``)."""
         pretrained = load_hf_gpt2_folder(path, block_size=self.block)
         keys = ("vocab_size", "n_layer", "n_head", "n_embd", "bias")
-        differ = [f"{k}: {getattr(pretrained.config, k)!r} there, {getattr(self.model_cfg, k)!r} here" for k in keys
-                  if getattr(pretrained.config, k) != getattr(self.model_cfg, k)]
+        differ = [
+            f"{k}: {getattr(pretrained.config, k)!r} there, {getattr(self.model_cfg, k)!r} here"
+            for k in keys
+            if getattr(pretrained.config, k) != getattr(self.model_cfg, k)
+        ]
         if differ:
-            raise ValueError(f"init_from {path} is not a {self.cfg.model!r} model on this data ({'; '.join(differ)}); "
-                             "choose the matching --model and a data folder with its tokenizer")
+            raise ValueError(
+                f"init_from {path} is not a {self.cfg.model!r} model on this data ({'; '.join(differ)}); "
+                "choose the matching --model and a data folder with its tokenizer"
+            )
         self.model.load_state_dict(pretrained.state_dict())
 
     @property
@@ -229,9 +256,16 @@ class Trainer:
         per_rank = cfg.batch_size // self.world
         total = torch.zeros((), device=self.device)
         for micro in range(cfg.grad_accum):
-            x, y = gdata.get_batch(self.train_tokens, per_rank, self.block, seed=cfg.seed,
-                                   step=self._steps_done * cfg.grad_accum + micro, rank=self.rank,
-                                   world_size=self.world, device=self.device)
+            x, y = gdata.get_batch(
+                self.train_tokens,
+                per_rank,
+                self.block,
+                seed=cfg.seed,
+                step=self._steps_done * cfg.grad_accum + micro,
+                rank=self.rank,
+                world_size=self.world,
+                device=self.device,
+            )
             sync = self.net.no_sync() if self.ddp and micro < cfg.grad_accum - 1 else contextlib.nullcontext()
             with sync:
                 with self.autocast:
@@ -249,8 +283,10 @@ class Trainer:
         finite entries too large for AdamW's second moment (``g**2`` overflows float32 above
         ~1.8e19, writing Inf into ``exp_avg_sq`` when clipping is off)."""
         named = [(n, p.grad) for n, p in self.model.named_parameters() if p.grad is not None]
-        checks = torch.stack([torch.isfinite(loss).all()]
-                             + [torch.isfinite(torch.linalg.vector_norm(g.float()).square()) for _, g in named])
+        checks = torch.stack(
+            [torch.isfinite(loss).all()]
+            + [torch.isfinite(torch.linalg.vector_norm(g.float()).square()) for _, g in named]
+        )
         if bool(checks.all()):
             return None
         if not bool(checks[0]):
@@ -303,16 +339,25 @@ class Trainer:
 
     def diagnostics(self) -> dict:
         """Spectral and attention diagnostics on the fixed diagnostic batch (`geomtrain.diagnostics`)."""
-        return collect_diagnostics(self.model, self.assignments, self.diag_batch.to(self.device), grad_norms=self.grad_norms)
+        return collect_diagnostics(
+            self.model, self.assignments, self.diag_batch.to(self.device), grad_norms=self.grad_norms
+        )
 
     # --------------------------------------------------------------- state
     def state_dict(self) -> dict:
         return {
-            "format": 2, "step": self._steps_done, "best_val": self.best_val, "last_val": self.last_val,
-            "n_skipped": self.n_skipped, "skipped_in_a_row": self.skipped_in_a_row,
-            "model": self.model.state_dict(), "adamw": self.adamw.state_dict(),
+            "format": 2,
+            "step": self._steps_done,
+            "best_val": self.best_val,
+            "last_val": self.last_val,
+            "n_skipped": self.n_skipped,
+            "skipped_in_a_row": self.skipped_in_a_row,
+            "model": self.model.state_dict(),
+            "adamw": self.adamw.state_dict(),
             "muon": self.muon.state_dict() if self.muon is not None else None,
-            "rng": rng_state(), "config": self.cfg.to_dict(), "model_config": self.model_cfg.to_dict(),
+            "rng": rng_state(),
+            "config": self.cfg.to_dict(),
+            "model_config": self.model_cfg.to_dict(),
             "assignment": [a.to_dict() for a in self.assignments],
         }
 
@@ -401,8 +446,16 @@ def distributed_from_env():
 
 
 # ----------------------------------------------------------------------------- the loop
-def train(cfg: TrainConfig, resume: bool = False, assignments=None, print_fn: Callable = print, on_finish=None,
-          custom_manifolds=None, overwrite: bool = False, allow_config_change: bool = False) -> dict:
+def train(
+    cfg: TrainConfig,
+    resume: bool = False,
+    assignments=None,
+    print_fn: Callable = print,
+    on_finish=None,
+    custom_manifolds=None,
+    overwrite: bool = False,
+    allow_config_change: bool = False,
+) -> dict:
     """Run (or with ``resume=True`` continue) one training run; returns the final status dict.
 
     ``overwrite`` replaces a run already in the folder; ``allow_config_change`` lets a resume change
@@ -422,7 +475,12 @@ def train(cfg: TrainConfig, resume: bool = False, assignments=None, print_fn: Ca
     if cfg.tensorboard:
         folder.enable_tensorboard(purge_step=trainer.steps_done + 1 if trainer.steps_done else None)
     table = format_table(trainer.assignments)
-    folder.write_run_info(cfg.to_dict(), environment_record(trainer.device, seed=cfg.seed), [a.to_dict() for a in trainer.assignments], table)
+    folder.write_run_info(
+        cfg.to_dict(),
+        environment_record(trainer.device, seed=cfg.seed),
+        [a.to_dict() for a in trainer.assignments],
+        table,
+    )
     if master:
         print_fn(table)
     if cfg.init_from and not resume:
@@ -440,8 +498,10 @@ def train(cfg: TrainConfig, resume: bool = False, assignments=None, print_fn: Ca
     if on_finish is not None:
         on_finish(trainer.model)
     if master:
-        print_fn(f"{status['status']} at step {status['step']}: val loss {trainer.last_val} "
-                 f"(best {_finite_or_none(trainer.best_val)}); outputs in {folder.path}")
+        print_fn(
+            f"{status['status']} at step {status['step']}: val loss {trainer.last_val} "
+            f"(best {_finite_or_none(trainer.best_val)}); outputs in {folder.path}"
+        )
     return status
 
 
@@ -456,8 +516,14 @@ def _finite_or_none(x: float | None) -> float | None:
 
 
 def _status(trainer: Trainer, folder: RunFolder, status: str, **extra: Any) -> dict:
-    return folder.write_status(status, step=trainer.steps_done, best_val_loss=_finite_or_none(trainer.best_val),
-                               last_val_loss=trainer.last_val, n_skipped=trainer.n_skipped, **extra)
+    return folder.write_status(
+        status,
+        step=trainer.steps_done,
+        best_val_loss=_finite_or_none(trainer.best_val),
+        last_val_loss=trainer.last_val,
+        n_skipped=trainer.n_skipped,
+        **extra,
+    )
 
 
 def _loop(trainer: Trainer, folder: RunFolder, print_fn: Callable) -> dict:
@@ -485,14 +551,19 @@ def _loop(trainer: Trainer, folder: RunFolder, print_fn: Callable) -> dict:
             if r.skipped and progress is not None:
                 progress.write(f"step {r.step}: update skipped ({r.skipped})")
             if trainer.skipped_in_a_row >= cfg.nonfinite_patience:
-                end = {"status": "diverged", "diverged_step": r.step,
-                       "reason": f"{trainer.skipped_in_a_row} steps in a row skipped, last: {r.skipped}"}
+                end = {
+                    "status": "diverged",
+                    "diverged_step": r.step,
+                    "reason": f"{trainer.skipped_in_a_row} steps in a row skipped, last: {r.skipped}",
+                }
             elif is_eval:
                 end = _evaluate(trainer, folder, progress, r.loss)
                 if end is None and (r.step % ckpt_every == 0 or r.step == cfg.max_iters):
                     folder.save_checkpoint(trainer.state_dict())
                     _status(trainer, folder, "running", checkpoint_step=r.step)
-            if end is None and (stop.requested(trainer.ddp) or (cfg.stop_after is not None and r.step >= cfg.stop_after)):
+            if end is None and (
+                stop.requested(trainer.ddp) or (cfg.stop_after is not None and r.step >= cfg.stop_after)
+            ):
                 folder.save_checkpoint(trainer.state_dict())
                 end = {"status": "interrupted", **({"signal": stop.received} if stop.received else {})}
     if progress is not None:
@@ -505,8 +576,15 @@ def _loop(trainer: Trainer, folder: RunFolder, print_fn: Callable) -> dict:
 
 
 def _train_record(r: StepResult, tokens_per_step: int, n_skipped: int) -> dict:
-    record = {"kind": "train", "step": r.step, "loss": r.loss, "lr": r.lr, "muon_lr": r.muon_lr,
-              "ms_per_step": 1000 * r.seconds, "tokens_per_s": tokens_per_step / r.seconds}
+    record = {
+        "kind": "train",
+        "step": r.step,
+        "loss": r.loss,
+        "lr": r.lr,
+        "muon_lr": r.muon_lr,
+        "ms_per_step": 1000 * r.seconds,
+        "tokens_per_s": tokens_per_step / r.seconds,
+    }
     if r.muon:
         record["muon"] = to_jsonable(r.muon)
     if r.skipped:
@@ -524,8 +602,11 @@ def _evaluate(trainer: Trainer, folder: RunFolder, progress, train_loss: float) 
     if progress is not None:
         progress.write(f"step {step}: val loss {val:.4f}")
     if not math.isfinite(val) or val > trainer.best_val + cfg.divergence_margin:
-        return {"status": "diverged", "diverged_step": step,
-                "reason": f"val loss {val:.4g} vs best {trainer.best_val:.4g} + margin {cfg.divergence_margin}"}
+        return {
+            "status": "diverged",
+            "diverged_step": step,
+            "reason": f"val loss {val:.4g} vs best {trainer.best_val:.4g} + margin {cfg.divergence_margin}",
+        }
     trainer.best_val = min(trainer.best_val, val)
     return None
 
@@ -536,4 +617,3 @@ def _progress_bar(cfg: TrainConfig, trainer: Trainer):
     from tqdm.auto import tqdm
 
     return tqdm(total=cfg.max_iters, initial=trainer.steps_done, desc=f"{cfg.preset}", dynamic_ncols=True)
-

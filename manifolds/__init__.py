@@ -3,6 +3,7 @@ class, and the registry that names them (``get_manifold("bdgram@1.5")``, ``regis
 
 `manifolds` knows nothing of training; `geomtrain` builds on it.
 """
+
 from .base import GramManifold, from_tall, to_tall
 from .bounded import BoundedDGram
 from .dgram import DGram
@@ -13,7 +14,22 @@ from .registry import MANIFOLDS, SPEC_SYNTAX, get_manifold, manifold_names, pars
 from .stiefel import Stiefel
 
 __all__ = [
-    "GramManifold", "Stiefel", "DGram", "Oblique", "Euclidean", "BoundedDGram",
-    "msign", "polar", "MSIGN_METHODS", "MANIFOLDS", "get_manifold", "register", "unregister",
-    "manifold_names", "parse_spec", "SPEC_SYNTAX", "to_tall", "from_tall",
+    "GramManifold",
+    "Stiefel",
+    "DGram",
+    "Oblique",
+    "Euclidean",
+    "BoundedDGram",
+    "msign",
+    "polar",
+    "MSIGN_METHODS",
+    "MANIFOLDS",
+    "get_manifold",
+    "register",
+    "unregister",
+    "manifold_names",
+    "parse_spec",
+    "SPEC_SYNTAX",
+    "to_tall",
+    "from_tall",
 ]

@@ -29,6 +29,7 @@ generic solves cost $O(k^3)$ for $k$ masked Gram entries, fine for small $n$ and
 reference. Override ``proju``/``projx``/``retr`` with closed forms for speed, as the built-in
 manifolds do.
 """
+
 from __future__ import annotations
 
 import abc
@@ -108,8 +109,13 @@ class GramManifold(geoopt.Manifold, metaclass=abc.ABCMeta):
         every ``nn.Module``.)
         """
         scalars = (bool, int, float, str, type(None))
-        settings = tuple(sorted((k, v) for k, v in vars(self).items()
-                                if not k.startswith("_") and k != "training" and isinstance(v, scalars)))
+        settings = tuple(
+            sorted(
+                (k, v)
+                for k, v in vars(self).items()
+                if not k.startswith("_") and k != "training" and isinstance(v, scalars)
+            )
+        )
         return (type(self), settings)
 
     # ------------------------------------------------------------------ the extension point

@@ -36,6 +36,7 @@ point by $O(t)$, not $O(t^2)$; that is the boundary, not a bug, and the kit's
 Euclidean projection onto the cone for users who want a feasible direction; the tests check the
 boundary behaviour separately (first order along the cone, clipped but on the set outside it).
 """
+
 from __future__ import annotations
 
 import torch
@@ -116,4 +117,3 @@ class BoundedDGram(DGram):
 
     def extra_repr(self) -> str:
         return f"bound={self.bound:g}, polar_method={self.polar_method!r}"
-

@@ -19,6 +19,7 @@ $(U V^\top) \operatorname{diag}(\sigma)$ hands the singular values to the column
 order: it moves every DGram point whose column norms are not already decreasing, and where two
 norms cross it is only first order in one direction (it is not a retraction there).
 """
+
 from __future__ import annotations
 
 import torch

@@ -3,6 +3,7 @@ r"""The Euclidean "manifold": no constraint ($P = 0$).
 $\mathcal M_0 = \mathbb R^{m \times n}$; the tangent space is everything, every projection is
 the identity and the retraction is $R_W(U) = W + U$. Manifold Muon on it is plain Muon.
 """
+
 from __future__ import annotations
 
 import torch

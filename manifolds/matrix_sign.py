@@ -22,6 +22,7 @@ CPU; ``torch.bfloat16`` is allowed and is what Muon uses on GPUs for *directions
 only for singular values above roughly ``1e-3 * ||X||_F`` in the given number of steps: use
 ``"svd"`` where exactness matters (retractions on CPU, reference solutions).
 """
+
 from __future__ import annotations
 
 import torch
@@ -42,9 +43,9 @@ _PE_RAW = (
     (1.891301407787398, -1.2679958271945868, 0.37680408948524835),
     (1.8750014808534479, -1.2500016453999487, 0.3750001645474248),
 )
-POLAR_EXPRESS_COEFFICIENTS = tuple(
-    (a / 1.01, b / 1.01**3, c / 1.01**5) for a, b, c in _PE_RAW
-) + ((1.875, -1.25, 0.375),)
+POLAR_EXPRESS_COEFFICIENTS = tuple((a / 1.01, b / 1.01**3, c / 1.01**5) for a, b, c in _PE_RAW) + (
+    (1.875, -1.25, 0.375),
+)
 
 _DEFAULT_STEPS = {"polar_express": 5, "newton_schulz": 30}
 

@@ -7,6 +7,7 @@ space $T_W = \{A : \operatorname{diag}(W^\top A) = 0\}$; projection
 $U - W \operatorname{Diag}(W^\top U)$ (column-wise sphere projection); retraction normalises each
 column. A zero column cannot be normalised and is refused with ``ValueError``.
 """
+
 from __future__ import annotations
 
 import torch

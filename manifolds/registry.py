@@ -16,6 +16,7 @@ parsed arguments and must return a `GramManifold`.
 Built in: ``stiefel``, ``dgram``, ``oblique``, ``euclidean`` and ``bdgram`` (`BoundedDGram`;
 ``bdgram@B`` bounds every column norm by ``B``, plain ``bdgram`` means ``B = 1``).
 """
+
 from __future__ import annotations
 
 import inspect
@@ -77,11 +78,13 @@ def register(name: str, factory: Factory, *, overwrite: bool = False) -> Factory
     """
     key = _check_name(name)
     if not callable(factory):
-        raise TypeError(f"factory for manifold {name!r} must be a GramManifold subclass or a callable; "
-                        f"got {type(factory).__name__}")
+        raise TypeError(
+            f"factory for manifold {name!r} must be a GramManifold subclass or a callable; got {type(factory).__name__}"
+        )
     if key in _FACTORIES and not overwrite:
-        raise ValueError(f"manifold {key!r} is already registered (to {_FACTORIES[key]!r}); "
-                         "pass overwrite=True to replace it")
+        raise ValueError(
+            f"manifold {key!r} is already registered (to {_FACTORIES[key]!r}); pass overwrite=True to replace it"
+        )
     _FACTORIES[key] = factory
     return factory
 
@@ -164,8 +167,13 @@ def get_manifold(spec: str) -> GramManifold:
 
 
 def _register_builtins() -> None:
-    for name, factory in (("stiefel", Stiefel), ("dgram", DGram), ("oblique", Oblique), ("euclidean", Euclidean),
-                          ("bdgram", BoundedDGram)):
+    for name, factory in (
+        ("stiefel", Stiefel),
+        ("dgram", DGram),
+        ("oblique", Oblique),
+        ("euclidean", Euclidean),
+        ("bdgram", BoundedDGram),
+    ):
         register(name, factory)
 
 

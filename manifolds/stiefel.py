@@ -8,6 +8,7 @@ $\operatorname{proju}(W, U) = U - W \operatorname{sym}(W^\top U)$; retraction by
 $R(X) = X (X^\top X)^{-1/2} = \operatorname{msign}(X)$, the nearest point of the manifold.
 Wide matrices are constrained on their rows ($W W^\top = I$).
 """
+
 from __future__ import annotations
 
 import torch

@@ -24,6 +24,7 @@ the rounding error is about $n \kappa\, \varepsilon$: $16 \cdot 20 \cdot 2.2\tim
 4\times10^{-5}$ in float32; the tolerances leave a margin of about $10^4$ and $5$. A real bug
 (a wrong projection, a retraction that moves points) produces errors of order $10^{-2}$ to $1$.
 """
+
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Sequence
@@ -35,8 +36,15 @@ from hypothesis import strategies as st
 from .base import GramManifold, to_tall
 
 __all__ = [
-    "TOLERANCE", "DEFAULT_SHAPES", "DEFAULT_DTYPES", "Case", "cases", "PROPERTIES",
-    "run_property", "check_manifold", "register_fact",
+    "TOLERANCE",
+    "DEFAULT_SHAPES",
+    "DEFAULT_DTYPES",
+    "Case",
+    "cases",
+    "PROPERTIES",
+    "run_property",
+    "check_manifold",
+    "register_fact",
 ]
 
 TOLERANCE = {torch.float64: 1e-9, torch.float32: 2e-4}
@@ -70,7 +78,10 @@ class Case:
 def cases(manifold: GramManifold, shapes=DEFAULT_SHAPES, dtypes=DEFAULT_DTYPES) -> st.SearchStrategy:
     """Hypothesis strategy of `Case` for ``manifold`` over the given shapes and dtypes."""
     return st.builds(
-        Case, st.just(manifold), st.sampled_from(list(shapes)), st.sampled_from(list(dtypes)),
+        Case,
+        st.just(manifold),
+        st.sampled_from(list(shapes)),
+        st.sampled_from(list(dtypes)),
         st.integers(min_value=0, max_value=2**31 - 1),
     )
 
@@ -213,10 +224,21 @@ def manifold_specific_facts(case: Case) -> None:
 
 
 PROPERTIES: tuple[Callable[[Case], None], ...] = (
-    projx_lands_on_manifold, projx_is_idempotent, projx_fixes_points, retr_at_zero_is_identity,
-    retr_lands_on_manifold, retr_is_first_order, proju_is_tangent, proju_is_idempotent,
-    proju_is_orthogonal, egrad2rgrad_is_tangent, constraint_maps_are_adjoint, tangent_space_is_kernel,
-    proju_matches_generic_solve, transp_is_tangent_at_target, manifold_specific_facts,
+    projx_lands_on_manifold,
+    projx_is_idempotent,
+    projx_fixes_points,
+    retr_at_zero_is_identity,
+    retr_lands_on_manifold,
+    retr_is_first_order,
+    proju_is_tangent,
+    proju_is_idempotent,
+    proju_is_orthogonal,
+    egrad2rgrad_is_tangent,
+    constraint_maps_are_adjoint,
+    tangent_space_is_kernel,
+    proju_matches_generic_solve,
+    transp_is_tangent_at_target,
+    manifold_specific_facts,
 )
 
 # ----------------------------------------------------------------------------- facts per class
@@ -225,9 +247,11 @@ _FACTS: list[tuple[type, Callable[[Case], None]]] = []
 
 def register_fact(cls: type) -> Callable:
     """Decorator: register ``fact(case)`` to run for every manifold that is an instance of ``cls``."""
+
     def deco(fn: Callable[[Case], None]) -> Callable[[Case], None]:
         _FACTS.append((cls, fn))
         return fn
+
     return deco
 
 
@@ -296,4 +320,3 @@ def check_manifold(
             run_property(prop, manifold, shapes, dtypes, max_examples)
         except AssertionError as exc:
             raise AssertionError(f"{type(manifold).__name__} fails {prop.__name__}: {exc}") from exc
-

@@ -5,6 +5,8 @@ cd "$(dirname "$0")/.."
 bash scripts/setup_env.sh
 export OMP_NUM_THREADS=${OMP_NUM_THREADS:-1}
 export HYPOTHESIS_PROFILE=${HYPOTHESIS_PROFILE:-ci}
+.venv/bin/ruff check .
+.venv/bin/ruff format --check .
 .venv/bin/python -m pytest tests --nbmake --nbmake-kernel=python3 --nbmake-timeout=600 notebooks "$@"
 NO_MKDOCS_2_WARNING=1 .venv/bin/mkdocs build --strict --quiet
 echo "docs: mkdocs build --strict passed"

@@ -1,4 +1,5 @@
 """Shared pytest setup: Hypothesis profiles, a headless matplotlib backend, single-threaded torch."""
+
 import os
 
 import matplotlib
@@ -8,7 +9,12 @@ matplotlib.use("Agg")
 
 # ci: >= 200 examples per property, reproducible (derandomized), no deadline on a busy 2-core box.
 settings.register_profile(
-    "ci", max_examples=200, derandomize=True, deadline=None, database=None, print_blob=True,
+    "ci",
+    max_examples=200,
+    derandomize=True,
+    deadline=None,
+    database=None,
+    print_blob=True,
     suppress_health_check=[HealthCheck.too_slow],
 )
 settings.register_profile("dev", max_examples=30, deadline=None, suppress_health_check=[HealthCheck.too_slow])

@@ -1,4 +1,5 @@
 """Launched by torchrun from tests/test_train_distributed.py: train, then write per-rank checksums."""
+
 import json
 import sys
 
@@ -10,13 +11,29 @@ from geomtrain.train import distributed_from_env, train
 
 
 def main(data_dir: str, out_dir: str, report: str) -> None:
-    cfg = make_config(dict(model="tiny", data_dir=data_dir, out_dir=out_dir, preset="hetero", max_iters=6,
-                           batch_size=4, warmup_iters=2, eval_interval=3, eval_iters=1, log_interval=1,
-                           progress=False, seed=5))
+    cfg = make_config(
+        dict(
+            model="tiny",
+            data_dir=data_dir,
+            out_dir=out_dir,
+            preset="hetero",
+            max_iters=6,
+            batch_size=4,
+            warmup_iters=2,
+            eval_interval=3,
+            eval_iters=1,
+            log_interval=1,
+            progress=False,
+            seed=5,
+        )
+    )
     with distributed_from_env():
         captured = {}
-        train(cfg, print_fn=lambda *a: None, on_finish=lambda model: captured.update(
-            {k: v.detach().clone() for k, v in model.state_dict().items()}))
+        train(
+            cfg,
+            print_fn=lambda *a: None,
+            on_finish=lambda model: captured.update({k: v.detach().clone() for k, v in model.state_dict().items()}),
+        )
         flat = torch.cat([v.double().flatten() for v in captured.values()])
         gathered = [torch.zeros_like(flat) for _ in range(dist.get_world_size())]
         dist.all_gather(gathered, flat)

@@ -6,6 +6,7 @@ run stopped after its first checkpoint. PYTEST_DONT_REWRITE: the modules import 
 before pytest loads it as a plugin. Every run is the ``tiny`` model with a 16-token context,
 batch 4, 12 steps, a checkpoint (and an evaluation) every 4 steps.
 """
+
 from __future__ import annotations
 
 import errno
@@ -30,10 +31,37 @@ CHECKPOINT_EVERY = 4  # = eval_interval: a checkpoint at every evaluation (steps
 
 def run_args(data_dir, out_dir, *extra: str) -> list[str]:
     """``train`` arguments of the runs these tests compare (diagnostics on: their log is checked too)."""
-    return ["train", "--model", "tiny", "--preset", "hetero", "--data-dir", str(data_dir), "--out-dir", str(out_dir),
-            "--block-size", "16", "--batch-size", "4", "--max-iters", str(MAX_ITERS), "--warmup-iters", "2",
-            "--eval-interval", str(CHECKPOINT_EVERY), "--eval-iters", "1", "--log-interval", "1",
-            "--diag-batch-size", "1", "--no-progress", "--seed", "3", *extra]
+    return [
+        "train",
+        "--model",
+        "tiny",
+        "--preset",
+        "hetero",
+        "--data-dir",
+        str(data_dir),
+        "--out-dir",
+        str(out_dir),
+        "--block-size",
+        "16",
+        "--batch-size",
+        "4",
+        "--max-iters",
+        str(MAX_ITERS),
+        "--warmup-iters",
+        "2",
+        "--eval-interval",
+        str(CHECKPOINT_EVERY),
+        "--eval-iters",
+        "1",
+        "--log-interval",
+        "1",
+        "--diag-batch-size",
+        "1",
+        "--no-progress",
+        "--seed",
+        "3",
+        *extra,
+    ]
 
 
 def cli(argv: list[str], capsys) -> tuple[int, str, str]:
@@ -49,8 +77,14 @@ def cli(argv: list[str], capsys) -> tuple[int, str, str]:
 
 def worker(fault: str, argv: list[str], timeout: float = 240) -> subprocess.CompletedProcess:
     """``python -m geomtrain ARGV`` in a subprocess, with ``fault`` injected (tests/fault_worker.py)."""
-    return subprocess.run([sys.executable, str(WORKER), fault, *map(str, argv)], cwd=REPO, env=worker_env(),
-                          capture_output=True, text=True, timeout=timeout)
+    return subprocess.run(
+        [sys.executable, str(WORKER), fault, *map(str, argv)],
+        cwd=REPO,
+        env=worker_env(),
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+    )
 
 
 def worker_env() -> dict:
@@ -102,8 +136,9 @@ def assert_same_run(run, reference) -> None:
     ours, theirs = losses(run), losses(reference)
     differ = [(a, b) for a, b in zip(ours, theirs) if a != b]
     assert not differ, f"{len(differ)} steps differ from the uninterrupted run; first (step, loss): {differ[0]}"
-    assert [(r["step"], r["val_loss"]) for r in records(run, "eval")] == \
-           [(r["step"], r["val_loss"]) for r in records(reference, "eval")], "evaluations differ"
+    assert [(r["step"], r["val_loss"]) for r in records(run, "eval")] == [
+        (r["step"], r["val_loss"]) for r in records(reference, "eval")
+    ], "evaluations differ"
     a, b = load_checkpoint(Path(run) / "ckpt.pt"), load_checkpoint(Path(reference) / "ckpt.pt")
     assert a["step"] == b["step"] == MAX_ITERS, (a["step"], b["step"])
     for part in ("model", "adamw", "muon"):
@@ -198,8 +233,11 @@ class FailingDisk:
         self.failures = 0
 
     def open(self, file, mode="r", *args, **kwargs):
-        if isinstance(file, (str, os.PathLike)) and any(c in mode for c in "wax+") \
-                and Path(os.path.abspath(file)).is_relative_to(self.root):
+        if (
+            isinstance(file, (str, os.PathLike))
+            and any(c in mode for c in "wax+")
+            and Path(os.path.abspath(file)).is_relative_to(self.root)
+        ):
             if self.readonly:
                 self.failures += 1
                 raise OSError(errno.EROFS, os.strerror(errno.EROFS), os.fspath(file))

@@ -16,6 +16,7 @@ FAULT is one of
 Only public names are patched: ``os.replace``, ``geomtrain.train.Trainer.step`` and
 ``geomtrain.runfolder.RunFolder.save_checkpoint``.
 """
+
 import os
 import runpy
 import signal

@@ -1,4 +1,5 @@
 """Presets, custom rules (through the manifold registry) and the assignment table."""
+
 import pytest
 
 from geomtrain.assign import (
@@ -27,8 +28,12 @@ def _by_name(assignments):
 
 
 EXPECTED = {  # preset -> (attention manifold, MLP manifold); None = AdamW
-    "adamw": (None, None), "unconstrained": ("euclidean", "euclidean"), "all-stiefel": ("stiefel", "stiefel"),
-    "all-dgram": ("dgram", "dgram"), "hetero": ("stiefel", "dgram"), "hetero-inv": ("dgram", "stiefel"),
+    "adamw": (None, None),
+    "unconstrained": ("euclidean", "euclidean"),
+    "all-stiefel": ("stiefel", "stiefel"),
+    "all-dgram": ("dgram", "dgram"),
+    "hetero": ("stiefel", "dgram"),
+    "hetero-inv": ("dgram", "stiefel"),
 }
 
 
@@ -119,12 +124,18 @@ def test_vectors_fall_through_manifold_rules_and_matrices_take_the_first_match(n
         assert (table[name].optimizer, table[name].manifold_name) == want, name
 
 
-@pytest.mark.parametrize("rule, match", [
-    ("*.atn.*=stiefel", r"rule '\*\.atn\.\*=stiefel' matches no parameter; closest names: transformer\."),
-    ("*.nothing=adamw", r"rule '\*\.nothing=adamw' matches no parameter; closest names: "),
-    ("*.bias=stiefel", r"rule '\*\.bias=stiefel' matches no matrix \(only 13 parameter\(s\) of other shapes, "
-                       r"e\.g\. transformer\.h\.0\.ln_1\.bias \(64,\)\); manifold rules apply to 2-D weights"),
-])
+@pytest.mark.parametrize(
+    "rule, match",
+    [
+        ("*.atn.*=stiefel", r"rule '\*\.atn\.\*=stiefel' matches no parameter; closest names: transformer\."),
+        ("*.nothing=adamw", r"rule '\*\.nothing=adamw' matches no parameter; closest names: "),
+        (
+            "*.bias=stiefel",
+            r"rule '\*\.bias=stiefel' matches no matrix \(only 13 parameter\(s\) of other shapes, "
+            r"e\.g\. transformer\.h\.0\.ln_1\.bias \(64,\)\); manifold rules apply to 2-D weights",
+        ),
+    ],
+)
 def test_rule_matching_nothing_is_a_one_line_error(named, rule, match):
     with pytest.raises(ValueError, match=match) as e:
         assign(named, preset="hetero", rules=[rule])

@@ -2,6 +2,7 @@
 the file, key or valid choices), exit code 2, nothing written or changed; or, where that is what
 a user expects, it works (README rules train; a resume before the first checkpoint starts clean;
 a torn last log line is cut with a warning; an allowed config change is recorded)."""
+
 import json
 import sys
 
@@ -66,16 +67,22 @@ def test_invalid_toml_is_one_line_naming_the_file(data_dir, tmp_path, capsys):
 def _strip_max_iters(argv):
     while "--max-iters" in argv:
         i = argv.index("--max-iters")
-        argv = argv[:i] + argv[i + 2:]
+        argv = argv[:i] + argv[i + 2 :]
     return argv
 
 
-@pytest.mark.parametrize("device, needles", [
-    pytest.param("cuda", ("cuda", "not available", "cpu"),
-                 marks=pytest.mark.skipif(torch.cuda.is_available(), reason="CUDA is available here")),
-    ("gpu", ("'gpu'", "auto, cpu, cuda")),
-    ("cuda:99", ("cuda:99",)),
-])
+@pytest.mark.parametrize(
+    "device, needles",
+    [
+        pytest.param(
+            "cuda",
+            ("cuda", "not available", "cpu"),
+            marks=pytest.mark.skipif(torch.cuda.is_available(), reason="CUDA is available here"),
+        ),
+        ("gpu", ("'gpu'", "auto, cpu, cuda")),
+        ("cuda:99", ("cuda:99",)),
+    ],
+)
 def test_unusable_device_is_one_line(device, needles, data_dir, tmp_path, capsys):
     code, _, err = cli(_short(data_dir, tmp_path / "run", "--device", device), capsys)
     assert_one_line_error(code, err, *needles)
@@ -171,13 +178,16 @@ def test_resume_before_the_first_checkpoint_starts_clean(data_dir, reference, tm
     assert_same_run(run, reference)  # steps 1..12 once each: the first attempt's lines are gone
 
 
-@pytest.mark.parametrize("flag, value, key", [
-    ("--model", "mini", "model"),
-    ("--block-size", "8", "block_size"),
-    ("--seed", "4", "seed"),
-    ("--lr", "0.001", "lr"),
-    ("--data-dir", None, "data_dir"),  # another vocabulary / data folder
-])
+@pytest.mark.parametrize(
+    "flag, value, key",
+    [
+        ("--model", "mini", "model"),
+        ("--block-size", "8", "block_size"),
+        ("--seed", "4", "seed"),
+        ("--lr", "0.001", "lr"),
+        ("--data-dir", None, "data_dir"),  # another vocabulary / data folder
+    ],
+)
 def test_resume_with_a_changed_run_defining_key_is_refused(flag, value, key, data_dir, stopped_run, tmp_path, capsys):
     if value is None:  # the same files under another name: still another data_dir
         (tmp_path / "other-data").symlink_to(data_dir, target_is_directory=True)
@@ -190,8 +200,9 @@ def test_resume_with_a_changed_run_defining_key_is_refused(flag, value, key, dat
 
 def test_allowed_config_change_is_recorded_never_overwritten(data_dir, stopped_run, capsys):
     old = json.loads((stopped_run / "config.json").read_text())
-    code, out, err = cli(run_args(data_dir, stopped_run, "--resume", "--lr", "0.001", "--seed", "4",
-                                  "--allow-config-change"), capsys)
+    code, out, err = cli(
+        run_args(data_dir, stopped_run, "--resume", "--lr", "0.001", "--seed", "4", "--allow-config-change"), capsys
+    )
     assert code == 0, err[-3000:]
     assert f"from step {CHECKPOINT_EVERY}" in out
     history = [json.loads(line) for line in (stopped_run / "config_history.jsonl").read_text().splitlines()]

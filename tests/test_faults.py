@@ -5,6 +5,7 @@ What each test asserts is what a user loses or sees: nothing lost (the previous 
 verifies and a later resume matches the uninterrupted run exactly), nothing duplicated, no NaN in
 weights or optimizer state, and one clear line on stderr with exit code 2.
 """
+
 import contextlib
 import json
 import os
@@ -34,7 +35,7 @@ def _flip_bytes(path, offset_fraction=0.5, n=8):
     """Invert ``n`` bytes in the middle of ``path``: same size, different content."""
     data = bytearray(path.read_bytes())
     at = int(len(data) * offset_fraction)
-    data[at:at + n] = bytes(255 - b for b in data[at:at + n])
+    data[at : at + n] = bytes(255 - b for b in data[at : at + n])
     path.write_bytes(bytes(data))
 
 
@@ -94,6 +95,7 @@ def test_out_of_vocabulary_token_ids_are_one_line(data_copy, tmp_path, capsys):
     tokens.tofile(path)
     manifest = json.loads((data_copy / "manifest.json").read_text())
     import hashlib
+
     manifest["splits"]["train"]["sha256"] = hashlib.sha256(path.read_bytes()).hexdigest()
     (data_copy / "manifest.json").write_text(json.dumps(manifest))
     code, _, err = cli(run_args(data_copy, tmp_path / "run"), capsys)
@@ -136,12 +138,16 @@ def _full_after_step(monkeypatch, disk, step):
     monkeypatch.setattr(Trainer, "step", step_then_fill)
 
 
-@pytest.mark.parametrize("free, fails_on", [
-    (100_000, "ckpt.pt"),        # room for the small files, not for the checkpoint (step 8)
-    (40, "metrics.jsonl"),       # 40 bytes left: the next log line is cut in the middle
-])
-def test_full_disk_is_one_line_and_a_later_resume_loses_nothing(free, fails_on, data_dir, reference, stopped_run,
-                                                                monkeypatch, capsys):
+@pytest.mark.parametrize(
+    "free, fails_on",
+    [
+        (100_000, "ckpt.pt"),  # room for the small files, not for the checkpoint (step 8)
+        (40, "metrics.jsonl"),  # 40 bytes left: the next log line is cut in the middle
+    ],
+)
+def test_full_disk_is_one_line_and_a_later_resume_loses_nothing(
+    free, fails_on, data_dir, reference, stopped_run, monkeypatch, capsys
+):
     disk = FailingDisk(stopped_run, free=free)
     _full_after_step(monkeypatch, disk, 6)
     code, _, err = cli(run_args(data_dir, stopped_run, "--resume"), capsys)
@@ -199,8 +205,21 @@ def _trainer(data_dir, **kw):
     from geomtrain.config import make_config
     from geomtrain.train import Trainer
 
-    cfg = make_config(dict(model="tiny", data_dir=str(data_dir), block_size=16, batch_size=4, max_iters=10,
-                           warmup_iters=2, eval_iters=1, diagnostics=False, progress=False, seed=3, **kw))
+    cfg = make_config(
+        dict(
+            model="tiny",
+            data_dir=str(data_dir),
+            block_size=16,
+            batch_size=4,
+            max_iters=10,
+            warmup_iters=2,
+            eval_iters=1,
+            diagnostics=False,
+            progress=False,
+            seed=3,
+            **kw,
+        )
+    )
     return Trainer(cfg)
 
 
@@ -211,15 +230,22 @@ def _state(trainer):
 def tensors_of_trainer(trainer):
     from fault_helpers import tensors_of
 
-    return {**tensors_of(trainer.model.state_dict(), "model"), **tensors_of(trainer.adamw.state_dict(), "adamw"),
-            **tensors_of(trainer.muon.state_dict(), "muon")}
+    return {
+        **tensors_of(trainer.model.state_dict(), "model"),
+        **tensors_of(trainer.adamw.state_dict(), "adamw"),
+        **tensors_of(trainer.muon.state_dict(), "muon"),
+    }
 
 
 @pytest.mark.parametrize("param", [MUON_MATRIX, ADAMW_MATRIX])
-@pytest.mark.parametrize("bad, grad_clip", [
-    (float("nan"), 1.0), (float("inf"), 1.0),
-    (1e30, 0.0),  # finite, but its square overflows float32: Inf in Adam's exp_avg_sq when nothing clips it
-])
+@pytest.mark.parametrize(
+    "bad, grad_clip",
+    [
+        (float("nan"), 1.0),
+        (float("inf"), 1.0),
+        (1e30, 0.0),  # finite, but its square overflows float32: Inf in Adam's exp_avg_sq when nothing clips it
+    ],
+)
 def test_one_non_finite_gradient_entry_skips_the_step_and_touches_nothing(param, bad, grad_clip, data_dir):
     trainer = _trainer(data_dir, grad_clip=grad_clip)
     by_name = dict(trainer.model.named_parameters())
@@ -273,8 +299,9 @@ def test_non_finite_gradient_in_a_run_is_counted_and_the_run_finishes(data_dir, 
 
 
 # ----------------------------------------------------------------------------- exceptions
-def test_an_exception_records_failed_status_and_resume_loses_nothing(data_dir, reference, stopped_run, monkeypatch,
-                                                                     capsys):
+def test_an_exception_records_failed_status_and_resume_loses_nothing(
+    data_dir, reference, stopped_run, monkeypatch, capsys
+):
     from geomtrain.train import Trainer
 
     original = Trainer.step

@@ -5,6 +5,7 @@ injects the fault), then ``--resume`` in this process; the result is compared st
 losses, evaluations, final weights and optimizer state) with one uninterrupted run of the same
 config. Checkpoints are at steps 4, 8 and 12.
 """
+
 import json
 import signal
 import subprocess

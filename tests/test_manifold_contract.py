@@ -1,4 +1,5 @@
 """The contract kit run over every built-in manifold and a user subclass (one test per property)."""
+
 import importlib.util
 import sys
 from pathlib import Path

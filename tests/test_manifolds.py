@@ -1,5 +1,6 @@
 """Manifold-specific behaviour beyond the generic contract: msign accuracy, errors, the boundary of
 BoundedDGram, geoopt interop."""
+
 import geoopt
 import pytest
 import torch
@@ -83,6 +84,7 @@ def test_svd_polar_survives_float32_lapack_breakdown(fixture):
     import pathlib
 
     import numpy as np
+
     X = torch.from_numpy(np.load(pathlib.Path(__file__).parent / "fixtures" / fixture)["x"])
     assert X.dtype == torch.float32
     Q = Stiefel().retr(X, torch.zeros_like(X))
@@ -210,11 +212,14 @@ def test_get_manifold_names():
         get_manifold("sphere")
 
 
-@pytest.mark.parametrize("kwargs, match", [
-    ({"polar_method": "qr"}, "unknown polar_method 'qr'; valid: auto, svd, polar_express, newton_schulz"),
-    ({"max_newton_steps": 0}, "max_newton_steps must be an integer >= 1; got 0"),
-    ({"max_newton_steps": 2.5}, "max_newton_steps must be an integer >= 1; got 2.5"),
-])
+@pytest.mark.parametrize(
+    "kwargs, match",
+    [
+        ({"polar_method": "qr"}, "unknown polar_method 'qr'; valid: auto, svd, polar_express, newton_schulz"),
+        ({"max_newton_steps": 0}, "max_newton_steps must be an integer >= 1; got 0"),
+        ({"max_newton_steps": 2.5}, "max_newton_steps must be an integer >= 1; got 2.5"),
+    ],
+)
 def test_bad_settings_are_refused(kwargs, match):
     for cls in (Stiefel, DGram, Oblique, Euclidean):
         with pytest.raises(ValueError, match=match):

@@ -177,11 +177,7 @@ def test_attention_probe_matches_sdpa(tiny):
     with torch.no_grad():
         pos = torch.arange(T)
         x = block.ln_1(tiny.transformer.wte(idx) + tiny.transformer.wpe(pos))
-        q = (
-            (x @ block.attn.c_attn.weight[:C].T + block.attn.c_attn.bias[:C])
-            .view(B, T, H, C // H)
-            .transpose(1, 2)
-        )
+        q = (x @ block.attn.c_attn.weight[:C].T + block.attn.c_attn.bias[:C]).view(B, T, H, C // H).transpose(1, 2)
         k = (
             (x @ block.attn.c_attn.weight[C : 2 * C].T + block.attn.c_attn.bias[C : 2 * C])
             .view(B, T, H, C // H)

@@ -1,4 +1,5 @@
 """The manifold registry: names and parametric specs to instances, user registration, errors."""
+
 import pytest
 import torch
 
@@ -62,22 +63,25 @@ def test_builtin_names_round_trip():
 
 def test_manifolds_mapping_is_a_read_only_live_view(user_name):
     with pytest.raises(TypeError):
-        MANIFOLDS["sphere"] = Stiefel  # noqa: the point of the test
+        MANIFOLDS["sphere"] = Stiefel  # the point of the test: the view is read-only
     assert user_name not in MANIFOLDS
     register(user_name, Scaled)
     assert MANIFOLDS[user_name] is Scaled and manifold_names()[-1] == user_name
 
 
 # ----------------------------------------------------------------------------- parametric specs
-@pytest.mark.parametrize("spec, parsed", [
-    ("stiefel", ("stiefel", (), {})),
-    ("BDGram@1.5", ("bdgram", (1.5,), {})),
-    (" bdgram @ 2 ", ("bdgram", (2,), {})),
-    ("blockgram@16", ("blockgram", (16,), {})),
-    ("x@-3,1e-3,svd", ("x", (-3, 1e-3, "svd"), {})),
-    ("bdgram@0.5, polar_method = svd", ("bdgram", (0.5,), {"polar_method": "svd"})),
-    ("dgram@polar_method=svd,max_newton_steps=5", ("dgram", (), {"polar_method": "svd", "max_newton_steps": 5})),
-])
+@pytest.mark.parametrize(
+    "spec, parsed",
+    [
+        ("stiefel", ("stiefel", (), {})),
+        ("BDGram@1.5", ("bdgram", (1.5,), {})),
+        (" bdgram @ 2 ", ("bdgram", (2,), {})),
+        ("blockgram@16", ("blockgram", (16,), {})),
+        ("x@-3,1e-3,svd", ("x", (-3, 1e-3, "svd"), {})),
+        ("bdgram@0.5, polar_method = svd", ("bdgram", (0.5,), {"polar_method": "svd"})),
+        ("dgram@polar_method=svd,max_newton_steps=5", ("dgram", (), {"polar_method": "svd", "max_newton_steps": 5})),
+    ],
+)
 def test_parse_spec(spec, parsed):
     name, args, kwargs = parse_spec(spec)
     assert (name, args, kwargs) == parsed
@@ -97,24 +101,33 @@ def test_parametric_specs_build_their_instances():
     assert float(get_manifold("bdgram@0.7").column_norms(get_manifold("bdgram@0.7").projx(X)).max()) <= 0.7 + 1e-12
 
 
-@pytest.mark.parametrize("spec, match", [
-    ("sphere", r"unknown manifold 'sphere'; valid: stiefel, dgram, oblique, euclidean, bdgram.*; parametric: NAME@ARG"),
-    ("@1.5", r"unknown manifold '@1.5'; valid: stiefel, dgram"),
-    ("stief el", r"unknown manifold 'stief el'; valid: stiefel"),
-    ("bdgram@big", r"bad manifold spec 'bdgram@big': bound must be a finite number > 0; got 'big'; "
-                   r"bdgram takes \(bound=1.0, polar_method='auto'\)"),
-    ("bdgram@0", r"bound must be a finite number > 0; got 0"),
-    ("bdgram@nan", r"bound must be a finite number > 0; got nan"),
-    ("bdgram@1,2,3", r"bad manifold spec 'bdgram@1,2,3': .*takes from 1 to 3 positional arguments"),
-    ("bdgram@", r"bad arguments in manifold spec 'bdgram@': write NAME@ARG\[,ARG\|KEY=VALUE...\], e.g. bdgram@1.5"),
-    ("bdgram@1,,", r"bad arguments in manifold spec"),
-    ("bdgram@=1", r"bad arguments in manifold spec"),
-    ("bdgram@bound=", r"bad arguments in manifold spec"),
-    ("bdgram@bound=1,2", r"positional argument after KEY=VALUE"),
-    ("stiefel@3", r"unknown polar_method 3; valid: auto, svd, polar_express, newton_schulz"),
-    ("dgram@max_newton_steps=0", r"max_newton_steps must be an integer >= 1; got 0"),
-    ("oblique@shape=3", r"unexpected keyword argument 'shape'"),
-])
+@pytest.mark.parametrize(
+    "spec, match",
+    [
+        (
+            "sphere",
+            r"unknown manifold 'sphere'; valid: stiefel, dgram, oblique, euclidean, bdgram.*; parametric: NAME@ARG",
+        ),
+        ("@1.5", r"unknown manifold '@1.5'; valid: stiefel, dgram"),
+        ("stief el", r"unknown manifold 'stief el'; valid: stiefel"),
+        (
+            "bdgram@big",
+            r"bad manifold spec 'bdgram@big': bound must be a finite number > 0; got 'big'; "
+            r"bdgram takes \(bound=1.0, polar_method='auto'\)",
+        ),
+        ("bdgram@0", r"bound must be a finite number > 0; got 0"),
+        ("bdgram@nan", r"bound must be a finite number > 0; got nan"),
+        ("bdgram@1,2,3", r"bad manifold spec 'bdgram@1,2,3': .*takes from 1 to 3 positional arguments"),
+        ("bdgram@", r"bad arguments in manifold spec 'bdgram@': write NAME@ARG\[,ARG\|KEY=VALUE...\], e.g. bdgram@1.5"),
+        ("bdgram@1,,", r"bad arguments in manifold spec"),
+        ("bdgram@=1", r"bad arguments in manifold spec"),
+        ("bdgram@bound=", r"bad arguments in manifold spec"),
+        ("bdgram@bound=1,2", r"positional argument after KEY=VALUE"),
+        ("stiefel@3", r"unknown polar_method 3; valid: auto, svd, polar_express, newton_schulz"),
+        ("dgram@max_newton_steps=0", r"max_newton_steps must be an integer >= 1; got 0"),
+        ("oblique@shape=3", r"unexpected keyword argument 'shape'"),
+    ],
+)
 def test_bad_specs_are_one_line_errors_naming_the_choices(spec, match):
     with pytest.raises(ValueError, match=match) as exc_info:
         get_manifold(spec)
@@ -183,6 +196,14 @@ def test_unregister_unknown_name_names_the_choices():
 
 
 def test_public_names_of_the_package():
-    for name in ("register", "unregister", "manifold_names", "parse_spec", "get_manifold", "MANIFOLDS",
-                 "BoundedDGram", "SPEC_SYNTAX"):
+    for name in (
+        "register",
+        "unregister",
+        "manifold_names",
+        "parse_spec",
+        "get_manifold",
+        "MANIFOLDS",
+        "BoundedDGram",
+        "SPEC_SYNTAX",
+    ):
         assert name in manifolds.__all__ and hasattr(manifolds, name)

@@ -1,4 +1,5 @@
 """The trainer: outputs, resume exactness, divergence handling, Ctrl-C, bad input."""
+
 import json
 import math
 import os
@@ -17,8 +18,19 @@ from geomtrain.train import load_checkpoint, lr_at, train
 
 
 def _cfg(data_dir, out_dir, **kw):
-    base = dict(model="tiny", data_dir=data_dir, out_dir=str(out_dir), max_iters=8, batch_size=4,
-                warmup_iters=2, eval_interval=4, eval_iters=1, log_interval=1, progress=False, seed=3)
+    base = dict(
+        model="tiny",
+        data_dir=data_dir,
+        out_dir=str(out_dir),
+        max_iters=8,
+        batch_size=4,
+        warmup_iters=2,
+        eval_interval=4,
+        eval_iters=1,
+        log_interval=1,
+        progress=False,
+        seed=3,
+    )
     base.update(kw)
     return make_config(base)
 
@@ -41,8 +53,16 @@ def test_run_writes_its_outputs(data_dir, tmp_path, preset):
     status = train(_cfg(data_dir, tmp_path / preset, preset=preset), print_fn=lambda *a: None)
     run = tmp_path / preset
     assert status["status"] == "finished" and status["step"] == 8
-    for name in ("config.json", "env.json", "assignment.json", "assignment.txt", "metrics.jsonl",
-                 "diagnostics.jsonl", "ckpt.pt", "status.json"):
+    for name in (
+        "config.json",
+        "env.json",
+        "assignment.json",
+        "assignment.txt",
+        "metrics.jsonl",
+        "diagnostics.jsonl",
+        "ckpt.pt",
+        "status.json",
+    ):
         assert (run / name).exists(), name
     env = json.loads((run / "env.json").read_text())
     assert env["seed"] == 3 and env["torch"] == torch.__version__ and "commit" in env["git"]
@@ -55,7 +75,11 @@ def test_run_writes_its_outputs(data_dir, tmp_path, preset):
     kinds = {m["kind"] for m in diag[-1]["matrices"]}
     if preset == "hetero":
         assert kinds == {"attn_in", "attn_q", "attn_k", "attn_out", "mlp_in", "mlp_out"}
-        stiefel = [m for m in diag[-1]["matrices"] if m["manifold"] == "stiefel" and "sigma_min" in m and m["kind"] in ("attn_in", "attn_out")]
+        stiefel = [
+            m
+            for m in diag[-1]["matrices"]
+            if m["manifold"] == "stiefel" and "sigma_min" in m and m["kind"] in ("attn_in", "attn_out")
+        ]
         assert all(abs(m["sigma_max"] - 1) < 1e-3 and abs(m["sigma_min"] - 1) < 1e-3 for m in stiefel)
         assert all(m["grad_norm"] is not None and m["grad_norm"] > 0 for m in diag[-1]["matrices"])
         assert "muon" in _records(run, "train")[-1]
@@ -81,8 +105,17 @@ def test_resume_is_bit_exact(data_dir, tmp_path, preset):
 
 def test_divergence_on_val_loss_stops_and_keeps_last_good_checkpoint(data_dir, tmp_path):
     # A huge AdamW lr blows the loss up; any val increase beyond the margin counts as divergence.
-    cfg = _cfg(data_dir, tmp_path / "div", preset="adamw", lr=5.0, min_lr=5.0, warmup_iters=0,
-               eval_interval=2, max_iters=40, divergence_margin=0.05)
+    cfg = _cfg(
+        data_dir,
+        tmp_path / "div",
+        preset="adamw",
+        lr=5.0,
+        min_lr=5.0,
+        warmup_iters=0,
+        eval_interval=2,
+        max_iters=40,
+        divergence_margin=0.05,
+    )
     status = train(cfg, print_fn=lambda *a: None)
     assert status["status"] == "diverged" and status["diverged_step"] % 2 == 0
     ckpt = load_checkpoint(tmp_path / "div" / "ckpt.pt")
@@ -120,21 +153,28 @@ def test_non_finite_loss_skips_that_step_and_counts_it(data_dir, tmp_path, monke
 
 def test_non_finite_loss_for_patience_steps_is_divergence(data_dir, tmp_path, monkeypatch):
     _poison_forward(monkeypatch, set(range(5, 100)))
-    status = train(_cfg(data_dir, tmp_path / "nan", preset="hetero", nonfinite_patience=3, max_iters=12),
-                   print_fn=lambda *a: None)
+    status = train(
+        _cfg(data_dir, tmp_path / "nan", preset="hetero", nonfinite_patience=3, max_iters=12), print_fn=lambda *a: None
+    )
     assert status["status"] == "diverged" and status["diverged_step"] == 7
     assert "3 steps in a row skipped" in status["reason"]
     ckpt = load_checkpoint(tmp_path / "nan" / "ckpt.pt")
     assert ckpt["step"] == 4 and all(torch.isfinite(t).all() for t in ckpt["model"].values())
 
 
-@pytest.mark.parametrize("argv, message", [
-    (["train", "--preset", "hetero2"], "invalid choice: 'hetero2'"),
-    (["train", "--rule", "*.mlp.*=sphere"], "unknown manifold 'sphere'; valid: stiefel, dgram, oblique, euclidean, bdgram"),
-    (["train", "--model", "huge"], "valid: gpt2, mini, tiny"),
-    (["train", "--dtype", "fp8"], "invalid choice: 'fp8'"),
-    (["prepare", "--dataset", "wiki"], "invalid choice: 'wiki'"),
-])
+@pytest.mark.parametrize(
+    "argv, message",
+    [
+        (["train", "--preset", "hetero2"], "invalid choice: 'hetero2'"),
+        (
+            ["train", "--rule", "*.mlp.*=sphere"],
+            "unknown manifold 'sphere'; valid: stiefel, dgram, oblique, euclidean, bdgram",
+        ),
+        (["train", "--model", "huge"], "valid: gpt2, mini, tiny"),
+        (["train", "--dtype", "fp8"], "invalid choice: 'fp8'"),
+        (["prepare", "--dataset", "wiki"], "invalid choice: 'wiki'"),
+    ],
+)
 def test_bad_input_exits_2_with_one_line(argv, message, capsys, tmp_path):
     argv = argv + (["--out-dir", str(tmp_path / "x")] if argv[0] == "train" else [])
     try:
@@ -148,7 +188,9 @@ def test_bad_input_exits_2_with_one_line(argv, message, capsys, tmp_path):
 
 
 def test_missing_data_is_a_clear_error(tmp_path, capsys):
-    code = cli_main(["train", "--model", "tiny", "--data-dir", str(tmp_path / "nothing"), "--out-dir", str(tmp_path / "r")])
+    code = cli_main(
+        ["train", "--model", "tiny", "--data-dir", str(tmp_path / "nothing"), "--out-dir", str(tmp_path / "r")]
+    )
     assert code == 2 and "geomtrain prepare" in capsys.readouterr().err
 
 
@@ -157,17 +199,39 @@ def test_toml_config_and_flag_precedence(tmp_path):
     path.write_text('model = "tiny"\nmax_iters = 7\nlr = 1e-3\n[unused]\n'.replace("[unused]\n", ""))
     cfg = make_config({"lr": 2e-3}, toml_path=path)
     assert cfg.max_iters == 7 and cfg.lr == 2e-3 and cfg.batch_size == 8  # tiny's default
-    path.write_text('bogus = 1\n')
+    path.write_text("bogus = 1\n")
     with pytest.raises(ValueError, match="unknown config key"):
         make_config({}, toml_path=path)
 
 
 def test_ctrl_c_saves_and_exits_cleanly(data_dir, tmp_path):
     out = tmp_path / "int"
-    cmd = [sys.executable, "-m", "geomtrain", "train", "--model", "tiny", "--preset", "hetero", "--data-dir", data_dir,
-           "--out-dir", str(out), "--max-iters", "10000", "--batch-size", "4", "--eval-interval", "1000",
-           "--log-interval", "1", "--no-progress"]
-    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, env={**os.environ, "OMP_NUM_THREADS": "1"})
+    cmd = [
+        sys.executable,
+        "-m",
+        "geomtrain",
+        "train",
+        "--model",
+        "tiny",
+        "--preset",
+        "hetero",
+        "--data-dir",
+        data_dir,
+        "--out-dir",
+        str(out),
+        "--max-iters",
+        "10000",
+        "--batch-size",
+        "4",
+        "--eval-interval",
+        "1000",
+        "--log-interval",
+        "1",
+        "--no-progress",
+    ]
+    proc = subprocess.Popen(
+        cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, env={**os.environ, "OMP_NUM_THREADS": "1"}
+    )
     deadline = time.time() + 120
     while time.time() < deadline:
         metrics = out / "metrics.jsonl"

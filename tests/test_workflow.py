@@ -1,4 +1,5 @@
 """A researcher's workflow from the CLI: your own manifold, eval, plot, TensorBoard, pretrained init."""
+
 import json
 import math
 import textwrap
@@ -13,8 +14,19 @@ from geomtrain.train import load_checkpoint, train
 
 
 def _cfg(data_dir, out_dir, **kw):
-    base = dict(model="tiny", data_dir=data_dir, out_dir=str(out_dir), max_iters=6, batch_size=4, warmup_iters=1,
-                eval_interval=3, eval_iters=2, log_interval=1, progress=False, seed=3)
+    base = dict(
+        model="tiny",
+        data_dir=data_dir,
+        out_dir=str(out_dir),
+        max_iters=6,
+        batch_size=4,
+        warmup_iters=1,
+        eval_interval=3,
+        eval_iters=2,
+        log_interval=1,
+        progress=False,
+        seed=3,
+    )
     base.update(kw)
     return make_config(base)
 
@@ -24,14 +36,35 @@ def _quiet(*args, **kwargs):
 
 
 def _train_args(data_dir, out, *extra):
-    return ["train", "--model", "tiny", "--data-dir", data_dir, "--out-dir", str(out), "--max-iters", "6",
-            "--batch-size", "4", "--warmup-iters", "1", "--eval-interval", "3", "--eval-iters", "1", "--log-interval", "1",
-            "--no-progress", *extra]
+    return [
+        "train",
+        "--model",
+        "tiny",
+        "--data-dir",
+        data_dir,
+        "--out-dir",
+        str(out),
+        "--max-iters",
+        "6",
+        "--batch-size",
+        "4",
+        "--warmup-iters",
+        "1",
+        "--eval-interval",
+        "3",
+        "--eval-iters",
+        "1",
+        "--log-interval",
+        "1",
+        "--no-progress",
+        *extra,
+    ]
 
 
 def test_user_manifold_from_a_module_trains_from_the_cli_and_resumes(data_dir, tmp_path, monkeypatch, capsys):
     # A user's module that registers a manifold (unit columns, under a name of its own).
-    (tmp_path / "my_manifolds.py").write_text(textwrap.dedent("""
+    (tmp_path / "my_manifolds.py").write_text(
+        textwrap.dedent("""
         import manifolds
         from manifolds import Oblique
 
@@ -39,13 +72,16 @@ def test_user_manifold_from_a_module_trains_from_the_cli_and_resumes(data_dir, t
             name = "UnitColumns"
 
         manifolds.register("unitcols", lambda: UnitColumns(), overwrite=True)
-    """))
+    """)
+    )
     monkeypatch.syspath_prepend(str(tmp_path))
     out = tmp_path / "run"
     args = _train_args(data_dir, out, "--manifolds", "my_manifolds", "--rule", "*.attn.*=unitcols", "--stop-after", "3")
     assert cli_main(args) == 130  # stopped as if interrupted, checkpoint written
-    assert cli_main(_train_args(data_dir, out, "--manifolds", "my_manifolds", "--rule", "*.attn.*=unitcols",
-                                "--resume")) == 0
+    assert (
+        cli_main(_train_args(data_dir, out, "--manifolds", "my_manifolds", "--rule", "*.attn.*=unitcols", "--resume"))
+        == 0
+    )
     printed = capsys.readouterr().out
     assert "resuming" in printed and "from step 3" in printed
     assignment = json.loads((out / "assignment.json").read_text())
@@ -54,8 +90,11 @@ def test_user_manifold_from_a_module_trains_from_the_cli_and_resumes(data_dir, t
     ckpt = load_checkpoint(out)
     W = ckpt["model"]["transformer.h.0.attn.c_attn.weight"]
     assert torch.allclose(W.norm(dim=0), torch.ones(W.shape[1]), atol=1e-4)  # (192, 64) is tall: unit columns
-    steps = [json.loads(line)["step"] for line in (out / "metrics.jsonl").read_text().splitlines()
-             if json.loads(line)["kind"] == "train"]
+    steps = [
+        json.loads(line)["step"]
+        for line in (out / "metrics.jsonl").read_text().splitlines()
+        if json.loads(line)["kind"] == "train"
+    ]
     assert steps == list(range(1, 7))  # nothing lost, nothing duplicated across the resume
 
 
@@ -94,7 +133,9 @@ def test_tensorboard_event_files_hold_every_metric(data_dir, tmp_path):
     acc.Reload()
     tags = set(acc.Tags()["scalars"])
     logged = [json.loads(line) for line in (tmp_path / "tb" / "metrics.jsonl").read_text().splitlines()]
-    assert [e.value for e in acc.Scalars("train/loss")] == pytest.approx([r["loss"] for r in logged if r["kind"] == "train"])
+    assert [e.value for e in acc.Scalars("train/loss")] == pytest.approx(
+        [r["loss"] for r in logged if r["kind"] == "train"]
+    )
     assert [e.step for e in acc.Scalars("eval/val_loss")] == [3, 6]
     assert "train/muon/residual_max" in tags
     assert "diagnostics/matrices/transformer.h.0.attn.c_attn.weight/sigma_max" in tags
@@ -111,8 +152,11 @@ def test_init_from_a_hugging_face_folder_projects_onto_the_manifolds(data_dir, t
     status = train(_cfg(data_dir, out, preset="hetero", init_from=str(tmp_path / "hf"), max_iters=3), print_fn=_quiet)
     assert status["status"] == "finished"
     moved = json.loads((out / "init_from.json").read_text())["relative_move"]
-    assert set(moved) == {f"transformer.h.{i}.{m}.weight" for i in range(2)
-                          for m in ("attn.c_attn", "attn.c_proj", "mlp.c_fc", "mlp.c_proj")}
+    assert set(moved) == {
+        f"transformer.h.{i}.{m}.weight"
+        for i in range(2)
+        for m in ("attn.c_attn", "attn.c_proj", "mlp.c_fc", "mlp.c_proj")
+    }
     # hetero: Stiefel attention rescales the small (std 0.02) pretrained singular values to 1 (a big move);
     # DGram MLP keeps the column norms and only removes the columns' overlap (a partial move)
     assert all(v > 1 for k, v in moved.items() if ".attn." in k)

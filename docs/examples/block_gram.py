@@ -17,6 +17,7 @@ Importing this module registers ``FastBlockGram`` as ``blockgram``, so that
 ``manifolds.get_manifold("blockgram@16")`` (and a training rule ``*.attn.*=blockgram@16``) is
 ``FastBlockGram(16)``.
 """
+
 from __future__ import annotations
 
 import torch
@@ -55,6 +56,8 @@ class BlockGram(GramManifold):
 
     def extra_repr(self) -> str:
         return f"block_size={self.block_size}, " + super().extra_repr()
+
+
 # --8<-- [end:blockgram]
 
 
@@ -90,6 +93,8 @@ class FastBlockGram(BlockGram):
         mask = block_mask(T.shape[-1], self.block_size, dtype=T.dtype, device=T.device)
         H = Q.mT @ T
         return from_tall(Q @ (0.5 * (H + H.mT) * (1 - mask)), like=x)
+
+
 # --8<-- [end:fast]
 
 

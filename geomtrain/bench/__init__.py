@@ -7,6 +7,7 @@
 Each benchmark module exposes ``add_parser(subparsers)``; its handler is ``handler(args) -> int``
 (``args.argv`` holds the command line, for the record). `geomtrain.cli` nests them under ``bench``.
 """
+
 from __future__ import annotations
 
 import sys
@@ -15,8 +16,15 @@ from . import optimizer, training
 from .optimizer import GPT2_SHAPES, bench_optimizer, format_optimizer_table
 from .training import format_speed_table, measure_training_speed
 
-__all__ = ["main", "bench_optimizer", "format_optimizer_table", "GPT2_SHAPES",
-           "measure_training_speed", "format_speed_table", "BENCHMARKS"]
+__all__ = [
+    "main",
+    "bench_optimizer",
+    "format_optimizer_table",
+    "GPT2_SHAPES",
+    "measure_training_speed",
+    "format_speed_table",
+    "BENCHMARKS",
+]
 
 BENCHMARKS = {"optimizer": optimizer.add_parser, "train": training.add_parser}
 

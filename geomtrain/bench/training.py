@@ -1,11 +1,13 @@
 """Training speed per preset, measured side by side in one process.
 
-``measure_step_times`` is the timing loop; ``measure_training_speed`` builds one trainer per preset (same model, data, batch and seed), does
-``warmup`` untimed steps, then times ``steps`` full training steps (forward, backward, clipping,
-AdamW and Manifold Muon) and reports the median ms per step, tokens per second and the ratios to
-``adamw`` and ``unconstrained``. Presets are interleaved round-robin, step by step, so slow drift
-of a shared machine affects all of them alike. ``geomtrain bench train`` prints the table.
+``measure_step_times`` is the timing loop; ``measure_training_speed`` builds one trainer per
+preset (same model, data, batch and seed), does ``warmup`` untimed steps, then times ``steps``
+full training steps (forward, backward, clipping, AdamW and Manifold Muon) and reports the median
+ms per step, tokens per second and the ratios to ``adamw`` and ``unconstrained``. Presets are
+interleaved round-robin, step by step, so slow drift of a shared machine affects all of them
+alike. ``geomtrain bench train`` prints the table.
 """
+
 from __future__ import annotations
 
 import statistics
@@ -52,8 +54,18 @@ def measure_training_speed(
     """Median step time of each preset; rows with ``preset``, ``ms_per_step``, ``tokens_per_s`` and ratios."""
     configs = {}
     for preset in presets:
-        overrides = dict(model=model, data_dir=data_dir, preset=preset, seed=seed, max_iters=warmup + steps,
-                         warmup_iters=1, progress=False, diagnostics=False, eval_iters=1, device=device)
+        overrides = dict(
+            model=model,
+            data_dir=data_dir,
+            preset=preset,
+            seed=seed,
+            max_iters=warmup + steps,
+            warmup_iters=1,
+            progress=False,
+            diagnostics=False,
+            eval_iters=1,
+            device=device,
+        )
         if batch_size is not None:
             overrides["batch_size"] = batch_size
         configs[preset] = make_config(overrides)
@@ -75,7 +87,14 @@ def format_speed_table(rows: list[dict]) -> str:
     lines = ["| preset | ms/step | tokens/s | x adamw | x unconstrained |", "|---|---|---|---|---|"]
     for r in rows:
         fmt = lambda v: "-" if v is None else f"{v:.2f}"  # noqa: E731
-        lines.append(f"| {r['preset']} | {r['ms_per_step']:.1f} | {r['tokens_per_s']:,.0f} | {fmt(r['vs_adamw'])} | {fmt(r['vs_unconstrained'])} |")
+        cells = [
+            r["preset"],
+            f"{r['ms_per_step']:.1f}",
+            f"{r['tokens_per_s']:,.0f}",
+            fmt(r["vs_adamw"]),
+            fmt(r["vs_unconstrained"]),
+        ]
+        lines.append("| " + " | ".join(cells) + " |")
     return "\n".join(lines)
 
 
@@ -86,7 +105,9 @@ def _cmd_train(args) -> int:
     bad = [s for s in presets if s not in PRESETS]
     if bad:
         raise ValueError(f"unknown preset {bad[0]!r}; valid: {', '.join(PRESETS)}")
-    rows = measure_training_speed(args.model, args.data_dir, presets, args.steps, args.warmup, args.batch_size, args.device)
+    rows = measure_training_speed(
+        args.model, args.data_dir, presets, args.steps, args.warmup, args.batch_size, args.device
+    )
     print(format_speed_table(rows))
     if args.out:
         with open(args.out, "w") as fh:
@@ -98,8 +119,11 @@ def add_parser(sub) -> None:
     """Register ``train`` on the ``geomtrain bench`` subparsers."""
     from ..model import MODEL_CONFIGS
 
-    p = sub.add_parser("train", help="training step time per preset, side by side (ratios to adamw and unconstrained)",
-                       description=__doc__.split("\n")[0])
+    p = sub.add_parser(
+        "train",
+        help="training step time per preset, side by side (ratios to adamw and unconstrained)",
+        description=__doc__.split("\n")[0],
+    )
     p.add_argument("--model", choices=tuple(MODEL_CONFIGS), default="mini")
     p.add_argument("--data-dir", default="data/classics")
     p.add_argument("--presets", default=",".join(PRESETS), help="comma-separated presets")

@@ -11,12 +11,12 @@ subparsers; each sets ``handler=fn(args) -> int``. A user error raises :class:`S
 from __future__ import annotations
 
 import argparse
-from pathlib import Path
 import json
 import shlex
 import sys
 import time
 from collections.abc import Sequence
+from pathlib import Path
 
 from .plan import PRESET_ORDER, SUITES, StudyError, parse_seeds, parse_sweep, plan, shared_config
 
@@ -394,8 +394,12 @@ def add_report_parser(subparsers) -> argparse.ArgumentParser:
         help="rebuild a study's results table and figures",
         description="Rebuild a study's results table and figures.",
     )
-    p.add_argument("out", nargs="+", metavar="FOLDER",
-                   help="a study folder (holding study.json or summary.json), or one or more run folders")
+    p.add_argument(
+        "out",
+        nargs="+",
+        metavar="FOLDER",
+        help="a study folder (holding study.json or summary.json), or one or more run folders",
+    )
     p.add_argument("--runs-dir", default=None, help="where a study's runs are (default: as recorded in study.json)")
     p.set_defaults(handler=run_report_command)
     return p
