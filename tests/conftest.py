@@ -1,9 +1,15 @@
-"""Shared pytest setup: Hypothesis profiles, a headless matplotlib backend, single-threaded torch."""
+"""Shared pytest setup: Hypothesis profiles, a headless matplotlib backend, single-threaded torch,
+and what several test files share: the ``data_dir`` fixture and the ``BlockGram`` test manifold
+(import it with ``from conftest import BlockGram``)."""
 
 import os
 
 import matplotlib
+import pytest
+import torch
 from hypothesis import HealthCheck, settings
+
+from manifolds import GramManifold
 
 matplotlib.use("Agg")
 
@@ -20,16 +26,16 @@ settings.register_profile(
 settings.register_profile("dev", max_examples=30, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "dev"))
 
-try:  # keep torch from oversubscribing the 2 cores when the caller did not set it
-    import torch
-
-    if "OMP_NUM_THREADS" not in os.environ:
-        torch.set_num_threads(1)
-except ImportError:  # pragma: no cover
-    pass
+if "OMP_NUM_THREADS" not in os.environ:  # keep torch from oversubscribing the 2 cores
+    torch.set_num_threads(1)
 
 
-import pytest  # noqa: E402
+class BlockGram(GramManifold):
+    """A user-style mask (the generic code paths): columns orthogonal across blocks of 2, free inside."""
+
+    def project_gram(self, M):
+        block = torch.arange(M.shape[-1], device=M.device) // 2
+        return M * (block[:, None] != block[None, :]).to(M.dtype)
 
 
 @pytest.fixture(scope="session")

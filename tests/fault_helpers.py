@@ -183,16 +183,7 @@ def temp_files(run) -> list[str]:
 
 
 # ----------------------------------------------------------------------------- session fixtures
-@pytest.fixture(scope="session")
-def data_dir(tmp_path_factory) -> Path:
-    """A prepared ``classics`` folder (GPT-2 vocabulary), shared read-only: copy it to modify it."""
-    from geomtrain.data import prepare
-
-    out = tmp_path_factory.mktemp("fault-data") / "classics"
-    prepare(out, dataset="classics")
-    return out
-
-
+# ``data_dir`` (the prepared classics folder, shared read-only: copy it to modify it) is conftest's.
 @pytest.fixture
 def data_copy(data_dir, tmp_path) -> Path:
     """A private copy of the prepared folder, free to corrupt."""

@@ -6,18 +6,10 @@ from pathlib import Path
 
 import pytest
 import torch
+from conftest import BlockGram
 
-from manifolds import BoundedDGram, DGram, Euclidean, GramManifold, Oblique, Stiefel, get_manifold
+from manifolds import BoundedDGram, DGram, Euclidean, Oblique, Stiefel, get_manifold
 from manifolds.testing import PROPERTIES, check_manifold, run_property
-
-
-class BlockGram(GramManifold):
-    """User-style subclass: columns orthogonal across blocks of 2, free inside a block."""
-
-    def project_gram(self, M):
-        block = torch.arange(M.shape[-1], device=M.device) // 2
-        return M * (block[:, None] != block[None, :]).to(M.dtype)
-
 
 # BoundedDGram is a manifold with boundary: the kit holds in its interior, which is where its
 # ``random`` draws points (largest column norm <= 0.9 * bound). Bound 0.5 rescales nearly every
