@@ -3,19 +3,11 @@
 import torch
 
 from geomtrain.optim import spectral_direction
-from manifolds import DGram, Euclidean, GramManifold, Oblique, Stiefel
+from manifolds import DGram, Euclidean, Oblique, Stiefel
 
 MANIFOLDS = [Stiefel(), DGram(), Oblique(), Euclidean()]
 CONSTRAINED = MANIFOLDS[:3]
 SHAPES = [(16, 8), (8, 16), (12, 12), (3, 10, 6)]
-
-
-class BlockGram(GramManifold):
-    """A user mask (the generic solver path): columns orthogonal across blocks of 2."""
-
-    def project_gram(self, M):
-        block = torch.arange(M.shape[-1], device=M.device) // 2
-        return M * (block[:, None] != block[None, :]).to(M.dtype)
 
 
 def seeded(seed):

@@ -3,7 +3,8 @@
 import geoopt
 import pytest
 import torch
-from optim_cases import CONSTRAINED, MANIFOLDS, SHAPES, BlockGram, objective, opnorm, problem, reference, seeded
+from conftest import BlockGram
+from optim_cases import CONSTRAINED, MANIFOLDS, SHAPES, objective, opnorm, problem, reference, seeded
 
 from geomtrain.optim import SOLVERS, spectral_direction, tangent_residual
 from manifolds import BoundedDGram, DGram, Euclidean, Stiefel, msign
