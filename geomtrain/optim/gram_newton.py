@@ -95,61 +95,22 @@ def solve_gram_newton(
     if mask_kind(manifold) == "stiefel" and m == n:
         A, out = _square_stiefel(manifold, T, Gh, live, dtype, opts, trace)
         return torch.where(zero, torch.zeros_like(A), A).to(T.dtype), out
-    dual, S_T, S = _setup(manifold, T, Gh, zero, dtype, opts)
-    first = None
-    if opts["compute_dtype"] is None and dtype == torch.float32:
-        # Probe in float32; an ill-conditioned dual that the first evaluation does not solve is redone in
-        # float64 (its small eigenvalues are below float32's resolution of M: the residual would stall there).
-        first = dual.evaluate(S)
-        ill = (first.lam[..., 0] < ESCALATE * first.lam[..., -1]) & (first.res > stop) & live
-        if opts["dual"] is not None:  # a warm start that the monitor will reset says nothing about the problem
-            ill = ill & (first.res <= float(opts["warm_reset"]))
-        if bool(ill.any()):
-            dtype, first = torch.float64, None
-            stop = tol * STOP_MARGIN[dtype]
-            dual, S_T, S = _setup(manifold, T, Gh, zero, dtype, opts)
-        first = None if first is None else first.select(live)
+    dual, S_T, S, first, probed = _probe(manifold, T, Gh, zero, live, dtype, stop, opts)
+    stop = tol * STOP_MARGIN[dual.C.dtype]
     degenerate = dual.kind in ("dgram", "generic") and m < DR_ASPECT * n
+    warm = S_T if opts["dual"] is not None else None
+    budget = 1 if degenerate else max_iter
     best, calls = _newton(
-        dual,
-        S,
-        S_T if opts["dual"] is not None else None,
-        float(opts["warm_reset"]),
-        stop,
-        1 if degenerate else max_iter,
-        int(opts["anderson"]),
-        live,
-        trace,
-        first,
+        dual, S, warm, float(opts["warm_reset"]), stop, budget, int(opts["anderson"]), live, trace, first
     )
-    if first is None and dtype == torch.float64 and T.dtype == torch.float32 and opts["compute_dtype"] is None:
-        calls[live.cpu()] += 1  # the float32 probe
+    calls[live.cpu()] += int(probed)  # a float32 probe that was redone in float64
     S_out, res = best["S"], best["res"]
     coef = torch.stack([best["R"], best["S"] @ best["R"]], 1)
     Y, A = dual.direction(best["S"], best["R"])
     U = dual.upper_bound(Y, A, best["S"], best["r"])
     stalled = (res > max(tol, FLOOR.get(T.dtype, 1e-6))) & (calls.to(T.device) < max_iter) & live
     if bool(stalled.any()):
-        idx = stalled.nonzero().squeeze(-1)
-        sub = dual.sub(idx)
-        Z, res_dr, S_dr, used = douglas_rachford(
-            sub,
-            best["S"][idx],
-            best["R"][idx],
-            stop,
-            max_iter - calls[idx.cpu()].to(idx.device),
-            min(int(opts["anderson"]), DR_ANDERSON),
-            trace if int(idx[0]) == 0 else None,
-        )
-        calls[idx.cpu()] += used.cpu()
-        ev = sub.evaluate(S_dr)  # the certificate of the DR multiplier: one more evaluation
-        calls[idx.cpu()] += 1
-        Y_dr, A_dr = sub.direction(S_dr, ev.R)
-        U[idx] = torch.minimum(U[idx], sub.upper_bound(Y_dr, A_dr, S_dr, ev.r))
-        better = res_dr < res[idx]
-        j = idx[better]
-        coef[j], res[j], S_out[j] = Z[better], res_dr[better], S_dr[better]
-        A[j] = dual.sub(j).combine(Z[better])
+        _douglas_rachford_fallback(dual, best, stalled, stop, max_iter, opts, trace, calls, coef, res, S_out, A, U)
     converged = res <= tol
     polish = ~converged & live
     if bool(polish.any()):
@@ -218,6 +179,48 @@ def _square_stiefel(manifold, T, Gh, live, dtype, opts, trace):
     }
 
 
+def _probe(manifold, T, Gh, zero, live, dtype, stop, opts):
+    """The dual in its compute dtype: float32 inputs are probed in float32, and an ill-conditioned dual
+    that the first evaluation does not solve is set up again in float64 (its small eigenvalues are below
+    float32's resolution of M: the residual would stall there). Returns ``(dual, S_T, S, first, probed)``:
+    ``first`` the probe's evaluation of the live entries when it is kept, ``probed`` whether a discarded
+    probe has to be counted."""
+    dual, S_T, S = _setup(manifold, T, Gh, zero, dtype, opts)
+    if opts["compute_dtype"] is not None or dtype != torch.float32:
+        return dual, S_T, S, None, False
+    first = dual.evaluate(S)
+    ill = (first.lam[..., 0] < ESCALATE * first.lam[..., -1]) & (first.res > stop) & live
+    if opts["dual"] is not None:  # a warm start that the monitor will reset says nothing about the problem
+        ill = ill & (first.res <= float(opts["warm_reset"]))
+    if bool(ill.any()):
+        return (*_setup(manifold, T, Gh, zero, torch.float64, opts), None, True)
+    return dual, S_T, S, first.select(live), False
+
+
+def _douglas_rachford_fallback(dual, best, stalled, stop, max_iter, opts, trace, calls, coef, res, S_out, A, U):
+    """Run `douglas_rachford` on the stalled entries and take its result where its residual is lower;
+    updates ``calls``, ``coef``, ``res``, ``S_out``, ``A`` and the bound ``U`` in place."""
+    idx = stalled.nonzero().squeeze(-1)
+    sub = dual.sub(idx)
+    Z, res_dr, S_dr, used = douglas_rachford(
+        sub,
+        best["S"][idx],
+        best["R"][idx],
+        stop,
+        max_iter - calls[idx.cpu()].to(idx.device),
+        min(int(opts["anderson"]), DR_ANDERSON),
+        trace if int(idx[0]) == 0 else None,
+    )
+    calls[idx.cpu()] += used.cpu() + 1  # + the evaluation that certifies the DR multiplier
+    ev = sub.evaluate(S_dr)
+    Y_dr, A_dr = sub.direction(S_dr, ev.R)
+    U[idx] = torch.minimum(U[idx], sub.upper_bound(Y_dr, A_dr, S_dr, ev.r))
+    better = res_dr < res[idx]
+    j = idx[better]
+    coef[j], res[j], S_out[j] = Z[better], res_dr[better], S_dr[better]
+    A[j] = dual.sub(j).combine(Z[better])
+
+
 def _setup(manifold, T, Gh, zero, dtype, opts) -> tuple[GramDual, torch.Tensor, torch.Tensor]:
     """The dual in ``dtype``, the tangent start $S_T$ and the (warm) start $S$."""
     B, n = T.shape[0], T.shape[-1]
@@ -245,7 +248,7 @@ def _newton(
 
     ``S_reset`` (the cold start, given for warm starts): entries whose first evaluation has a residual
     above ``warm_reset`` continue from it instead. ``first``: the evaluation at ``S`` of the live entries,
-    when already done."""
+    when already done. (One loop over shared per-entry state: longer than 60 lines on purpose.)"""
     B, n = S.shape[0], S.shape[-1]
     dev, dt = S.device, S.dtype
     calls = torch.zeros(B, dtype=torch.long)

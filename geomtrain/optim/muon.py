@@ -271,6 +271,8 @@ class ManifoldMuon(torch.optim.Optimizer):
         return list(out.values())
 
     def _solve_and_apply(self, batch: list[_Item], stats: torch.Tensor) -> None:
+        """Solve one batch and apply each matrix's update: the solve, per-matrix statistics, the update or
+        retraction and the warm-start state in one pass over the batch (longer than 60 lines on purpose)."""
         g0, m = batch[0].group, batch[0].manifold
         euclid = mask_kind(m) == "euclidean"
         # solve in tall form, one batch of (k, m, n) matrices

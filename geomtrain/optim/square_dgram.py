@@ -108,7 +108,8 @@ def solve_square_dgram(
     trace: Trace | None,
 ):
     """Square DGram problems ``(B, n, n)`` (``Gh`` normalised); returns ``(A, raw statistics)`` with the
-    Douglas-Rachford state as ``dual``."""
+    Douglas-Rachford state as ``dual``. (The iteration, its safeguard and the certificate share their
+    per-entry state: one function, longer than 60 lines on purpose.)"""
     B, n = T.shape[0], T.shape[-1]
     fr = _Frame(T, Gh)
     rho = n**-0.5
