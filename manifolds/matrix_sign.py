@@ -14,6 +14,11 @@ retraction, and the steepest-descent direction of Muon. Three methods are provid
   al. (2025), then the fixed $(15/8, -10/8, 3/8)$ map. 5 steps (Muon's choice) leave singular
   values in about $[0.86, 1.14]$ for $\sigma/\|X\|_F \ge 10^{-3}$; 12 steps in float32 give
   $|\sigma-1| \lesssim 10^{-5}$.
+- ``"keller_jordan"``: Keller Jordan's quintic $(a, b, c) = (3.4445, -4.7750, 2.0315)$ at every
+  step, after scaling by $\|X\|_F$ (clamped at $10^{-7}$): exactly the orthogonaliser of
+  ``torch.optim.Muon`` (and of KellerJordan/Muon), which runs it in bfloat16. It does not converge
+  to 1: singular values end in about $[0.7, 1.2]$, by design. With ``compute_dtype`` given, the
+  arithmetic is done in exactly that dtype, also bfloat16 on CPU (slow there: emulated).
 - ``"newton_schulz"``: the classical cubic $X \leftarrow \tfrac32 X - \tfrac12 X X^\top X$;
   quadratic convergence once $\sigma \in (0, \sqrt 3)$, slow for small $\sigma$.
 
@@ -27,9 +32,14 @@ from __future__ import annotations
 
 import torch
 
-__all__ = ["msign", "polar", "POLAR_EXPRESS_COEFFICIENTS", "MSIGN_METHODS"]
+__all__ = ["msign", "polar", "POLAR_EXPRESS_COEFFICIENTS", "KELLER_JORDAN_COEFFICIENTS", "MSIGN_METHODS"]
 
-MSIGN_METHODS = ("svd", "polar_express", "newton_schulz")
+MSIGN_METHODS = ("svd", "polar_express", "newton_schulz", "keller_jordan")
+
+# Keller Jordan's Muon coefficients and norm floor, as torch.optim.Muon has them (torch/optim/_muon.py,
+# from https://kellerjordan.github.io/posts/muon/): the same at every one of the 5 steps.
+KELLER_JORDAN_COEFFICIENTS = (3.4445, -4.7750, 2.0315)
+KELLER_JORDAN_EPS = 1e-7
 
 # Optimal degree-5 coefficients (a, b, c) of p(x) = a x + b x^3 + c x^5 for singular values in
 # [1e-3, 1], from "The Polar Express" (Amsel, Persson, Musco, Gower, 2025), each but the last
@@ -47,7 +57,7 @@ POLAR_EXPRESS_COEFFICIENTS = tuple((a / 1.01, b / 1.01**3, c / 1.01**5) for a, b
     (1.875, -1.25, 0.375),
 )
 
-_DEFAULT_STEPS = {"polar_express": 5, "newton_schulz": 30}
+_DEFAULT_STEPS = {"polar_express": 5, "newton_schulz": 30, "keller_jordan": 5}
 
 
 def _check_matrix(X: torch.Tensor, name: str = "X") -> None:
@@ -88,6 +98,18 @@ def _polar_express(X: torch.Tensor, steps: int) -> torch.Tensor:
         A = X @ X.mT
         B = b * A + c * (A @ A)
         X = a * X + B @ X
+    return X
+
+
+def _keller_jordan(X: torch.Tensor, steps: int) -> torch.Tensor:
+    """The quintic of torch.optim.Muon on a wide matrix, operation for operation (addmm/baddbmm)."""
+    a, b, c = KELLER_JORDAN_COEFFICIENTS
+    X = X / X.norm(dim=(-2, -1), keepdim=True).clamp(min=KELLER_JORDAN_EPS)
+    mm = torch.addmm if X.dim() == 2 else torch.baddbmm
+    for _ in range(steps):
+        A = X @ X.mT
+        B = mm(A, A, A, beta=b, alpha=c)
+        X = mm(X, B, X, beta=a)
     return X
 
 
@@ -140,6 +162,10 @@ def msign(
     tall = Y.shape[-2] > Y.shape[-1]
     if tall:  # iterate on the wide form so that X X^T is the smaller Gram matrix
         Y = Y.mT
+    if method == "keller_jordan":
+        lead = Y.shape[:-2]
+        Y = _keller_jordan(Y.reshape(-1, *Y.shape[-2:]) if len(lead) > 1 else Y, n_steps).reshape(*lead, *Y.shape[-2:])
+        return (Y.mT if tall else Y).to(out_dtype)
     # Frobenius scaling puts every singular value in [0, 1]; the 1.01 matches the safety factor.
     Y = Y / (Y.norm(dim=(-2, -1), keepdim=True) * 1.01 + 1e-7)
     Y = _polar_express(Y, n_steps) if method == "polar_express" else _newton_schulz(Y, n_steps)

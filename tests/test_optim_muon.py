@@ -305,3 +305,37 @@ def test_unexpected_retraction_errors_surface():
     W.grad = torch.randn(8, 4, generator=seeded(73))
     with pytest.raises(RuntimeError, match="a bug in a user manifold"):
         opt.step()
+
+
+def _muon_pair(adjust_lr_fn, **ours_kwargs):
+    torch.manual_seed(0)
+    shapes = [(32, 16), (16, 48), (32, 16)]  # tall, wide, and a second tall one (batched with the first)
+    theirs = [torch.nn.Parameter(torch.randn(*s)) for s in shapes]
+    ours = [torch.nn.Parameter(p.detach().clone()) for p in theirs]
+    common = dict(lr=0.02, weight_decay=0.1, momentum=0.95, nesterov=True)
+    ref = torch.optim.Muon(theirs, adjust_lr_fn=adjust_lr_fn, **common)
+    opt = ManifoldMuon(ours, **common, **ours_kwargs)
+    start = [p.detach().clone() for p in theirs]
+    for step in range(20):
+        gen = torch.Generator().manual_seed(step)
+        for p, q in zip(theirs, ours):
+            p.grad = torch.randn(p.shape, generator=gen)
+            q.grad = p.grad.clone()
+        ref.step()
+        opt.step()
+    gap = max(float((p - q).detach().abs().max()) for p, q in zip(theirs, ours))
+    moved = max(float((p - s).detach().abs().max()) for p, s in zip(theirs, start))
+    return gap, moved
+
+
+@pytest.mark.parametrize("adjust_lr_fn, shape_scale", [(None, "muon"), ("match_rms_adamw", "match_rms_adamw")])
+def test_torch_muon_conventions_reproduce_torch_optim_muon(adjust_lr_fn, shape_scale):
+    # Keller Jordan's coefficients in bfloat16 (torch.optim.Muon's orthogonaliser) and its lr adjustment:
+    # the same update up to float32 rounding of the weight arithmetic (|W| ~ 4 here, ulp 4.8e-7).
+    gap, moved = _muon_pair(
+        adjust_lr_fn, msign_method="keller_jordan", msign_dtype=torch.bfloat16, shape_scale=shape_scale
+    )
+    assert gap <= 1e-6 and moved > 0.1
+    # our defaults (Polar Express in float32) are another orthogonaliser: a visibly different trajectory
+    gap_default, moved = _muon_pair(adjust_lr_fn, shape_scale=shape_scale)
+    assert gap_default > 0.05 * moved

@@ -14,8 +14,15 @@ $$\text{manifold: } W \leftarrow R_W(-\eta A),\quad A = \texttt{spectral\_direct
   back to Euclidean; here nothing is looked up at step time).
 - **Euclidean** is plain Muon: decoupled weight decay $\lambda$ (``weight_decay``) and Keller
   Jordan's shape factor $s = \sqrt{\max(1, \text{rows}/\text{cols})}$ of the ``(out, in)``
-  weight (``shape_scale="muon"``; ``"none"`` gives $s = 1$). Tensors with more than two dims are
-  flattened to ``(shape[0], -1)``.
+  weight (``shape_scale="muon"``; ``"match_rms_adamw"`` gives $0.2\sqrt{\max(\text{rows},
+  \text{cols})}$, ``"none"`` gives $s = 1$). Tensors with more than two dims are flattened to
+  ``(shape[0], -1)``.
+- **torch.optim.Muon conventions**: ``ManifoldMuon(params, msign_method="keller_jordan",
+  msign_dtype=torch.bfloat16, shape_scale="muon")`` (or ``"match_rms_adamw"``) reproduces
+  ``torch.optim.Muon(params, adjust_lr_fn=None)`` (or ``"match_rms_adamw"``) on Euclidean
+  matrices with the same lr, momentum, nesterov and weight decay (tested against it). The default
+  here is Polar Express in the parameter's dtype: a different orthogonaliser, about 20% of the
+  displacement apart after 20 steps.
 - **On a manifold** the step has spectral norm $\eta$ before the retraction (no shape factor,
   no weight decay: the constraint fixes the scale). Leading dims of a ``ManifoldParameter`` are
   a batch of matrices.
@@ -57,9 +64,23 @@ from manifolds.base import from_tall, to_tall
 
 from .direction import DEFAULT_SOLVER, SOLVER_OPTIONS, SOLVERS, mask_kind, spectral_direction
 
-__all__ = ["ManifoldMuon", "SHAPE_SCALES"]
+__all__ = ["ManifoldMuon", "SHAPE_SCALES", "shape_factor"]
 
-SHAPE_SCALES = ("muon", "none")
+SHAPE_SCALES = ("muon", "match_rms_adamw", "none")
+"""Euclidean step scale s for an (out, in) = (A, B) weight: "muon" sqrt(max(1, A/B)) (Keller Jordan's,
+torch.optim.Muon's ``adjust_lr_fn="original"``), "match_rms_adamw" 0.2 sqrt(max(A, B)) (torch's
+``adjust_lr_fn="match_rms_adamw"``, Moonshot's), "none" 1."""
+
+
+def shape_factor(rule: str, rows: int, cols: int) -> float:
+    """The Euclidean step scale of `SHAPE_SCALES` for an (out, in) = (rows, cols) weight."""
+    if rule == "muon":
+        return max(1.0, rows / cols) ** 0.5
+    if rule == "match_rms_adamw":
+        return 0.2 * max(rows, cols) ** 0.5
+    return 1.0
+
+
 _EUCLIDEAN = Euclidean()
 _STAT_FIELDS = ("msign_calls", "residual", "dual_gap", "converged", "off_manifold", "skipped", "has_dual")
 
@@ -91,9 +112,10 @@ class ManifoldMuon(torch.optim.Optimizer):
         solver: ``"gram_newton"`` (default), ``"tangent"`` or ``"published"``.
         solver_options: options for `spectral_direction` (``tol``, ``max_iter``, ...).
         warm_start: start each solve from the matrix's previous dual variable.
-        shape_scale: ``"muon"`` ($\sqrt{\max(1, \text{rows}/\text{cols})}$) or ``"none"``, for
-            Euclidean matrices.
-        msign_method: the matrix sign of Euclidean matrices (default Polar Express, as Muon).
+        shape_scale: ``"muon"`` ($\sqrt{\max(1, \text{rows}/\text{cols})}$), ``"match_rms_adamw"``
+            ($0.2\sqrt{\max(\text{rows}, \text{cols})}$) or ``"none"``, for Euclidean matrices.
+        msign_method: the matrix sign of Euclidean matrices (default Polar Express; ``"keller_jordan"``
+            with ``msign_dtype=torch.bfloat16`` is ``torch.optim.Muon``'s).
         msign_steps: its iterations (default 5).
         msign_dtype: its compute dtype (default: the parameter's).
         manifold: the manifold of groups that do not set one (default ``None``: from a geoopt
@@ -318,7 +340,7 @@ class ManifoldMuon(torch.optim.Optimizer):
             lr = it.group["lr"]
             if euclid:
                 rows, cols = it.update.shape[-2:]
-                scale = max(1.0, rows / cols) ** 0.5 if it.group["shape_scale"] == "muon" else 1.0
+                scale = shape_factor(it.group["shape_scale"], rows, cols)
                 new = it.p.reshape(it.update.shape) * (1 - lr * it.group["weight_decay"]) - (lr * scale) * a.to(
                     it.p.dtype
                 )
