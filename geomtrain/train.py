@@ -25,8 +25,6 @@ from __future__ import annotations
 import contextlib
 import math
 import os
-import signal
-import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -44,6 +42,7 @@ from .diagnostics import collect_diagnostics, gradient_norms
 from .groups import optimizer_groups, project_onto_manifolds
 from .model import GPT, load_hf_gpt2_folder, model_config
 from .runfolder import CheckpointError, RunFolder, RunFolderError, load_verified_checkpoint
+from .runtime import StopSignals, distributed_from_env
 
 __all__ = [
     "Trainer",
@@ -379,70 +378,6 @@ class Trainer:
         self._steps_done, self.best_val, self.last_val = ckpt["step"], ckpt["best_val"], ckpt["last_val"]
         self.n_skipped, self.skipped_in_a_row = ckpt.get("n_skipped", 0), ckpt.get("skipped_in_a_row", 0)
         set_rng_state(ckpt["rng"])
-
-
-# ----------------------------------------------------------------------------- stop signals
-class StopSignals:
-    """SIGINT and SIGTERM become a flag checked between steps, so a step is never half-applied.
-
-    A second signal of the same kind gives up at once (KeyboardInterrupt / SystemExit(143))."""
-
-    CODES = {"SIGINT": 130, "SIGTERM": 143}
-
-    def __init__(self) -> None:
-        self.received: str | None = None
-        self._previous: dict = {}
-
-    def __enter__(self):
-        if threading.current_thread() is threading.main_thread():  # signals only work there
-            for sig in (signal.SIGINT, signal.SIGTERM):
-                self._previous[sig] = signal.signal(sig, self._handle)
-        return self
-
-    def _handle(self, signum, frame) -> None:
-        name = signal.Signals(signum).name
-        if self.received is not None:
-            if signum == signal.SIGINT:
-                raise KeyboardInterrupt
-            raise SystemExit(self.CODES[name])
-        self.received = name
-
-    def requested(self, ddp: bool) -> bool:
-        """Whether any rank received a stop signal (an all-reduce under DDP, so all ranks agree)."""
-        flag = self.received is not None
-        if ddp:
-            t = torch.tensor([float(flag)], device=_comm_device())
-            dist.all_reduce(t, op=dist.ReduceOp.MAX)
-            flag = bool(t.item())
-            self.received = self.received or ("SIGTERM" if flag else None)
-        return flag
-
-    def __exit__(self, *exc) -> None:
-        for sig, previous in self._previous.items():
-            signal.signal(sig, previous)
-
-
-def _comm_device() -> torch.device:
-    if dist.get_backend() == "nccl":
-        return torch.device("cuda", torch.cuda.current_device())
-    return torch.device("cpu")
-
-
-@contextlib.contextmanager
-def distributed_from_env():
-    """Initialise ``torch.distributed`` when launched by torchrun (``RANK`` set); tear it down cleanly."""
-    if "RANK" not in os.environ or dist.is_initialized():
-        yield
-        return
-    dist.init_process_group("nccl" if torch.cuda.is_available() else "gloo")
-    try:
-        yield
-    finally:
-        import gc
-
-        gc.collect()  # nothing that touched the process group (DDP model, optimizer) may outlive it
-        dist.barrier()
-        dist.destroy_process_group()
 
 
 # ----------------------------------------------------------------------------- the loop

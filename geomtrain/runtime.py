@@ -1,0 +1,82 @@
+"""Process-level concerns of a run: stop signals and ``torch.distributed`` set-up.
+
+- `StopSignals`: SIGINT and SIGTERM become a flag the training loop checks at step boundaries
+  (agreed across ranks under DDP), so a step is never half-applied.
+- `distributed_from_env`: initialise the process group when launched by ``torchrun`` and tear it
+  down in the order that avoids aborts at exit.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import signal
+import threading
+
+import torch
+import torch.distributed as dist
+
+__all__ = ["StopSignals", "distributed_from_env"]
+
+
+class StopSignals:
+    """SIGINT and SIGTERM become a flag checked between steps, so a step is never half-applied.
+
+    A second signal of the same kind gives up at once (KeyboardInterrupt / SystemExit(143))."""
+
+    CODES = {"SIGINT": 130, "SIGTERM": 143}
+
+    def __init__(self) -> None:
+        self.received: str | None = None
+        self._previous: dict = {}
+
+    def __enter__(self):
+        if threading.current_thread() is threading.main_thread():  # signals only work there
+            for sig in (signal.SIGINT, signal.SIGTERM):
+                self._previous[sig] = signal.signal(sig, self._handle)
+        return self
+
+    def _handle(self, signum, frame) -> None:
+        name = signal.Signals(signum).name
+        if self.received is not None:
+            if signum == signal.SIGINT:
+                raise KeyboardInterrupt
+            raise SystemExit(self.CODES[name])
+        self.received = name
+
+    def requested(self, ddp: bool) -> bool:
+        """Whether any rank received a stop signal (an all-reduce under DDP, so all ranks agree)."""
+        flag = self.received is not None
+        if ddp:
+            t = torch.tensor([float(flag)], device=_comm_device())
+            dist.all_reduce(t, op=dist.ReduceOp.MAX)
+            flag = bool(t.item())
+            self.received = self.received or ("SIGTERM" if flag else None)
+        return flag
+
+    def __exit__(self, *exc) -> None:
+        for sig, previous in self._previous.items():
+            signal.signal(sig, previous)
+
+
+def _comm_device() -> torch.device:
+    if dist.get_backend() == "nccl":
+        return torch.device("cuda", torch.cuda.current_device())
+    return torch.device("cpu")
+
+
+@contextlib.contextmanager
+def distributed_from_env():
+    """Initialise ``torch.distributed`` when launched by torchrun (``RANK`` set); tear it down cleanly."""
+    if "RANK" not in os.environ or dist.is_initialized():
+        yield
+        return
+    dist.init_process_group("nccl" if torch.cuda.is_available() else "gloo")
+    try:
+        yield
+    finally:
+        import gc
+
+        gc.collect()  # nothing that touched the process group (DDP model, optimizer) may outlive it
+        dist.barrier()
+        dist.destroy_process_group()
