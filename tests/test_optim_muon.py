@@ -266,7 +266,7 @@ def test_optimizer_errors_name_the_choices():
     W = torch.nn.Parameter(torch.randn(4, 3))
     with pytest.raises(ValueError, match="valid: gram_newton, tangent, published"):
         ManifoldMuon([W], solver="adam")
-    with pytest.raises(ValueError, match="valid: muon, none"):
+    with pytest.raises(ValueError, match="valid: muon, match_rms_adamw, none"):
         ManifoldMuon([W], shape_scale="moonlight")
     with pytest.raises(ValueError, match="valid: tol"):
         ManifoldMuon([W], solver_options={"tolerance": 1})

@@ -53,10 +53,18 @@ def test_two_rank_ddp_matches_single_process(data_dir, tmp_path):
     train(cfg, print_fn=lambda *a: None)
     ddp, single = _losses(tmp_path / "ddp"), _losses(tmp_path / "single")
     assert len(ddp) == len(single) == 6
-    # Same global batch; only the order of float additions differs (per-rank means averaged by
-    # all-reduce vs one mean). Float32 loss ~10 nats: 1e-4 absolute is ~1e-5 relative, 100x the
-    # per-step rounding we observe, yet far below any real difference in the update.
-    assert max(abs(a - b) for a, b in zip(ddp, single)) < 1e-4
+    # Same global batch and the same update rule. Two things differ: the order of float additions
+    # (per-rank means averaged by all-reduce vs one mean), and the batches the direction solver sees
+    # (each rank solves its own matrices; one process solves them together), so the float32 rounding
+    # of the batched kernels differs and a solve may stop at another iterate inside its tolerance
+    # (tangent residual 1e-4 RMS). The precision of each solve is decided per matrix, never per batch.
+    # Measured: losses 8e-6 apart after 6 steps (of ~10 nats), weights 4e-4 (entries ~0.1-1): bounds
+    # above that, far below the difference of another seed or preset (> 1e-2).
+    diff = max(abs(a - b) for a, b in zip(ddp, single))
+    print(f"max |loss ddp - loss single| = {diff:.2e}")
+    assert diff < 1e-4
     a = load_checkpoint(tmp_path / "ddp" / "ckpt.pt")["model"]
     b = load_checkpoint(tmp_path / "single" / "ckpt.pt")["model"]
-    assert max(float((a[k].double() - b[k].double()).abs().max()) for k in a) < 1e-4
+    wdiff = max(float((a[k].double() - b[k].double()).abs().max()) for k in a)
+    print(f"max |W ddp - W single| = {wdiff:.2e}")
+    assert wdiff < 1e-3

@@ -95,7 +95,9 @@ def solve_gram_newton(
     if mask_kind(manifold) == "stiefel" and m == n:
         A, out = _square_stiefel(manifold, T, Gh, live, dtype, opts, trace)
         return torch.where(zero, torch.zeros_like(A), A).to(T.dtype), out
-    dual, S_T, S, first, probed = _probe(manifold, T, Gh, zero, live, dtype, stop, opts)
+    dual, S_T, S, first, probed, mixed = _probe(manifold, T, Gh, zero, live, dtype, stop, opts)
+    if mixed is not None:
+        return _solve_apart(manifold, T, G, opts, mixed)
     stop = tol * STOP_MARGIN[dual.C.dtype]
     degenerate = dual.kind in ("dgram", "generic") and m < DR_ASPECT * n
     warm = S_T if opts["dual"] is not None else None
@@ -187,14 +189,42 @@ def _probe(manifold, T, Gh, zero, live, dtype, stop, opts):
     probe has to be counted."""
     dual, S_T, S = _setup(manifold, T, Gh, zero, dtype, opts)
     if opts["compute_dtype"] is not None or dtype != torch.float32:
-        return dual, S_T, S, None, False
+        return dual, S_T, S, None, False, None
     first = dual.evaluate(S)
     ill = (first.lam[..., 0] < ESCALATE * first.lam[..., -1]) & (first.res > stop) & live
     if opts["dual"] is not None:  # a warm start that the monitor will reset says nothing about the problem
         ill = ill & (first.res <= float(opts["warm_reset"]))
+    if bool(ill.any()) and not bool(ill[live].all()):
+        return dual, S_T, S, None, False, ill  # the precision is decided per entry: solve the two kinds apart
     if bool(ill.any()):
-        return (*_setup(manifold, T, Gh, zero, torch.float64, opts), None, True)
-    return dual, S_T, S, first.select(live), False
+        return (*_setup(manifold, T, Gh, zero, torch.float64, opts), None, True, None)
+    return dual, S_T, S, first.select(live), False, None
+
+
+def _solve_apart(manifold, T, G, opts, ill) -> tuple[torch.Tensor, dict]:
+    """Solve the ``ill`` entries in float64 and the others in float32, then merge: an entry's result
+    never depends on the rest of its batch (DDP ranks, which solve parts of a batch, agree with one
+    process). The float64 entries count their discarded float32 probe, as an escalated batch does."""
+    B, n = T.shape[0], T.shape[-1]
+    A = torch.empty_like(T)
+    merged: dict = {}
+    for mask, dtype in ((ill, torch.float64), (~ill, torch.float32)):
+        idx = mask.nonzero().squeeze(-1)
+        sub_opts = {**opts, "compute_dtype": dtype, "trace": bool(opts["trace"]) and bool(mask[0])}
+        if opts["dual"] is not None:
+            sub_opts["dual"] = opts["dual"].reshape(B, n, n)[idx.to(opts["dual"].device)]
+        A_part, out = solve_gram_newton(manifold, T[idx], G[idx], sub_opts)
+        if dtype == torch.float64:
+            out["evaluations"] = out["evaluations"] + 1
+        A[idx] = A_part
+        for key, value in out.items():
+            if isinstance(value, torch.Tensor):
+                if key not in merged:
+                    merged[key] = value.new_zeros((B, *value.shape[1:]))
+                merged[key][idx.to(value.device)] = value.to(merged[key].dtype)
+            elif value is not None or key not in merged:
+                merged[key] = value
+    return A, merged
 
 
 def _douglas_rachford_fallback(dual, best, stalled, stop, max_iter, opts, trace, calls, coef, res, S_out, A, U):
