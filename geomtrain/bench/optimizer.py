@@ -96,13 +96,25 @@ def _opnorm(A: torch.Tensor) -> float:
 
 
 def estimate_seconds(
-    manifolds, scales, layers: int, solvers, shapes, reference: bool, repeats: int, device: str = "cpu"
+    manifolds,
+    scales,
+    layers: int,
+    solvers,
+    shapes,
+    reference: bool,
+    repeats: int,
+    device: str = "cpu",
+    gflops: float | None = None,
 ) -> tuple[float, float]:
-    """Predicted wall time of a run and the measured float32 matmul rate it is based on (GFLOP/s)."""
-    n = 512
-    X = torch.randn(n, n, device=device)
-    sec, _ = _timed(lambda: X @ X, 3, device)
-    rate = 2 * n**3 / sec
+    """Predicted wall time of a run and the float32 matmul rate it is based on (GFLOP/s): measured
+    here unless ``gflops`` is given."""
+    if gflops is None:
+        n = 512
+        X = torch.randn(n, n, device=device)
+        sec, _ = _timed(lambda: X @ X, 3, device)
+        rate = 2 * n**3 / sec
+    else:
+        rate = gflops * 1e9
     total = 0.0
     for mname in manifolds:
         for _, (out, inp) in shapes:
