@@ -143,6 +143,8 @@ def bench_optimizer(
 ) -> dict:
     """Run the optimizer benchmark; returns ``{"matrices": [...], "layers": [...], "config": {...}}``.
 
+    (Its 14-argument signature takes a quarter of its length; the body is one loop over shapes.)
+
     ``shapes`` is a sequence of ``(name, (out, in))`` (default: one GPT-2-small layer).
     """
     from manifolds import get_manifold

@@ -212,7 +212,9 @@ def _bounds(text: str | None) -> list[float] | None:
 
 
 def run_study_command(args) -> int:
-    """``geomtrain study``: plan (every run config validated), prepare missing data, train, report."""
+    """``geomtrain study``: plan (every run config validated), prepare missing data, train, report.
+
+    (One straight sequence of those phases; just over 60 lines.)"""
     from .runner import ensure_data, run_study, threads_per_worker
 
     _check_study_args(args)
