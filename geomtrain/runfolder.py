@@ -59,7 +59,6 @@ __all__ = [
     "config_changes",
     "pid_alive",
     "load_verified_checkpoint",
-    "status_summary",
     "flatten_numbers",
     "runs_table",
 ]
@@ -438,14 +437,3 @@ def runs_table(paths) -> str:
         ]
         lines.append("| " + " | ".join(cells) + " |")
     return "\n".join(lines)
-
-
-def status_summary(folder: RunFolder) -> str:
-    """One line: status, step and the last losses of a run folder."""
-    status = folder.read_status() or {"status": "unknown"}
-    parts = [status.get("status", "unknown"), f"step {status.get('step', '?')}"]
-    if status.get("last_val_loss") is not None:
-        parts.append(f"val {status['last_val_loss']:.4f}")
-    if status.get("reason"):
-        parts.append(str(status["reason"]))
-    return ", ".join(parts)

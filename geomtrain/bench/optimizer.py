@@ -24,14 +24,14 @@ evaluations) and per layer (summed times). The run prints its estimated duration
 from __future__ import annotations
 
 import argparse
-import json
 import math
-import platform
 import sys
 import time
 from collections.abc import Callable
 
 import torch
+
+from .._io import atomic_write_json, environment_record
 
 __all__ = [
     "bench_optimizer",
@@ -368,27 +368,6 @@ def format_optimizer_table(result: dict) -> str:
     return _table(head, lines)
 
 
-def _machine(device: str) -> dict:
-    info = {
-        "python": platform.python_version(),
-        "torch": torch.__version__,
-        "platform": platform.platform(),
-        "processor": platform.processor() or platform.machine(),
-        "threads": torch.get_num_threads(),
-        "device": str(device),
-    }
-    try:
-        with open("/proc/cpuinfo") as fh:
-            names = [ln.split(":", 1)[1].strip() for ln in fh if ln.startswith("model name")]
-        if names:
-            info["cpu"], info["cpu_cores"] = names[0], len(names)
-    except OSError:
-        pass
-    if torch.device(device).type == "cuda":
-        info["gpu"] = torch.cuda.get_device_name()
-    return info
-
-
 _DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float64": torch.float64}
 
 
@@ -440,7 +419,7 @@ def _cmd_optimizer(args: argparse.Namespace) -> int:
         reference=reference,
         log=log,
     )
-    result["machine"] = _machine(device)
+    result["machine"] = environment_record(device)
     result["command"] = "geomtrain bench " + " ".join(argv)
     result["wall_seconds"] = time.perf_counter() - t0
     result["estimated_seconds"] = est
@@ -450,11 +429,10 @@ def _cmd_optimizer(args: argparse.Namespace) -> int:
     print(format_optimizer_table(result))
     print(
         f"\n{result['command']}  ({result['wall_seconds']:.0f} s, estimated {est:.0f} s, "
-        f"{result['machine'].get('cpu', device)}, {result['machine']['threads']} threads)"
+        f"{result['machine'].get('cpu', device)}, {result['machine']['torch_threads']} threads)"
     )
     if args.out:
-        with open(args.out, "w") as fh:
-            json.dump(result, fh, indent=1)
+        atomic_write_json(args.out, result)
         print(f"wrote {args.out}")
     return 0
 

@@ -13,6 +13,7 @@ from __future__ import annotations
 import statistics
 from collections.abc import Mapping, Sequence
 
+from .._io import atomic_write_json, environment_record
 from ..assign import PRESETS
 from ..config import TrainConfig, make_config
 from ..model import model_config
@@ -99,7 +100,6 @@ def format_speed_table(rows: list[dict]) -> str:
 
 
 def _cmd_train(args) -> int:
-    import json
 
     presets = [s.strip() for s in args.presets.split(",") if s.strip()]
     bad = [s for s in presets if s not in PRESETS]
@@ -110,8 +110,14 @@ def _cmd_train(args) -> int:
     )
     print(format_speed_table(rows))
     if args.out:
-        with open(args.out, "w") as fh:
-            json.dump({"model": args.model, "data_dir": args.data_dir, "steps": args.steps, "rows": rows}, fh, indent=2)
+        record = {
+            "model": args.model,
+            "data_dir": args.data_dir,
+            "steps": args.steps,
+            "rows": rows,
+            "environment": environment_record(args.device),
+        }
+        atomic_write_json(args.out, record)
     return 0
 
 
