@@ -54,6 +54,7 @@ __all__ = [
     "resolve_target",
     "validate_rule",
     "is_matrix",
+    "is_gpt_matrix",
     "assign",
     "format_table",
 ]
@@ -183,6 +184,12 @@ def validate_rule(text: str | Rule, custom_names: Iterable[str] = ()) -> Rule:
 def is_matrix(name: str, p: torch.Tensor) -> bool:
     """The default eligibility of `assign`: a manifold (or Muon) rule may take 2-D parameters."""
     return p.dim() == 2
+
+
+def is_gpt_matrix(name: str, p: torch.Tensor) -> bool:
+    """The eligibility the GPT trainer uses: 2-D parameters, and the ``(3, C, C)`` ``c_attn`` of a
+    ``split_qkv`` model (`geomtrain.model.SplitQKV`: $W_Q$, $W_K$, $W_V$, each constrained)."""
+    return p.dim() == 2 or (p.dim() == 3 and fnmatch.fnmatchcase(name, ATTENTION_GLOBS[0]))
 
 
 def _check_rule_matches(

@@ -39,6 +39,7 @@ class TrainConfig:
     model: str = "mini"  # a name from geomtrain.model.MODEL_CONFIGS
     data_dir: str = "data/classics"  # prepared by `geomtrain prepare`
     block_size: int | None = None  # context length; None = the model's
+    split_qkv: bool = False  # c_attn as three matrices W_Q, W_K, W_V, each constrained on its own
     init_from: str | None = None  # a local Hugging Face GPT-2 folder of the same shape (pretrained weights)
     # manifold assignment
     preset: str = "hetero"  # adamw | unconstrained | all-stiefel | all-dgram | hetero | hetero-inv
@@ -171,6 +172,7 @@ RUN_DEFINING_KEYS = (
     "model",
     "data_dir",
     "block_size",
+    "split_qkv",
     "init_from",
     "preset",
     "rules",

@@ -11,7 +11,10 @@ Per Muon-managed matrix ``W`` (tall form $T$; the Gram matrix $G = T^\top T$):
 
 For ``c_attn`` (rows ``[0:C]`` = $W_Q$, ``[C:2C]`` = $W_K$, ``[2C:3C]`` = $W_V$) the Q and K blocks
 get their own ``sigma_max`` and gradient norms, since attention logits are
-$x W_Q^\top W_K x'^\top / \sqrt{d}$ per head.
+$x W_Q^\top W_K x'^\top / \sqrt{d}$ per head. A parameter stored as a batch of matrices (``c_attn``
+with ``split_qkv``: $[W_Q, W_K, W_V]$) is described as its stacked rows, the matrix the fused
+layout would hold, so split and fused runs compare column by column; its ``manifold_distance`` is
+the largest over the matrices of the batch, each of which is constrained.
 
 Per attention layer, on a fixed validation batch (causal rows $p$ of the softmax):
 
@@ -66,8 +69,9 @@ def _layer_index(name: str) -> int | None:
 
 @torch.no_grad()
 def matrix_stats(W: torch.Tensor, manifold=None) -> dict[str, float]:
-    """Spectral and Gram statistics of one weight matrix (see the module docstring)."""
-    T = to_tall(W.detach().float())
+    """Spectral and Gram statistics of one weight matrix, or of a batch ``(k, m, n)`` as its stacked
+    ``(k m, n)`` rows (see the module docstring)."""
+    T = to_tall(W.detach().float().reshape(-1, W.shape[-1]))
     s = torch.linalg.svdvals(T)
     norms = T.norm(dim=-2)
     G = T.mT @ T
@@ -81,7 +85,7 @@ def matrix_stats(W: torch.Tensor, manifold=None) -> dict[str, float]:
         "gram_offdiag": float(off.norm() / G.norm().clamp_min(1e-30)),
     }
     if manifold is not None and not isinstance(manifold, Euclidean):
-        out["manifold_distance"] = float(manifold.constraint_violation(T).max())
+        out["manifold_distance"] = float(manifold.constraint_violation(to_tall(W.detach().float())).max())
     return out
 
 
@@ -136,7 +140,7 @@ def collect_diagnostics(
             {**base, "kind": module_kind(a.name), **matrix_stats(W, a.manifold), "grad_norm": grad_norms.get(a.name)}
         )
         if module_kind(a.name) == "attn_in":
-            C = W.shape[1]
+            W, C = W.reshape(-1, W.shape[-1]), W.shape[-1]  # the fused (3C, C) rows, split or not
             for part, block in (("q", W[:C]), ("k", W[C : 2 * C])):
                 st = matrix_stats(block)
                 rows.append(
@@ -165,7 +169,7 @@ def gradient_norms(model, assignments: Sequence) -> dict[str, float]:
             continue
         out[a.name] = float(g.norm())
         if module_kind(a.name) == "attn_in":
-            C = g.shape[1]
+            g, C = g.reshape(-1, g.shape[-1]), g.shape[-1]
             out[f"{a.name}[q]"] = float(g[:C].norm())
             out[f"{a.name}[k]"] = float(g[C : 2 * C].norm())
     return out

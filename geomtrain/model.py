@@ -9,6 +9,7 @@ the Conv1D transpose, Hugging Face GPT-2), so parameter names are::
     transformer.wpe.weight                   (block_size, n_embd)
     transformer.h.{i}.ln_1.weight / .bias    (n_embd,)
     transformer.h.{i}.attn.c_attn.weight     (3*n_embd, n_embd)     rows [0:C]=Q, [C:2C]=K, [2C:3C]=V
+                                             (3, n_embd, n_embd) with split_qkv: [W_Q, W_K, W_V]
     transformer.h.{i}.attn.c_proj.weight     (n_embd, n_embd)
     transformer.h.{i}.ln_2.weight / .bias    (n_embd,)
     transformer.h.{i}.mlp.c_fc.weight        (4*n_embd, n_embd)
@@ -16,7 +17,10 @@ the Conv1D transpose, Hugging Face GPT-2), so parameter names are::
     transformer.ln_f.weight / .bias          (n_embd,)
 
 (plus a ``.bias`` for every Linear when ``bias=True``). Weights are ``torch.nn.Linear`` layout
-``(out, in)``. ``model.named_parameters()`` lists the tied matrix once, as
+``(out, in)``. With ``split_qkv=True`` the fused projection stores Q, K and V as a batch of
+three square matrices (`SplitQKV`): the same function, but an optimizer that constrains a
+parameter per matrix of its batch then constrains $W_Q$, $W_K$ and $W_V$ one by one.
+``model.named_parameters()`` lists the tied matrix once, as
 ``transformer.wte.weight``; ``state_dict()`` has both keys.
 
 Diagnostics: `GPT.attention_probe` reruns the model with explicit attention and returns
@@ -47,6 +51,7 @@ class GPTConfig:
     n_embd: int = 768
     dropout: float = 0.0
     bias: bool = True
+    split_qkv: bool = False  # store c_attn as three (n_embd, n_embd) matrices W_Q, W_K, W_V (`SplitQKV`)
 
     def __post_init__(self):
         if self.n_embd % self.n_head != 0:
@@ -94,15 +99,45 @@ def count_parameters(config: GPTConfig, non_embedding: bool = True) -> int:
     return total - T * C if non_embedding else total
 
 
+class SplitQKV(nn.Module):
+    r"""The QKV projection with its weight stored as the batch $[W_Q, W_K, W_V]$, shape ``(3, C, C)``.
+
+    ``forward`` is ``nn.Linear`` with the fused weight ``weight.reshape(3C, C)`` (rows ``[0:C]`` =
+    $W_Q$, as in the fused layout), so outputs, checkpoints' values and pretrained weights carry
+    over by a reshape (`match_qkv_layout`); what changes is that Manifold Muon sees three matrices.
+    """
+
+    def __init__(self, n_embd: int, bias: bool):
+        super().__init__()
+        fused = nn.Linear(n_embd, 3 * n_embd, bias=bias)  # as the fused layout: same RNG use, same init
+        self.weight = nn.Parameter(fused.weight.detach().reshape(3, n_embd, n_embd).clone())
+        self.bias = fused.bias
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return F.linear(x, self.weight.reshape(-1, self.weight.shape[-1]), self.bias)
+
+
+def match_qkv_layout(state_dict: dict, config: GPTConfig) -> dict:
+    """``state_dict`` with every ``attn.c_attn.weight`` reshaped to ``config``'s layout: fused
+    ``(3C, C)`` or, with ``split_qkv``, ``(3, C, C)``."""
+    C = config.n_embd
+    shape = (3, C, C) if config.split_qkv else (3 * C, C)
+    return {k: (v.reshape(shape) if k.endswith("attn.c_attn.weight") else v) for k, v in state_dict.items()}
+
+
 class CausalSelfAttention(nn.Module):
-    """Multi-head causal self-attention with a fused QKV projection (``c_attn``)."""
+    """Multi-head causal self-attention with a fused QKV projection (``c_attn``; `SplitQKV` with
+    ``split_qkv``)."""
 
     def __init__(self, config: GPTConfig):
         super().__init__()
         self.n_head = config.n_head
         self.n_embd = config.n_embd
         self.dropout = config.dropout
-        self.c_attn = nn.Linear(config.n_embd, 3 * config.n_embd, bias=config.bias)
+        if config.split_qkv:
+            self.c_attn = SplitQKV(config.n_embd, config.bias)
+        else:
+            self.c_attn = nn.Linear(config.n_embd, 3 * config.n_embd, bias=config.bias)
         self.c_proj = nn.Linear(config.n_embd, config.n_embd, bias=config.bias)
         self.attn_dropout = nn.Dropout(config.dropout)
         self.resid_dropout = nn.Dropout(config.dropout)
@@ -197,7 +232,7 @@ class GPT(nn.Module):
         """nanoGPT/GPT-2 init: N(0, 0.02) for Linear and Embedding weights, zero biases, and
         N(0, 0.02/sqrt(2*n_layer)) for the residual projections (``c_proj``); LayerNorm 1/0."""
         for module in self.modules():
-            if isinstance(module, nn.Linear):
+            if isinstance(module, nn.Linear | SplitQKV):
                 nn.init.normal_(module.weight, mean=0.0, std=0.02)
                 if module.bias is not None:
                     nn.init.zeros_(module.bias)
@@ -341,6 +376,7 @@ def from_hf_gpt2_state_dict(sd: dict, n_head: int | None = None, config: GPTConf
         )
     converted = {k: (v.t() if k.endswith(_HF_TRANSPOSED) else v) for k, v in sd.items()}
     converted.setdefault("lm_head.weight", converted["transformer.wte.weight"])
+    converted = match_qkv_layout(converted, config)
     model = GPT(config)
     ours = model.state_dict()
     missing = sorted(set(ours) - set(converted))

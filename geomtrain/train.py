@@ -36,11 +36,11 @@ import torch.distributed as dist
 
 from . import data as gdata
 from ._io import environment_record, to_jsonable
-from .assign import assign, format_table
+from .assign import assign, format_table, is_gpt_matrix
 from .config import TrainConfig, import_manifold_modules
 from .diagnostics import collect_diagnostics, gradient_norms
 from .groups import optimizer_groups, project_onto_manifolds
-from .model import GPT, load_hf_gpt2_folder, model_config
+from .model import GPT, load_hf_gpt2_folder, match_qkv_layout, model_config
 from .runfolder import CheckpointError, RunFolder, RunFolderError, load_verified_checkpoint
 from .runtime import StopSignals, distributed_from_env
 
@@ -167,6 +167,8 @@ class Trainer:
         overrides = {"vocab_size": self.vocab_size}
         if cfg.block_size is not None:
             overrides["block_size"] = cfg.block_size
+        if cfg.split_qkv:
+            overrides["split_qkv"] = True
         self.model_cfg = model_config(cfg.model, **overrides)
         self.block = self.model_cfg.block_size
         self.model = GPT(self.model_cfg).to(self.device)
@@ -174,7 +176,7 @@ class Trainer:
             self._load_pretrained(cfg.init_from)
         named = list(self.model.named_parameters())
         self.assignments = assignments or assign(
-            named, preset=cfg.preset, rules=cfg.rules, custom_manifolds=custom_manifolds
+            named, cfg.preset, cfg.rules, custom_manifolds, is_gpt_matrix, "2-D weights (and a split c_attn)"
         )
         self.projection = project_onto_manifolds(dict(named), self.assignments)  # start on the manifolds
         self.adamw, self.muon = build_optimizers(self.model, self.assignments, cfg)
@@ -228,7 +230,7 @@ class Trainer:
                 f"init_from {path} is not a {self.cfg.model!r} model on this data ({'; '.join(differ)}); "
                 "choose the matching --model and a data folder with its tokenizer"
             )
-        self.model.load_state_dict(pretrained.state_dict())
+        self.model.load_state_dict(match_qkv_layout(pretrained.state_dict(), self.model_cfg))
 
     @property
     def steps_done(self) -> int:

@@ -14,6 +14,7 @@ from geomtrain.model import (
     GPTConfig,
     count_parameters,
     from_hf_gpt2_state_dict,
+    match_qkv_layout,
     model_config,
 )
 
@@ -260,3 +261,29 @@ def test_load_real_hf_gpt2():
     idx = torch.randint(0, 97, (2, 16))
     with torch.no_grad():
         torch.testing.assert_close(ours(idx)[0], hf(idx).logits, rtol=1e-4, atol=1e-4)
+
+
+def test_split_qkv_is_the_fused_model_stored_as_three_matrices():
+    """Same seed, same init (the split weight is the fused one reshaped), same function; the
+    state dicts convert both ways with `match_qkv_layout`, also for Hugging Face weights."""
+    torch.manual_seed(0)
+    fused = GPT(small_config()).eval()
+    torch.manual_seed(0)
+    split = GPT(small_config(split_qkv=True)).eval()
+    W = split.transformer.h[0].attn.c_attn.weight
+    assert W.shape == (3, 32, 32) and split.transformer.h[0].attn.c_attn.bias.shape == (96,)
+    sd_f, sd_s = fused.state_dict(), split.state_dict()
+    assert set(sd_f) == set(sd_s)
+    for k in sd_f:
+        assert torch.equal(sd_f[k].reshape(sd_s[k].shape), sd_s[k]), k
+    assert torch.equal(W[1], fused.transformer.h[0].attn.c_attn.weight[32:64])  # W_K is rows [C:2C]
+    idx = torch.randint(0, 97, (2, 16))
+    with torch.no_grad():
+        assert torch.equal(fused(idx)[0], split(idx)[0])
+    back = GPT(small_config()).eval()
+    back.load_state_dict(match_qkv_layout(sd_s, back.config))
+    assert all(torch.equal(back.state_dict()[k], sd_f[k]) for k in sd_f)
+    from_hf = from_hf_gpt2_state_dict(_to_hf_layout(fused), config=small_config(split_qkv=True)).eval()
+    with torch.no_grad():
+        assert torch.equal(from_hf(idx)[0], fused(idx)[0])
+    assert fused.num_parameters() == split.num_parameters() == count_parameters(split.config)
