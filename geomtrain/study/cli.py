@@ -1,5 +1,5 @@
-"""Command lines of the study: ``geomtrain study`` (with the modes ``toy`` and ``overhead``) and
-``geomtrain report``.
+"""Command lines of the study: ``geomtrain study`` (with the modes ``toy``, ``overhead`` and
+``compare``) and ``geomtrain report``.
 
 :func:`add_study_parser` and :func:`add_report_parser` register them on the ``geomtrain``
 subparsers; each sets ``handler=fn(args) -> int``. A user error raises :class:`StudyError` (a
@@ -188,6 +188,7 @@ def add_study_parser(subparsers) -> argparse.ArgumentParser:
     modes = p.add_subparsers(dest="mode", metavar="MODE")
     _add_toy_parser(modes)
     _add_overhead_parser(modes)
+    _add_compare_parser(modes)
     return p
 
 
@@ -388,6 +389,39 @@ def run_overhead_command(args) -> int:
     return 0
 
 
+# ----------------------------------------------------------------------------- geomtrain study compare
+def _add_compare_parser(modes) -> None:
+    p = modes.add_parser(
+        "compare",
+        help="several study folders side by side (table, orderings, gap to unconstrained vs steps)",
+        description=(
+            "Compare finished study folders: one table of final val and train losses with their gaps "
+            "to each study's unconstrained run, the ordering in each, and the gap against the number of "
+            "steps when the studies differ in length. Writes compare.json/md/csv (and gap_vs_steps.png) "
+            "to --out; `geomtrain report OUT` rebuilds them."
+        ),
+    )
+    rec: list = []
+    _add(p, rec, "--out", required=True, help="folder for the comparison")
+    p.add_argument("studies", nargs="+", metavar="LABEL=FOLDER", help="a label and a study folder")
+    p.set_defaults(handler=run_compare_command, recorded_actions=rec)
+
+
+def run_compare_command(args) -> int:
+    """``geomtrain study compare``: :func:`geomtrain.study.compare.compare`."""
+    from .compare import compare
+
+    pairs = []
+    for text in args.studies:
+        label, sep, folder = text.partition("=")
+        if not sep or not label or not folder:
+            raise StudyError(f"{text!r} must look like LABEL=FOLDER, e.g. exact=docs/results/main-exact")
+        pairs.append((label, folder))
+    command = "geomtrain study compare " + shlex.join(["--out", args.out, *args.studies])
+    compare(args.out, pairs, command, print_fn=print)
+    return 0
+
+
 # ----------------------------------------------------------------------------- geomtrain report
 def add_report_parser(subparsers) -> argparse.ArgumentParser:
     """Register ``report`` on the ``geomtrain`` subparsers."""
@@ -411,8 +445,12 @@ def run_report_command(args) -> int:
     """``geomtrain report STUDY``: :func:`geomtrain.study.report`; ``geomtrain report RUN [RUN ...]``:
     a table of plain run folders (:func:`geomtrain.runfolder.runs_table`)."""
     from ..runfolder import runs_table
+    from .compare import is_comparison, rebuild
     from .report import report
 
+    if len(args.out) == 1 and is_comparison(args.out[0]):
+        rebuild(args.out[0])
+        return 0
     studies = [f for f in args.out if (Path(f) / "study.json").exists() or (Path(f) / "summary.json").exists()]
     if studies and len(args.out) > 1:
         raise StudyError("give one study folder, or only run folders")
@@ -444,7 +482,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         prog = "geomtrain report"
     else:
         argv = ["study", *argv]
-        prog = "geomtrain study" + (f" {argv[1]}" if argv[1:2] in (["toy"], ["overhead"]) else "")
+        prog = "geomtrain study" + (f" {argv[1]}" if argv[1:2] in (["toy"], ["overhead"], ["compare"]) else "")
     try:
         args = root.parse_args(argv)
         return int(args.handler(args) or 0)

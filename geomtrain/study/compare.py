@@ -1,0 +1,262 @@
+r"""Several study folders side by side: one table, the ordering in each, and (for studies of
+different lengths) the gap to ``unconstrained`` against the number of steps.
+
+A comparison folder holds ``compare.json`` (its inputs: a label and a study folder each, and the
+command), and what `compare` writes from the inputs' ``summary.json``: ``compare.md``,
+``compare.csv`` and ``gap_vs_steps.png`` (when the studies differ in ``max_iters``).
+``geomtrain report FOLDER`` rebuilds it, so every number comes from committed study outputs.
+
+Per variant and study: final val loss (mean ± std over the finished seeds), final train loss
+(mean over seeds of the logged training losses in the last 10% of steps: single batches, so
+noisy), both as gaps to the same study's ``unconstrained`` mean, the status, the end-of-training
+$\sigma_{\max}(W_Q)\sigma_{\max}(W_K)$ and max |logit|, ms per step, and the cumulative Muon step
+$\sum_t \eta_t$ of the schedule (`geomtrain.train.lr_at` scaled to ``muon_lr``).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Sequence
+from pathlib import Path
+
+from .._io import atomic_write_json, atomic_write_text, read_json
+from .collect import load_summary, make_table
+from .plan import StudyError
+
+__all__ = [
+    "COMPARE_FILE",
+    "best_of_sweep",
+    "compare",
+    "compare_rows",
+    "cumulative_muon_step",
+    "ordering",
+    "rebuild",
+    "is_comparison",
+]
+
+COMPARE_FILE = "compare.json"
+REFERENCE = "unconstrained"
+TRAIN_TAIL = 0.1  # final train loss: the logged losses of the last 10% of steps
+
+
+def cumulative_muon_step(base_config: dict, overrides: dict | None = None) -> float:
+    r"""$\sum_{t < T} \eta_t$ with $\eta_t$ = ``muon_lr * lr_at(t) / lr`` of the run's config."""
+    from ..config import make_config
+    from ..train import lr_at
+
+    cfg = make_config({**base_config, **(overrides or {})})
+    return sum(cfg.muon_lr * lr_at(t, cfg) / cfg.lr for t in range(cfg.max_iters))
+
+
+def _final_train(runs: list[dict], max_iters: int) -> float | None:
+    values = []
+    for run in runs:
+        if run.get("status") != "finished":
+            continue
+        pairs = [(s, v) for s, v in zip(run["train"]["step"], run["train"]["loss"]) if v is not None]
+        tail = [v for s, v in pairs if s >= (1 - TRAIN_TAIL) * max_iters]
+        if tail and all(math.isfinite(v) for v in tail):
+            values.append(sum(tail) / len(tail))
+    return sum(values) / len(values) if values else None
+
+
+def _load(folder: Path) -> tuple[dict, dict]:
+    if not (folder / "summary.json").exists():
+        raise StudyError(f"{folder} has no summary.json (run the study, or `geomtrain report {folder}` first)")
+    summary = load_summary(folder)
+    summary["table"] = make_table(summary["variants"], summary["runs"])
+    return summary, summary.get("study", {})
+
+
+def compare_rows(studies: Sequence[tuple[str, Path]]) -> list[dict]:
+    """One row per (study, variant), in the order of the studies and of each study's table."""
+    rows = []
+    for label, folder in studies:
+        summary, study = _load(Path(folder))
+        base = study.get("base_config", {})
+        iters = int(base.get("max_iters", 0))
+        by_name = {r["variant"]: r for r in summary["table"]}
+        overrides = {v["name"]: v.get("overrides", {}) for v in summary["variants"]}
+        bases = {v["name"]: v.get("base") or v["name"] for v in summary["variants"]}
+        runs_by: dict[str, list[dict]] = {}
+        for run in summary["runs"]:
+            runs_by.setdefault(run["variant"], []).append(run)
+        ref = by_name.get(REFERENCE, {}).get("final_val_mean")
+        ref_train = _final_train(runs_by.get(REFERENCE, []), iters) if REFERENCE in by_name else None
+        for row in summary["table"]:
+            name = row["variant"]
+            train_loss = _final_train(runs_by.get(name, []), iters)
+            val = row.get("final_val_mean")
+            rows.append(
+                {
+                    "study": label,
+                    "folder": str(folder),
+                    "variant": name,
+                    "base": bases.get(name, name),
+                    "max_iters": iters,
+                    "seeds": row.get("seeds"),
+                    "status": row.get("status"),
+                    "final_val_mean": val,
+                    "final_val_std": row.get("final_val_std"),
+                    "val_gap": None if val is None or ref is None else val - ref,
+                    "final_train_mean": train_loss,
+                    "train_gap": None if train_loss is None or ref_train is None else train_loss - ref_train,
+                    "end_sigma_qk": row.get("end_sigma_qk"),
+                    "end_max_logit": row.get("end_max_logit"),
+                    "ms_per_step": row.get("ms_per_step"),
+                    "cumulative_step": cumulative_muon_step(base, overrides.get(name)) if base else None,
+                }
+            )
+    return rows
+
+
+def ordering(rows: Sequence[dict], study: str) -> str:
+    """The variants of one study by final val loss, best first (``a < b < c``); unfinished last."""
+    mine = [r for r in rows if r["study"] == study]
+    done = sorted((r for r in mine if r["final_val_mean"] is not None), key=lambda r: r["final_val_mean"])
+    rest = [r["variant"] for r in mine if r["final_val_mean"] is None]
+    return " < ".join(f"`{r['variant']}`" for r in done) + (f" (no finished run: {', '.join(rest)})" if rest else "")
+
+
+def _fmt(x, spec: str) -> str:
+    return "-" if x is None else format(x, spec)
+
+
+def compare_markdown(rows: Sequence[dict], command: str) -> str:
+    labels = list(dict.fromkeys(r["study"] for r in rows))
+    variants = list(dict.fromkeys(r["variant"] for r in rows))
+    cell = {(r["study"], r["variant"]): r for r in rows}
+    head = ["variant"] + [f"{lab}: val (gap)" for lab in labels]
+    lines = [
+        "# Studies compared",
+        "",
+        f"Command: `{command}`",
+        "",
+        "Final val loss, mean ± std over finished seeds, and in brackets its gap to the same study's "
+        f"`{REFERENCE}` (negative: better than it). Train: mean of the logged training losses over "
+        "the last 10% of steps (single batches).",
+        "",
+        "| " + " | ".join(head) + " |",
+        "|" + "---|" * len(head),
+    ]
+    for v in variants:
+        cells = [f"`{v}`"]
+        for lab in labels:
+            r = cell.get((lab, v))
+            if r is None:
+                cells.append("")
+            elif r["final_val_mean"] is None:
+                cells.append(r["status"] or "-")
+            else:
+                std = f" ± {r['final_val_std']:.4f}" if r["final_val_std"] is not None else ""
+                cells.append(f"{r['final_val_mean']:.4f}{std} ({_fmt(r['val_gap'], '+.4f')})")
+        lines.append("| " + " | ".join(cells) + " |")
+    lines += ["", "| study | variant | steps | cumulative step | status | train (gap) | σQ·σK | max logit | ms/step |"]
+    lines.append("|---|---|---|---|---|---|---|---|---|")
+    for r in rows:
+        lines.append(
+            f"| {r['study']} | `{r['variant']}` | {r['max_iters']} | {_fmt(r['cumulative_step'], '.2f')} | "
+            f"{r['status']} | {_fmt(r['final_train_mean'], '.4f')} ({_fmt(r['train_gap'], '+.4f')}) | "
+            f"{_fmt(r['end_sigma_qk'], '.3g')} | {_fmt(r['end_max_logit'], '.3g')} | {_fmt(r['ms_per_step'], '.0f')} |"
+        )
+    lines += ["", "Ordering by final val loss, best first:", ""]
+    lines += [f"- {lab}: {ordering(rows, lab)}" for lab in labels]
+    for lab in labels:
+        best = best_of_sweep(rows, lab)
+        if best is not None:
+            lines += ["", f"{lab}, each preset at its best swept value: {ordering(best, lab)}"]
+            lines += [f"  - `{r['base']}`: best `{r['best_variant']}` ({r['final_val_mean']:.4f})" for r in best]
+    return "\n".join(lines) + "\n"
+
+
+def best_of_sweep(rows: Sequence[dict], study: str) -> list[dict] | None:
+    """For a study with swept variants: per base preset, its variant of lowest final val loss
+    (relabelled by the base); None when the study has no sweep."""
+    mine = [r for r in rows if r["study"] == study]
+    if all(r["base"] == r["variant"] for r in mine):
+        return None
+    best: dict[str, dict] = {}
+    for r in mine:
+        if r["final_val_mean"] is not None and (
+            r["base"] not in best or r["final_val_mean"] < best[r["base"]]["final_val_mean"]
+        ):
+            best[r["base"]] = r
+    return [{**r, "variant": r["base"], "best_variant": r["variant"]} for r in best.values()]
+
+
+def compare_csv(rows: Sequence[dict]) -> str:
+    keys = list(rows[0]) if rows else []
+    out = [",".join(keys)]
+    for r in rows:
+        out.append(",".join("" if r[k] is None else str(r[k]) for k in keys))
+    return "\n".join(out) + "\n"
+
+
+def gap_figure(rows: Sequence[dict]):
+    """Gap to ``unconstrained`` (val and train) against steps and against the cumulative Muon step,
+    one line per variant; None when all studies have the same length."""
+    if len({r["max_iters"] for r in rows}) < 2:
+        return None
+    from matplotlib.figure import Figure
+
+    from .figures import add_legend
+
+    fig = Figure(figsize=(11, 4))
+    axes = fig.subplots(1, 3)
+    variants = [v for v in dict.fromkeys(r["variant"] for r in rows) if v != REFERENCE]
+    for v in variants:
+        mine = sorted((r for r in rows if r["variant"] == v), key=lambda r: r["max_iters"])
+        for ax, x_key, y_key in ((axes[0], "max_iters", "val_gap"), (axes[1], "max_iters", "train_gap")):
+            pts = [(r[x_key], r[y_key]) for r in mine if r[y_key] is not None]
+            if pts:
+                ax.plot(*zip(*pts), marker="o", label=v)
+        pts = [(r["cumulative_step"], r["val_gap"]) for r in mine if r["val_gap"] is not None]
+        if pts:
+            axes[2].plot(*zip(*pts), marker="o", label=v)
+    titles = ("val loss gap to unconstrained", "train loss gap (last 10% of steps)", "val gap vs cumulative Muon step")
+    for ax, title, xlabel in zip(axes, titles, ("steps", "steps", r"$\sum_t \eta_t$")):
+        ax.set_xscale("log")
+        ax.axhline(0, color="0.5", lw=0.8)
+        ax.set_title(title, fontsize=9)
+        ax.set_xlabel(xlabel)
+    add_legend(axes[0], fontsize=7)
+    fig.tight_layout()
+    return fig
+
+
+def compare(
+    out: str | Path, studies: Sequence[tuple[str, str | Path]], command: str = "", print_fn: Callable = print
+) -> list[dict]:
+    """Write the comparison of ``studies`` (``(label, folder)`` pairs) into ``out``; returns its rows."""
+    from .figures import save
+
+    if len(studies) < 1:
+        raise StudyError("compare needs at least one LABEL=FOLDER")
+    labels = [lab for lab, _ in studies]
+    if len(set(labels)) != len(labels):
+        raise StudyError(f"compare labels must differ; got {', '.join(labels)}")
+    out = Path(out)
+    rows = compare_rows([(lab, Path(f)) for lab, f in studies])
+    out.mkdir(parents=True, exist_ok=True)
+    atomic_write_json(out / COMPARE_FILE, {"command": command, "studies": [[lab, str(f)] for lab, f in studies]})
+    atomic_write_text(out / "compare.md", compare_markdown(rows, command))
+    atomic_write_text(out / "compare.csv", compare_csv(rows))
+    written = [out / COMPARE_FILE, out / "compare.md", out / "compare.csv"]
+    fig = gap_figure(rows)
+    if fig is not None:
+        written.append(save(fig, out / "gap_vs_steps.png"))
+    print_fn(compare_markdown(rows, command))
+    print_fn(f"compare: {', '.join(p.name for p in written)} in {out}")
+    return rows
+
+
+def is_comparison(folder: str | Path) -> bool:
+    return (Path(folder) / COMPARE_FILE).exists()
+
+
+def rebuild(folder: str | Path, print_fn: Callable = print) -> list[dict]:
+    """Rewrite a comparison folder from its ``compare.json`` (what ``geomtrain report`` does)."""
+    spec = read_json(Path(folder) / COMPARE_FILE)
+    if not spec or "studies" not in spec:
+        raise StudyError(f"{folder}/{COMPARE_FILE} is not a comparison record")
+    return compare(folder, [tuple(s) for s in spec["studies"]], spec.get("command", ""), print_fn)

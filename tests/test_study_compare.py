@@ -1,0 +1,71 @@
+"""`geomtrain study compare`: several study folders side by side, rebuilt by `geomtrain report`."""
+
+import json
+import shutil
+from pathlib import Path
+
+import pytest
+
+from geomtrain.cli import main as cli_main
+from geomtrain.study.compare import compare, cumulative_muon_step
+
+RESULTS = Path(__file__).resolve().parents[1] / "docs" / "results"
+
+
+def test_compare_reads_the_gaps_and_the_ordering_off_the_summaries(tmp_path):
+    rows = compare(tmp_path / "cmp", [("tangent", RESULTS / "main")], "test", print_fn=lambda *a: None)
+    table = {r["variant"]: r for r in json.loads((RESULTS / "main" / "summary.json").read_text())["table"]}
+    ref = table["unconstrained"]["final_val_mean"]
+    for r in rows:
+        assert r["final_val_mean"] == table[r["variant"]]["final_val_mean"]
+        assert r["val_gap"] == pytest.approx(table[r["variant"]]["final_val_mean"] - ref)
+    md = (tmp_path / "cmp" / "compare.md").read_text()
+    best_first = sorted(table.values(), key=lambda r: r["final_val_mean"])
+    assert "- tangent: " + " < ".join(f"`{r['variant']}`" for r in best_first) in md
+    # 500 steps, 50 warmup, cosine to min_lr / lr = 0.1 of muon_lr 0.02: the documented 5.47
+    assert rows[0]["cumulative_step"] == pytest.approx(5.47, abs=0.01)
+    assert not (tmp_path / "cmp" / "gap_vs_steps.png").exists()  # one length: no figure
+
+
+def test_studies_of_different_lengths_get_the_gap_figure_and_report_rebuilds_them(tmp_path):
+    longer = tmp_path / "longer"
+    shutil.copytree(RESULTS / "main", longer)
+    summary = json.loads((longer / "summary.json").read_text())
+    summary["study"]["base_config"]["max_iters"] = 1000
+    (longer / "summary.json").write_text(json.dumps(summary))
+    out = tmp_path / "cmp"
+    assert cli_main(["study", "compare", "--out", str(out), f"short={RESULTS / 'main'}", f"long={longer}"]) == 0
+    png = (out / "gap_vs_steps.png").read_bytes()
+    assert png[:8] == b"\x89PNG\r\n\x1a\n"
+    before = {p.name: p.read_bytes() for p in out.iterdir() if p.suffix != ".png"}
+    for p in out.iterdir():
+        if p.name != "compare.json":
+            p.unlink()
+    assert cli_main(["report", str(out)]) == 0
+    assert {p.name: p.read_bytes() for p in out.iterdir() if p.suffix != ".png"} == before
+    assert (out / "gap_vs_steps.png").exists()
+
+
+def test_cumulative_step_follows_the_schedule():
+    base = {"max_iters": 100, "warmup_iters": 10, "lr": 1e-3, "min_lr": 1e-3, "muon_lr": 0.05}
+    assert cumulative_muon_step(base) == pytest.approx(0.05 * (sum((t + 1) / 10 for t in range(10)) + 90))
+
+
+@pytest.mark.parametrize(
+    "argv, message",
+    [
+        (["study", "compare", "--out", "x", "nolabel"], "LABEL=FOLDER"),
+        (["study", "compare", "--out", "x", "a=/nonexistent"], "no summary.json"),
+    ],
+)
+def test_bad_compare_input_is_one_line_exit_2(argv, message, capsys, tmp_path):
+    argv = [a if a != "x" else str(tmp_path / "x") for a in argv]
+    assert cli_main(argv) == 2
+    err = capsys.readouterr().err.strip()
+    assert message in err and len(err.splitlines()) == 1
+
+
+def test_duplicate_labels_are_refused(tmp_path, capsys):
+    main = str(RESULTS / "main")
+    assert cli_main(["study", "compare", "--out", str(tmp_path / "c"), f"a={main}", f"a={main}"]) == 2
+    assert "labels must differ" in capsys.readouterr().err
