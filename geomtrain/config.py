@@ -61,6 +61,7 @@ class TrainConfig:
     muon_momentum: float = 0.95
     muon_nesterov: bool = True
     muon_solver: str | None = None  # None = the optimizer's default solver
+    muon_solver_options: list[str] = field(default_factory=list)  # "KEY=VALUE" options of the solver
     muon_weight_decay: float = 0.0  # decoupled, Euclidean (unconstrained) matrices only
     # evaluation, diagnostics, robustness
     eval_interval: int = 50
@@ -87,6 +88,41 @@ class TrainConfig:
     def to_dict(self) -> dict:
         return dataclasses.asdict(self)
 
+    def solver_options(self) -> dict:
+        """``muon_solver_options`` (``"KEY=VALUE"`` entries, e.g. ``msign_dtype=float32``, ``tol=1e-5``)
+        as the solver's typed options (`geomtrain.optim.SOLVER_OPTIONS`; dtypes by name)."""
+        import torch
+
+        from .optim import DEFAULT_SOLVER, SOLVER_OPTIONS
+
+        solver = self.muon_solver or DEFAULT_SOLVER
+        valid = {k: v for k, v in SOLVER_OPTIONS[solver].items() if k not in ("dual", "trace")}
+        out = {}
+        for entry in self.muon_solver_options:
+            key, sep, text = (part.strip() for part in entry.partition("="))
+            if key not in valid or not sep:
+                raise ValueError(
+                    f"bad muon_solver_options entry {entry!r} for solver {solver!r}; "
+                    f"give KEY=VALUE with KEY one of {', '.join(valid)}"
+                )
+            default = valid[key]
+            if key.endswith("dtype"):
+                if text not in _DTYPES:
+                    raise ValueError(f"bad {key} {text!r} in muon_solver_options; valid: {', '.join(_DTYPES)}")
+                out[key] = getattr(torch, text)
+            elif isinstance(default, bool):
+                if text.lower() not in _TRUE + _FALSE:
+                    raise ValueError(f"bad {key} {text!r} in muon_solver_options (expects true/false)")
+                out[key] = text.lower() in _TRUE
+            elif isinstance(default, int | float):
+                try:
+                    out[key] = int(text) if isinstance(default, int) else float(text)
+                except ValueError:
+                    raise ValueError(f"bad {key} {text!r} in muon_solver_options (expects a number)") from None
+            else:
+                out[key] = text
+        return out
+
     def validate(self, custom_names: tuple[str, ...] = ()) -> TrainConfig:
         """Raise ``ValueError`` (one line, naming the valid choices) on a bad value; return self.
 
@@ -111,6 +147,7 @@ class TrainConfig:
                 raise ValueError(
                     f"unknown muon_solver {self.muon_solver!r}; valid: {', '.join(SOLVERS)} (or none: the default)"
                 )
+        self.solver_options()
         if not re.fullmatch(r"auto|cpu|mps|cuda(:\d+)?", self.device):
             raise ValueError(f"unknown device {self.device!r}; valid: auto, cpu, cuda, cuda:N, mps")
         if self.dtype not in ("float32", "bfloat16"):
@@ -190,6 +227,7 @@ RUN_DEFINING_KEYS = (
     "muon_momentum",
     "muon_nesterov",
     "muon_solver",
+    "muon_solver_options",
     "muon_weight_decay",
     "seed",
     "dtype",
@@ -240,6 +278,7 @@ def import_manifold_modules(modules: Sequence[str]) -> None:
 
 
 _TRUE, _FALSE = ("1", "true", "yes", "on"), ("0", "false", "no", "off")
+_DTYPES = ("float32", "float64", "bfloat16", "float16")  # solver dtype options, by torch name
 
 
 def parse_value(name: str, text: str) -> Any:

@@ -110,6 +110,8 @@ def build_optimizers(model: torch.nn.Module, assignments, cfg: TrainConfig):
     )
     if cfg.muon_solver is not None:
         kwargs["solver"] = cfg.muon_solver
+    if cfg.muon_solver_options:
+        kwargs["solver_options"] = cfg.solver_options()
     return adamw, ManifoldMuon(muon_groups, **kwargs)
 
 

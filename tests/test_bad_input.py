@@ -100,6 +100,16 @@ def test_bad_flag_value_is_one_line(data_dir, tmp_path, capsys):
     assert_one_line_error(code, err, "--lr", "'fast'")
 
 
+@pytest.mark.parametrize(
+    "entry, needles",
+    [("max_iters=x", ["max_iters=x", "tol", "max_iter"]), ("compute_dtype=f8", ["f8", "float32", "float64"])],
+)
+def test_bad_solver_option_is_one_line_naming_the_valid_ones(entry, needles, data_dir, tmp_path, capsys):
+    code, _, err = cli(_short(data_dir, tmp_path / "run", "--muon-solver-options", entry), capsys)
+    assert_one_line_error(code, err, *needles)
+    assert not (tmp_path / "run").exists()
+
+
 def test_unknown_preset_is_one_line_with_the_choices(data_dir, tmp_path, capsys):
     from geomtrain.assign import PRESETS
 

@@ -304,3 +304,18 @@ def test_split_qkv_constrains_q_k_and_v_one_by_one(data_dir, tmp_path, preset):
     ]
     logged = _records(tmp_path / "full", "eval")[-1]["val_loss"]
     assert evaluate_checkpoint(tmp_path / "full")["loss"] == pytest.approx(logged, abs=1e-6)
+
+
+def test_solver_options_reach_the_optimizer_typed(data_dir, tmp_path):
+    """``muon_solver_options`` ("KEY=VALUE") become the group's typed solver options: here the
+    published solver with a float32 matrix sign (the paper's is bf16) and a 4-step dual ascent."""
+    from geomtrain.train import Trainer
+
+    options = ["msign_dtype=float32", "steps=4"]
+    cfg = _cfg(data_dir, tmp_path / "r", muon_solver="published", muon_solver_options=options)
+    trainer = Trainer(cfg)
+    group = trainer.muon.param_groups[0]
+    assert group["solver"] == "published"
+    assert group["solver_options"] == {"msign_dtype": torch.float32, "steps": 4}
+    trainer.step()
+    assert 0 < trainer.muon.last_stats["iterations_max"] <= 4 + 1  # 4 ascent steps (+ the final sign)
