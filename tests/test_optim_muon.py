@@ -40,7 +40,8 @@ def test_step_is_tangent_with_spectral_norm_lr(manifold, shape):
     assert float(L.abs().max()) <= 1e-4 * lr + 10 * lr**2
     assert opt.last_stats["residual_max"] <= 1e-4
     assert opt.last_stats["off_manifold_max"] <= 1e-5
-    assert opt.last_stats["n_matrices"] == 1
+    # a (k, m, n) parameter is k matrices on a manifold; Euclidean Muon flattens it to one (as torch's Muon)
+    assert opt.last_stats["n_matrices"] == (1 if isinstance(manifold, Euclidean) else math.prod(W.shape[:-2]))
 
 
 @pytest.mark.parametrize("manifold", CONSTRAINED, ids=lambda m: type(m).__name__)
@@ -222,7 +223,8 @@ def test_nonfinite_gradient_is_skipped_counted_and_warned_once():
     assert torch.equal(model["dg"].detach(), before["dg"]) and torch.equal(model["eu"].detach(), before["eu"])
     assert torch.equal(opt.state[model["dg"]]["momentum_buffer"], mom)
     assert not torch.equal(model["st"].detach(), before["st"])  # the others moved
-    assert opt.last_stats["n_skipped_nonfinite"] == 2 and opt.last_stats["n_matrices"] == 2
+    assert opt.last_stats["n_skipped_nonfinite"] == 2
+    assert opt.last_stats["n_matrices"] == 3  # st (1) and the (2, 8, 4) ob batch (2) were updated
     for p in model.values():
         assert bool(torch.isfinite(p).all())
     for p in model.values():
@@ -251,7 +253,7 @@ def test_last_stats_are_json_ready_and_lr_schedulers_work():
         "n_skipped_nonfinite_total",
     }
     assert keys <= set(opt.last_stats) and json.loads(json.dumps(opt.last_stats))
-    assert opt.last_stats["n_matrices"] == 4 and opt.last_stats["n_unconverged"] == 0
+    assert opt.last_stats["n_matrices"] == 5 and opt.last_stats["n_unconverged"] == 0  # ob is a batch of 2
     sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda k: 1.0 if k == 0 else 0.0)
     before = {k: v.detach().clone() for k, v in model.items()}
     _train(model, opt, 1, seed=7)

@@ -41,8 +41,8 @@ $$\text{manifold: } W \leftarrow R_W(-\eta A),\quad A = \texttt{spectral\_direct
   identical across ranks, as after DDP's all-reduce).
 
 ``optimizer.last_stats`` after each ``step()`` (plain Python numbers, JSON-ready):
-``n_matrices``, ``msign_calls`` (total polar evaluations: eigendecompositions of ``gram_newton``,
-msign calls of the others), ``iterations_max``
+``n_matrices`` (a ``(k, m, n)`` parameter counts ``k``), ``msign_calls`` (total polar evaluations:
+eigendecompositions of ``gram_newton``, msign calls of the others), ``iterations_max``
 (most polar evaluations of one matrix), ``residual_max``/``residual_mean`` (RMS tangent residual
 of the directions), ``dual_gap_max`` (relative, where the solver knows it, else ``None``),
 ``n_unconverged``, ``off_manifold_max`` (largest `constraint_violation` after the retraction),
@@ -82,7 +82,19 @@ def shape_factor(rule: str, rows: int, cols: int) -> float:
 
 
 _EUCLIDEAN = Euclidean()
-_STAT_FIELDS = ("msign_calls", "residual", "dual_gap", "converged", "off_manifold", "skipped", "has_dual")
+# Per parameter: "matrices" (1, or k for a (k, m, n) batch), "msign_calls" (summed over them) and
+# "calls_max" (of one matrix), residual / dual gap (worst), converged (all), off_manifold, skipped.
+_STAT_FIELDS = (
+    "matrices",
+    "msign_calls",
+    "calls_max",
+    "residual",
+    "dual_gap",
+    "converged",
+    "off_manifold",
+    "skipped",
+    "has_dual",
+)
 
 
 def _plain(t: torch.Tensor) -> torch.Tensor:
@@ -331,7 +343,10 @@ class ManifoldMuon(torch.optim.Optimizer):
             sl = slice(start, start + k)
             start += k
             row = stats[it.index]
-            for f in ("msign_calls", "residual", "dual_gap", "converged"):
+            row[col["matrices"]] = k
+            row[col["msign_calls"]] = float(st["msign_calls"][sl].double().sum())
+            row[col["calls_max"]] = float(st["msign_calls"][sl].double().max())
+            for f in ("residual", "dual_gap", "converged"):
                 if st.get(f) is not None:
                     row[col[f]] = (
                         float(st[f][sl].double().max()) if f != "converged" else float(st[f][sl].double().min())
@@ -393,9 +408,9 @@ class ManifoldMuon(torch.optim.Optimizer):
         n = stats.shape[0]
         gaps = c["dual_gap"][~torch.isnan(c["dual_gap"])]
         return {
-            "n_matrices": n,
+            "n_matrices": int(c["matrices"].sum()),
             "msign_calls": int(c["msign_calls"].sum()),
-            "iterations_max": int(c["msign_calls"].max()) if n else 0,
+            "iterations_max": int(c["calls_max"].max()) if n else 0,
             "residual_max": float(c["residual"].max()) if n else 0.0,
             "residual_mean": float(c["residual"].mean()) if n else 0.0,
             "dual_gap_max": float(gaps.max()) if gaps.numel() else None,
