@@ -25,6 +25,7 @@ def test_compare_reads_the_gaps_and_the_ordering_off_the_summaries(tmp_path):
     # 500 steps, 50 warmup, cosine to min_lr / lr = 0.1 of muon_lr 0.02: the documented 5.47
     assert rows[0]["cumulative_step"] == pytest.approx(5.47, abs=0.01)
     assert not (tmp_path / "cmp" / "gap_vs_steps.png").exists()  # one length: no figure
+    assert not (tmp_path / "cmp" / "val_curves.png").exists()  # one study: nothing to overlay
 
 
 def test_studies_of_different_lengths_get_the_gap_figure_and_report_rebuilds_them(tmp_path):
@@ -35,8 +36,8 @@ def test_studies_of_different_lengths_get_the_gap_figure_and_report_rebuilds_the
     (longer / "summary.json").write_text(json.dumps(summary))
     out = tmp_path / "cmp"
     assert cli_main(["study", "compare", "--out", str(out), f"short={RESULTS / 'main'}", f"long={longer}"]) == 0
-    png = (out / "gap_vs_steps.png").read_bytes()
-    assert png[:8] == b"\x89PNG\r\n\x1a\n"
+    for name in ("gap_vs_steps.png", "val_curves.png"):
+        assert (out / name).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     before = {p.name: p.read_bytes() for p in out.iterdir() if p.suffix != ".png"}
     for p in out.iterdir():
         if p.name != "compare.json":

@@ -3,7 +3,8 @@ different lengths) the gap to ``unconstrained`` against the number of steps.
 
 A comparison folder holds ``compare.json`` (its inputs: a label and a study folder each, and the
 command), and what `compare` writes from the inputs' ``summary.json``: ``compare.md``,
-``compare.csv`` and ``gap_vs_steps.png`` (when the studies differ in ``max_iters``).
+``compare.csv``, ``val_curves.png`` (mean validation curve of each variant in each study) and
+``gap_vs_steps.png`` (when the studies differ in ``max_iters``).
 ``geomtrain report FOLDER`` rebuilds it, so every number comes from committed study outputs.
 
 Per variant and study: final val loss (mean ± std over the finished seeds), final train loss
@@ -224,6 +225,52 @@ def gap_figure(rows: Sequence[dict]):
     return fig
 
 
+def curves_figure(studies: Sequence[tuple[str, dict]]):
+    """Mean validation curve (over the seeds, at the steps all of them reached) of each variant that
+    two or more studies share, in each study: one panel per variant, one line per study; None for
+    one study."""
+    if len(studies) < 2:
+        return None
+    import numpy as np
+    from matplotlib.figure import Figure
+
+    from .figures import add_legend, mean_curve
+
+    counts: dict[str, int] = {}
+    for _, summary in studies:
+        for name in dict.fromkeys(r["variant"] for r in summary["runs"]):
+            counts[name] = counts.get(name, 0) + 1
+    shared = [v for v, c in counts.items() if c > 1]
+    variants = shared or list(counts)  # the variants two studies have, else all
+    cols = min(3, len(variants))
+    rows_n = math.ceil(len(variants) / cols)
+    fig = Figure(figsize=(4 * cols, 2.8 * rows_n))
+    axes = np.atleast_1d(fig.subplots(rows_n, cols, squeeze=False)).ravel()
+    for ax, name in zip(axes, variants):
+        for label, summary in studies:
+            curves = [
+                (np.asarray(r["eval"]["step"], float), np.asarray(r["eval"]["val"], float))
+                for r in summary["runs"]
+                if r["variant"] == name and r["eval"]["step"]
+            ]
+            x, y = mean_curve(curves)
+            if len(x):
+                ax.plot(x, y, label=label, lw=1.2)
+        ax.set_title(name, fontsize=9)
+        ax.set_xlabel("step", fontsize=8)
+        ax.set_ylabel("val loss", fontsize=8)
+        finite = [ln.get_ydata() for ln in ax.get_lines()]
+        if finite:
+            lows = [float(np.nanmin(v)) for v in finite]
+            ends = [float(v[-1]) for v in finite]
+            ax.set_ylim(min(lows) - 0.05, max(ends) + 0.6)  # zoom on the second half of training
+        add_legend(ax, fontsize=7)
+    for ax in axes[len(variants) :]:
+        ax.set_visible(False)
+    fig.tight_layout()
+    return fig
+
+
 def compare(
     out: str | Path, studies: Sequence[tuple[str, str | Path]], command: str = "", print_fn: Callable = print
 ) -> list[dict]:
@@ -242,9 +289,12 @@ def compare(
     atomic_write_text(out / "compare.md", compare_markdown(rows, command))
     atomic_write_text(out / "compare.csv", compare_csv(rows))
     written = [out / COMPARE_FILE, out / "compare.md", out / "compare.csv"]
-    fig = gap_figure(rows)
-    if fig is not None:
-        written.append(save(fig, out / "gap_vs_steps.png"))
+    for name, fig in (
+        ("gap_vs_steps.png", gap_figure(rows)),
+        ("val_curves.png", curves_figure([(lab, _load(Path(f))[0]) for lab, f in studies])),
+    ):
+        if fig is not None:
+            written.append(save(fig, out / name))
     print_fn(compare_markdown(rows, command))
     print_fn(f"compare: {', '.join(p.name for p in written)} in {out}")
     return rows

@@ -128,7 +128,7 @@ def _runs_of(summary: dict, name: str) -> list[dict]:
     return [r for r in summary["runs"] if r["variant"] == name]
 
 
-def _mean_curve(curves: list[tuple[np.ndarray, np.ndarray]]) -> tuple[np.ndarray, np.ndarray]:
+def mean_curve(curves: list[tuple[np.ndarray, np.ndarray]]) -> tuple[np.ndarray, np.ndarray]:
     """Mean over seeds at the steps every seed reached (curves share their evaluation steps)."""
     curves = [(x, y) for x, y in curves if len(x)]
     if not curves:
@@ -201,7 +201,7 @@ def _plot_variant_series(ax, summary, variant, getter, mark_divergence=True, lab
             finite = np.isfinite(y)
             ax.plot(x[finite][-1], y[finite][-1], marker="x", color=c, ms=8, mew=2)
     if drawn:
-        mx, my = _mean_curve(curves)
+        mx, my = mean_curve(curves)
         if len(mx):
             ax.plot(mx, my, color=c, ls=ls, lw=2.0, label=_label(variant) if label else None)
     return drawn
