@@ -6,10 +6,10 @@
 #
 #   scripts/study_suites.sh SUITE [HOURS]
 #
-# Suites: main-exact ablation-published split-qkv lr-exact length-500 length-2000 length-8000 compare
+# Suites: main-exact ablation-tangent ablation-published split-qkv lr-exact length-500 length-2000 length-8000 compare
 set -euo pipefail
 cd "$(dirname "$0")/.."
-usage="usage: scripts/study_suites.sh SUITE [HOURS]; SUITE: main-exact, ablation-published, split-qkv, lr-exact, length-500, length-2000, length-8000, compare"
+usage="usage: scripts/study_suites.sh SUITE [HOURS]; SUITE: main-exact, ablation-tangent, ablation-published, split-qkv, lr-exact, length-500, length-2000, length-8000, compare"
 suite=${1:?$usage}
 hours=${2:-2}
 GEOMTRAIN=${GEOMTRAIN:-geomtrain}
@@ -19,8 +19,11 @@ presets5=unconstrained,all-stiefel,hetero,all-dgram,hetero-inv
 case "$suite" in
     main-exact)
         args=(--seeds 3 --iters 500 --out docs/results/main-exact --runs-dir runs/study-main-exact) ;;
+    ablation-tangent)  # the one-shot approximation, with this code (the committed main study ran older code)
+        args=(--presets unconstrained,all-stiefel,hetero,all-dgram --seeds 3 --iters 500 --set muon_solver=tangent
+              --out docs/results/ablation-tangent --runs-dir runs/study-ablation-tangent) ;;
     ablation-published)  # the paper's dual ascent; float32 msign (its bf16 one is emulated, 5x slower, on a CPU)
-        args=(--presets all-stiefel,hetero,all-dgram --seeds 3 --iters 500 --set muon_solver=published
+        args=(--presets unconstrained,all-stiefel,hetero,all-dgram --seeds 3 --iters 500 --set muon_solver=published
               --set muon_solver_options=msign_dtype=float32
               --out docs/results/ablation-published --runs-dir runs/study-ablation-published) ;;
     split-qkv)
@@ -38,7 +41,7 @@ case "$suite" in
     compare)
         cmp() { local out=$1; shift; for s in "$@"; do [ -f "${s#*=}/summary.json" ] || { echo "skip $out: ${s#*=} not run yet"; return 0; }; done
                 "$GEOMTRAIN" study compare --out "$out" "$@"; }
-        cmp docs/results/compare-solvers tangent=docs/results/main exact=docs/results/main-exact \
+        cmp docs/results/compare-solvers tangent=docs/results/ablation-tangent exact=docs/results/main-exact \
             published=docs/results/ablation-published
         cmp docs/results/compare-main tangent=docs/results/main exact=docs/results/main-exact
         cmp docs/results/compare-split-qkv fused=docs/results/main-exact split=docs/results/split-qkv
