@@ -22,6 +22,9 @@ def test_compare_reads_the_gaps_and_the_ordering_off_the_summaries(tmp_path):
     md = (tmp_path / "cmp" / "compare.md").read_text()
     best_first = sorted(table.values(), key=lambda r: r["final_val_mean"])
     assert "- tangent: " + " < ".join(f"`{r['variant']}`" for r in best_first) in md
+    runs = json.loads((RESULTS / "main" / "summary.json").read_text())["runs"]
+    seed0 = {r["variant"]: r["final_val"] for r in runs if r["seed"] == 0}
+    assert rows[0]["final_by_seed"]["0"] == seed0[rows[0]["variant"]]
     # 500 steps, 50 warmup, cosine to min_lr / lr = 0.1 of muon_lr 0.02: the documented 5.47
     assert rows[0]["cumulative_step"] == pytest.approx(5.47, abs=0.01)
     assert not (tmp_path / "cmp" / "gap_vs_steps.png").exists()  # one length: no figure
@@ -38,6 +41,8 @@ def test_studies_of_different_lengths_get_the_gap_figure_and_report_rebuilds_the
     assert cli_main(["study", "compare", "--out", str(out), f"short={RESULTS / 'main'}", f"long={longer}"]) == 0
     for name in ("gap_vs_steps.png", "val_curves.png"):
         assert (out / name).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    md = (out / "compare.md").read_text()
+    assert "| `hetero` | long − short | +0.0000 ± 0.0000 | 0/3 |" in md  # the same runs, paired by seed
     before = {p.name: p.read_bytes() for p in out.iterdir() if p.suffix != ".png"}
     for p in out.iterdir():
         if p.name != "compare.json":

@@ -106,6 +106,9 @@ def compare_rows(studies: Sequence[tuple[str, Path]]) -> list[dict]:
                     "end_max_logit": row.get("end_max_logit"),
                     "ms_per_step": row.get("ms_per_step"),
                     "cumulative_step": cumulative_muon_step(base, overrides.get(name)) if base else None,
+                    "final_by_seed": {
+                        str(r["seed"]): r["final_val"] for r in runs_by.get(name, []) if r.get("final_val") is not None
+                    },
                 }
             )
     return rows
@@ -160,6 +163,7 @@ def compare_markdown(rows: Sequence[dict], command: str) -> str:
             f"{r['status']} | {_fmt(r['final_train_mean'], '.4f')} ({_fmt(r['train_gap'], '+.4f')}) | "
             f"{_fmt(r['end_sigma_qk'], '.3g')} | {_fmt(r['end_max_logit'], '.3g')} | {_fmt(r['ms_per_step'], '.0f')} |"
         )
+    lines += paired_lines(rows)
     lines += ["", "Ordering by final val loss, best first:", ""]
     lines += [f"- {lab}: {ordering(rows, lab)}" for lab in labels]
     for lab in labels:
@@ -168,6 +172,33 @@ def compare_markdown(rows: Sequence[dict], command: str) -> str:
             lines += ["", f"{lab}, each preset at its best swept value: {ordering(best, lab)}"]
             lines += [f"  - `{r['base']}`: best `{r['best_variant']}` ({r['final_val_mean']:.4f})" for r in best]
     return "\n".join(lines) + "\n"
+
+
+def paired_lines(rows: Sequence[dict]) -> list[str]:
+    """Markdown lines: per variant, each study's final val loss minus the first study's, seed by seed
+    (the same seed shares data order, validation batches and initial weights): mean ± std over the
+    seeds both finished, and on how many the other study is lower. Empty without shared seeds."""
+    labels = list(dict.fromkeys(r["study"] for r in rows))
+    cell = {(r["study"], r["variant"]): r for r in rows}
+    out = []
+    for lab in labels[1:]:
+        for v in dict.fromkeys(r["variant"] for r in rows):
+            a, b = cell.get((labels[0], v)), cell.get((lab, v))
+            if a is None or b is None:
+                continue
+            seeds = sorted(set(a["final_by_seed"]) & set(b["final_by_seed"]), key=int)
+            if not seeds:
+                continue
+            d = [b["final_by_seed"][k] - a["final_by_seed"][k] for k in seeds]
+            mean = sum(d) / len(d)
+            std = math.sqrt(sum((x - mean) ** 2 for x in d) / (len(d) - 1)) if len(d) > 1 else None
+            spread = f" ± {std:.4f}" if std is not None else ""
+            lower = sum(x < 0 for x in d)
+            out.append(f"| `{v}` | {lab} − {labels[0]} | {mean:+.4f}{spread} | {lower}/{len(d)} |")
+    if not out:
+        return []
+    head = ["", "Paired by seed (same data order, validation batches and initial weights):", ""]
+    return head + ["| variant | difference | final val, mean ± std | seeds lower |", "|---|---|---|---|"] + out
 
 
 def best_of_sweep(rows: Sequence[dict], study: str) -> list[dict] | None:
@@ -186,7 +217,7 @@ def best_of_sweep(rows: Sequence[dict], study: str) -> list[dict] | None:
 
 
 def compare_csv(rows: Sequence[dict]) -> str:
-    keys = list(rows[0]) if rows else []
+    keys = [k for k in rows[0] if k != "final_by_seed"] if rows else []  # per-seed values: compare.md
     out = [",".join(keys)]
     for r in rows:
         out.append(",".join("" if r[k] is None else str(r[k]) for k in keys))
