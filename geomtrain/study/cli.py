@@ -397,8 +397,9 @@ def _add_compare_parser(modes) -> None:
         description=(
             "Compare finished study folders: one table of final val and train losses with their gaps "
             "to each study's unconstrained run, the ordering in each, and the gap against the number of "
-            "steps when the studies differ in length. Writes compare.json/md/csv (and gap_vs_steps.png) "
-            "to --out; `geomtrain report OUT` rebuilds them."
+            "steps when the studies differ in length, with differences paired by seed. Writes "
+            "compare.json/md/csv, val_curves.png (and gap_vs_steps.png) to --out; `geomtrain report OUT` "
+            "rebuilds them."
         ),
     )
     rec: list = []
