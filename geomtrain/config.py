@@ -25,6 +25,7 @@ __all__ = [
     "make_config",
     "field_kind",
     "parse_value",
+    "parse_scalar",
     "parse_assignments",
     "RUN_DEFINING_KEYS",
     "import_manifold_modules",
@@ -105,22 +106,13 @@ class TrainConfig:
                     f"bad muon_solver_options entry {entry!r} for solver {solver!r}; "
                     f"give KEY=VALUE with KEY one of {', '.join(valid)}"
                 )
-            default = valid[key]
             if key.endswith("dtype"):
                 if text not in _DTYPES:
                     raise ValueError(f"bad {key} {text!r} in muon_solver_options; valid: {', '.join(_DTYPES)}")
                 out[key] = getattr(torch, text)
-            elif isinstance(default, bool):
-                if text.lower() not in _TRUE + _FALSE:
-                    raise ValueError(f"bad {key} {text!r} in muon_solver_options (expects true/false)")
-                out[key] = text.lower() in _TRUE
-            elif isinstance(default, int | float):
-                try:
-                    out[key] = int(text) if isinstance(default, int) else float(text)
-                except ValueError:
-                    raise ValueError(f"bad {key} {text!r} in muon_solver_options (expects a number)") from None
-            else:
-                out[key] = text
+            else:  # typed by the option's default (bool before int: a bool is an int)
+                kind = next((t for t in (bool, int, float) if isinstance(valid[key], t)), str)
+                out[key] = parse_scalar(kind, text, f"for {key} in muon_solver_options")
         return out
 
     def validate(self, custom_names: tuple[str, ...] = ()) -> TrainConfig:
@@ -288,9 +280,15 @@ def parse_value(name: str, text: str) -> Any:
     text = text.strip()
     if optional and text.lower() in ("none", "null", ""):
         return None
+    if kind is list:
+        return [t for t in text.split(";") if t]
+    return parse_scalar(kind, text, f"for {name}")
+
+
+def parse_scalar(kind: type, text: str, where: str) -> Any:
+    """``text`` as a ``bool`` (true/false, yes/no, on/off, 1/0), ``int``, finite ``float`` or
+    ``str``; a bad value is a one-line ``ValueError`` ``bad value ... {where} (expects ...)``."""
     try:
-        if kind is list:
-            return [t for t in text.split(";") if t]
         if kind is bool:
             if text.lower() in _TRUE + _FALSE:
                 return text.lower() in _TRUE
@@ -304,7 +302,7 @@ def parse_value(name: str, text: str) -> Any:
             return value
     except ValueError:
         expects = "true/false" if kind is bool else ("an integer" if kind is int else "a number")
-        raise ValueError(f"bad value {text!r} for {name} (expects {expects})") from None
+        raise ValueError(f"bad value {text!r} {where} (expects {expects})") from None
     return text
 
 

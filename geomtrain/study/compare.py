@@ -29,6 +29,7 @@ __all__ = [
     "best_of_sweep",
     "compare",
     "compare_rows",
+    "load_study",
     "cumulative_muon_step",
     "ordering",
     "rebuild",
@@ -61,20 +62,22 @@ def _final_train(runs: list[dict], max_iters: int) -> float | None:
     return sum(values) / len(values) if values else None
 
 
-def _load(folder: Path) -> tuple[dict, dict]:
+def load_study(folder: str | Path) -> dict:
+    """A study folder's ``summary.json`` with its table rebuilt (`make_table`)."""
+    folder = Path(folder)
     if not (folder / "summary.json").exists():
         raise StudyError(f"{folder} has no summary.json (run the study, or `geomtrain report {folder}` first)")
     summary = load_summary(folder)
     summary["table"] = make_table(summary["variants"], summary["runs"])
-    return summary, summary.get("study", {})
+    return summary
 
 
-def compare_rows(studies: Sequence[tuple[str, Path]]) -> list[dict]:
-    """One row per (study, variant), in the order of the studies and of each study's table."""
+def compare_rows(studies: Sequence[tuple[str, str | Path, dict]]) -> list[dict]:
+    """One row per (study, variant) of ``(label, folder, summary)`` triples (summaries from
+    `load_study`), in the order of the studies and of each study's table."""
     rows = []
-    for label, folder in studies:
-        summary, study = _load(Path(folder))
-        base = study.get("base_config", {})
+    for label, folder, summary in studies:
+        base = summary.get("study", {}).get("base_config", {})
         iters = int(base.get("max_iters", 0))
         by_name = {r["variant"]: r for r in summary["table"]}
         overrides = {v["name"]: v.get("overrides", {}) for v in summary["variants"]}
@@ -314,19 +317,21 @@ def compare(
     if len(set(labels)) != len(labels):
         raise StudyError(f"compare labels must differ; got {', '.join(labels)}")
     out = Path(out)
-    rows = compare_rows([(lab, Path(f)) for lab, f in studies])
+    summaries = [load_study(f) for _, f in studies]
+    rows = compare_rows([(lab, f, summary) for (lab, f), summary in zip(studies, summaries)])
+    markdown = compare_markdown(rows, command)
     out.mkdir(parents=True, exist_ok=True)
     atomic_write_json(out / COMPARE_FILE, {"command": command, "studies": [[lab, str(f)] for lab, f in studies]})
-    atomic_write_text(out / "compare.md", compare_markdown(rows, command))
+    atomic_write_text(out / "compare.md", markdown)
     atomic_write_text(out / "compare.csv", compare_csv(rows))
     written = [out / COMPARE_FILE, out / "compare.md", out / "compare.csv"]
     for name, fig in (
         ("gap_vs_steps.png", gap_figure(rows)),
-        ("val_curves.png", curves_figure([(lab, _load(Path(f))[0]) for lab, f in studies])),
+        ("val_curves.png", curves_figure(list(zip(labels, summaries)))),
     ):
         if fig is not None:
             written.append(save(fig, out / name))
-    print_fn(compare_markdown(rows, command))
+    print_fn(markdown)
     print_fn(f"compare: {', '.join(p.name for p in written)} in {out}")
     return rows
 
