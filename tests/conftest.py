@@ -1,6 +1,6 @@
 """Shared pytest setup: Hypothesis profiles, a headless matplotlib backend, single-threaded torch,
-and what several test files share: the ``data_dir`` fixture and the ``BlockGram`` test manifold
-(import it with ``from conftest import BlockGram``)."""
+and what several test files share: the ``data_dir`` fixture, the ``BlockGram`` test manifold and
+the ``tiny_config`` run config (import them with ``from conftest import BlockGram, tiny_config``)."""
 
 import os
 
@@ -9,6 +9,7 @@ import pytest
 import torch
 from hypothesis import HealthCheck, settings
 
+from geomtrain.config import TrainConfig, make_config
 from manifolds import GramManifold
 
 matplotlib.use("Agg")
@@ -46,3 +47,23 @@ def data_dir(tmp_path_factory):
     out = tmp_path_factory.mktemp("data") / "classics"
     prepare(out, dataset="classics")
     return str(out)
+
+
+def tiny_config(data_dir, out_dir, **overrides) -> TrainConfig:
+    """A seconds-long run of the ``tiny`` model (8 steps, batch 4, an eval every 4 steps, no progress
+    bar, seed 3); ``overrides`` are config keys."""
+    keys = dict(
+        model="tiny",
+        data_dir=data_dir,
+        out_dir=str(out_dir),
+        max_iters=8,
+        batch_size=4,
+        warmup_iters=2,
+        eval_interval=4,
+        eval_iters=1,
+        log_interval=1,
+        progress=False,
+        seed=3,
+    )
+    keys.update(overrides)
+    return make_config(keys)

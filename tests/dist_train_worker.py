@@ -10,8 +10,9 @@ from geomtrain.config import make_config
 from geomtrain.train import distributed_from_env, train
 
 
-def main(data_dir: str, out_dir: str, report: str) -> None:
-    cfg = make_config(
+def run_config(data_dir: str, out_dir: str):
+    """The run both sides train: this worker under torchrun, and the test in one process."""
+    return make_config(
         dict(
             model="tiny",
             data_dir=data_dir,
@@ -27,6 +28,10 @@ def main(data_dir: str, out_dir: str, report: str) -> None:
             seed=5,
         )
     )
+
+
+def main(data_dir: str, out_dir: str, report: str) -> None:
+    cfg = run_config(data_dir, out_dir)
     with distributed_from_env():
         captured = {}
         train(

@@ -11,28 +11,13 @@ from pathlib import Path
 
 import pytest
 import torch
+from conftest import tiny_config
 
 from geomtrain.cli import main as cli_main
 from geomtrain.config import make_config
 from geomtrain.train import load_checkpoint, lr_at, train
 
-
-def _cfg(data_dir, out_dir, **kw):
-    base = dict(
-        model="tiny",
-        data_dir=data_dir,
-        out_dir=str(out_dir),
-        max_iters=8,
-        batch_size=4,
-        warmup_iters=2,
-        eval_interval=4,
-        eval_iters=1,
-        log_interval=1,
-        progress=False,
-        seed=3,
-    )
-    base.update(kw)
-    return make_config(base)
+_cfg = tiny_config
 
 
 def _records(run_dir, kind):

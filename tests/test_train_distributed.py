@@ -6,7 +6,8 @@ import subprocess
 import sys
 from pathlib import Path
 
-from geomtrain.config import make_config
+from dist_train_worker import run_config
+
 from geomtrain.train import load_checkpoint, train
 
 
@@ -34,22 +35,7 @@ def test_two_rank_ddp_matches_single_process(data_dir, tmp_path):
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert json.loads(report.read_text()) == {"ranks_identical": True, "world_size": 2}
 
-    cfg = make_config(
-        dict(
-            model="tiny",
-            data_dir=data_dir,
-            out_dir=str(tmp_path / "single"),
-            preset="hetero",
-            max_iters=6,
-            batch_size=4,
-            warmup_iters=2,
-            eval_interval=3,
-            eval_iters=1,
-            log_interval=1,
-            progress=False,
-            seed=5,
-        )
-    )
+    cfg = run_config(data_dir, str(tmp_path / "single"))
     train(cfg, print_fn=lambda *a: None)
     ddp, single = _losses(tmp_path / "ddp"), _losses(tmp_path / "single")
     assert len(ddp) == len(single) == 6

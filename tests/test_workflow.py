@@ -1,5 +1,6 @@
 """A researcher's workflow from the CLI: your own manifold, eval, plot, TensorBoard, pretrained init."""
 
+import functools
 import json
 import math
 import textwrap
@@ -7,28 +8,13 @@ from pathlib import Path
 
 import pytest
 import torch
+from conftest import tiny_config
 
 from geomtrain.cli import main as cli_main
-from geomtrain.config import make_config
 from geomtrain.train import load_checkpoint, train
 
-
-def _cfg(data_dir, out_dir, **kw):
-    base = dict(
-        model="tiny",
-        data_dir=data_dir,
-        out_dir=str(out_dir),
-        max_iters=6,
-        batch_size=4,
-        warmup_iters=1,
-        eval_interval=3,
-        eval_iters=2,
-        log_interval=1,
-        progress=False,
-        seed=3,
-    )
-    base.update(kw)
-    return make_config(base)
+# shorter than the default tiny run: 6 steps, an eval every 3
+_cfg = functools.partial(tiny_config, max_iters=6, warmup_iters=1, eval_interval=3, eval_iters=2)
 
 
 def _quiet(*args, **kwargs):
