@@ -28,6 +28,7 @@ __all__ = [
     "parse_scalar",
     "parse_assignments",
     "RUN_DEFINING_KEYS",
+    "saved_config",
     "import_manifold_modules",
 ]
 
@@ -225,6 +226,19 @@ RUN_DEFINING_KEYS = (
     "dtype",
 )
 """Keys whose change makes a different run: a resume that changes one is refused unless allowed."""
+
+
+def saved_config(saved: Mapping[str, Any] | None) -> dict[str, Any] | None:
+    """A ``config.json`` written by an earlier version, read as this version's: a key that did not
+    exist then gets its dataclass default, which is the behaviour of the code before the key was
+    added (a new key's default never changes what an old run did). Unknown keys are kept."""
+    if saved is None:
+        return None
+    missing = {name: f for name, f in _FIELDS.items() if name not in saved}
+    filled = {
+        name: (f.default_factory() if f.default is dataclasses.MISSING else f.default) for name, f in missing.items()
+    }
+    return {**filled, **saved}
 
 
 def field_kind(name: str) -> tuple[type, bool]:

@@ -50,7 +50,7 @@ from ._io import (
     read_jsonl,
     truncate_jsonl,
 )
-from .config import RUN_DEFINING_KEYS
+from .config import RUN_DEFINING_KEYS, saved_config
 
 __all__ = [
     "RunFolder",
@@ -155,7 +155,8 @@ class RunFolder:
         return self.file("ckpt.pt").exists()
 
     def read_config(self) -> dict | None:
-        return read_json(self.file("config.json"))
+        """``config.json``, keys added since it was written filled with their defaults (`saved_config`)."""
+        return saved_config(read_json(self.file("config.json")))
 
     def read_status(self) -> dict | None:
         """``status.json``, with a ``running`` status whose process is gone reported as ``stale``."""

@@ -304,3 +304,23 @@ def test_solver_options_reach_the_optimizer_typed(data_dir, tmp_path):
     assert group["solver_options"] == {"msign_dtype": torch.float32, "steps": 4}
     trainer.step()
     assert 0 < trainer.muon.last_stats["iterations_max"] <= 4 + 1  # 4 ascent steps (+ the final sign)
+
+
+def test_run_folder_from_before_a_key_existed_resumes_and_its_study_run_is_reused(data_dir, tmp_path):
+    # A config.json written before `split_qkv` and `muon_solver_options` existed: those keys read as
+    # their defaults (what the older code did), so the run resumes and a study counts it as done.
+    from geomtrain.runfolder import RunFolderError
+    from geomtrain.study.runner import run_state
+
+    run = tmp_path / "old"
+    quiet = lambda *a: None  # noqa: E731
+    train(_cfg(data_dir, run, stop_after=4), print_fn=quiet)
+    saved = json.loads((run / "config.json").read_text())
+    for key in ("split_qkv", "muon_solver_options"):
+        del saved[key]
+    (run / "config.json").write_text(json.dumps(saved))
+    with pytest.raises(RunFolderError, match="split_qkv: False -> True"):  # a real change still is one
+        train(_cfg(data_dir, run, split_qkv=True), resume=True, print_fn=quiet)
+    assert run_state(run, _cfg(data_dir, run)) == "resume"
+    assert train(_cfg(data_dir, run), resume=True, print_fn=quiet)["status"] == "finished"
+    assert run_state(run, _cfg(data_dir, run)) == "done"

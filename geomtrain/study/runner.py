@@ -18,6 +18,7 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 
 from .._io import atomic_write_json, environment_record, read_json, read_jsonl
+from ..config import saved_config
 from .collect import collect
 from .plan import SUMMARY_FORMAT, StudyError, StudyPlan, Variant
 from .report import format_table, write_report
@@ -54,7 +55,7 @@ def _config_diff(old: dict, new: dict) -> list[str]:
 def run_state(run_dir: Path, cfg) -> str:
     """``new``, ``resume`` or ``done`` for the run folder; ``StudyError`` when it holds other settings."""
     status = read_json(run_dir / "status.json")
-    old = read_json(run_dir / "config.json")
+    old = saved_config(read_json(run_dir / "config.json"))
     if old is not None:
         diff = _config_diff(old, cfg.to_dict())
         if diff:
