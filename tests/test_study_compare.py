@@ -1,13 +1,14 @@
 """`geomtrain study compare`: several study folders side by side, rebuilt by `geomtrain report`."""
 
 import json
+import math
 import shutil
 from pathlib import Path
 
 import pytest
 
 from geomtrain.cli import main as cli_main
-from geomtrain.study.compare import compare, cumulative_muon_step
+from geomtrain.study.compare import compare, cumulative_muon_step, length_trend, paper_cumulative_step
 
 RESULTS = Path(__file__).resolve().parents[1] / "docs" / "results"
 
@@ -50,6 +51,45 @@ def test_studies_of_different_lengths_get_the_gap_figure_and_report_rebuilds_the
     assert cli_main(["report", str(out)]) == 0
     assert {p.name: p.read_bytes() for p in out.iterdir() if p.suffix != ".png"} == before
     assert (out / "gap_vs_steps.png").exists()
+    assert "val gap slope per decade" in md  # the same gaps at both lengths: a flat trend
+    assert "| `hetero` | 2 | +0.0000 |" in md
+
+
+def _row(variant, steps, cumulative, val_gap, train_gap=None):
+    return {
+        "variant": variant,
+        "max_iters": steps,
+        "cumulative_step": cumulative,
+        "val_gap": val_gap,
+        "train_gap": train_gap,
+    }
+
+
+def test_length_trend_fits_the_gap_in_log_cumulative_step():
+    # gap = 0.05 - 0.02 log10(sum eta): slope -0.02 per decade, zero at sum eta = 10**2.5
+    lengths = [(500, 5.0), (2000, 20.0), (8000, 80.0)]
+    rows = [_row("unconstrained", n, c, 0.0, 0.0) for n, c in lengths]
+    rows += [_row("hetero", n, c, 0.05 - 0.02 * math.log10(c), 0.03) for n, c in lengths]
+    rows += [_row("all-dgram", n, c, g) for (n, c), g in zip(lengths, (0.01, -0.01, -0.02))]
+    trend = {t["variant"]: t for t in length_trend(rows)}
+    assert set(trend) == {"hetero", "all-dgram"}
+    h = trend["hetero"]
+    assert h["points"] == 3 and h["val_slope_per_decade"] == pytest.approx(-0.02)
+    assert h["val_gap_at_paper"] == pytest.approx(0.05 - 0.02 * math.log10(paper_cumulative_step()))
+    assert h["train_slope_per_decade"] == pytest.approx(0.0) and h["train_gap_at_paper"] == pytest.approx(0.03)
+    assert h["zero_crossing_cumulative_step"] == pytest.approx(10**2.5)
+    assert h["zero_crossing_steps"] == pytest.approx(10**2.5 * 8000 / 80.0)  # the longest run's schedule
+    assert h["sign_flips_between_steps"] == []
+    d = trend["all-dgram"]
+    assert d["sign_flips_between_steps"] == [(500, 2000)]
+    assert d["zero_crossing_cumulative_step"] is None  # already below zero and falling: no crossing ahead
+    assert d["train_gap_at_paper"] is None
+    assert length_trend([r for r in rows if r["max_iters"] == 500]) == []  # one length: no trend
+
+
+def test_paper_cumulative_step_is_the_published_schedule():
+    # 1,000 warmup steps (mean 0.5), then a cosine from 1 to 0.1 over 49,000 (mean 0.55), times 0.02
+    assert paper_cumulative_step() == pytest.approx(0.02 * (1000 * 0.5 + 49000 * 0.55), rel=1e-3)
 
 
 def test_cumulative_step_follows_the_schedule():

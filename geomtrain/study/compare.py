@@ -4,7 +4,9 @@ different lengths) the gap to ``unconstrained`` against the number of steps.
 A comparison folder holds ``compare.json`` (its inputs: a label and a study folder each, and the
 command), and what `compare` writes from the inputs' ``summary.json``: ``compare.md``,
 ``compare.csv``, ``val_curves.png`` (mean validation curve of each variant in each study) and
-``gap_vs_steps.png`` (when the studies differ in ``max_iters``).
+``gap_vs_steps.png`` (when the studies differ in ``max_iters``; then ``compare.md`` also fits each
+variant's gap as a line in the log of the cumulative Muon step and extrapolates it to the
+published schedule's, `length_trend`).
 ``geomtrain report FOLDER`` rebuilds it, so every number comes from committed study outputs.
 
 Per variant and study: final val loss (mean ± std over the finished seeds), final train loss
@@ -31,6 +33,8 @@ __all__ = [
     "compare_rows",
     "load_study",
     "cumulative_muon_step",
+    "length_trend",
+    "paper_cumulative_step",
     "ordering",
     "rebuild",
     "is_comparison",
@@ -48,6 +52,103 @@ def cumulative_muon_step(base_config: dict, overrides: dict | None = None) -> fl
 
     cfg = make_config({**base_config, **(overrides or {})})
     return sum(cfg.muon_lr * lr_at(t, cfg) / cfg.lr for t in range(cfg.max_iters))
+
+
+def paper_cumulative_step() -> float:
+    """The cumulative Muon step of the published schedule: the ``gpt2`` defaults (DESIGN.md section 4:
+    50,000 steps, 1,000 warmup, cosine to 0.1 of the peak, ``muon_lr`` 0.02), about 549."""
+    return cumulative_muon_step({"model": "gpt2"})
+
+
+def _line_fit(points: Sequence[tuple[float, float]]) -> tuple[float, float] | None:
+    """Least-squares ``(a, b)`` of ``y = a + b x``; None with fewer than two distinct ``x``."""
+    if len({x for x, _ in points}) < 2:
+        return None
+    n = len(points)
+    mx, my = sum(x for x, _ in points) / n, sum(y for _, y in points) / n
+    b = sum((x - mx) * (y - my) for x, y in points) / sum((x - mx) ** 2 for x, _ in points)
+    return my - b * mx, b
+
+
+def _at(fit: tuple[float, float] | None, x: float) -> float | None:
+    return None if fit is None else fit[0] + fit[1] * x
+
+
+def length_trend(rows: Sequence[dict]) -> list[dict]:
+    r"""Per variant (not ``unconstrained``) of studies that differ in length: the gaps to
+    ``unconstrained`` as a straight line in $\log_{10}\sum_t\eta_t$ (least squares over the studies),
+    its slope per decade, its value at the published schedule's cumulative step
+    (`paper_cumulative_step`, an extrapolation), the steps between which the val gap changed sign,
+    and where the fitted val line crosses zero ahead of the longest run (in cumulative step, and in
+    steps of the longest run's schedule). Empty when all studies have the same length."""
+    if len({r["max_iters"] for r in rows}) < 2:
+        return []
+    x_paper = math.log10(paper_cumulative_step())
+    out = []
+    for v in dict.fromkeys(r["variant"] for r in rows):
+        if v == REFERENCE:
+            continue
+        mine = sorted((r for r in rows if r["variant"] == v and r["cumulative_step"]), key=lambda r: r["max_iters"])
+        fits = {}
+        for key in ("val_gap", "train_gap"):
+            fits[key] = _line_fit([(math.log10(r["cumulative_step"]), r[key]) for r in mine if r[key] is not None])
+        if fits["val_gap"] is None:
+            continue
+        a, b = fits["val_gap"]
+        gaps = [(r["max_iters"], r["val_gap"]) for r in mine if r["val_gap"] is not None]
+        flips = [(s0, s1) for (s0, g0), (s1, g1) in zip(gaps, gaps[1:]) if (g0 < 0) != (g1 < 0)]
+        longest = mine[-1]
+        crossing = None
+        if b != 0 and (gaps[-1][1] > 0) == (b < 0):  # the fitted gap moves towards zero
+            x0 = -a / b
+            if x0 > math.log10(longest["cumulative_step"]):
+                crossing = 10**x0
+        out.append(
+            {
+                "variant": v,
+                "points": len(gaps),
+                "val_slope_per_decade": b,
+                "val_gap_at_paper": _at(fits["val_gap"], x_paper),
+                "train_slope_per_decade": fits["train_gap"][1] if fits["train_gap"] else None,
+                "train_gap_at_paper": _at(fits["train_gap"], x_paper),
+                "sign_flips_between_steps": flips,
+                "zero_crossing_cumulative_step": crossing,
+                "zero_crossing_steps": None
+                if crossing is None
+                else crossing * longest["max_iters"] / longest["cumulative_step"],
+            }
+        )
+    return out
+
+
+def trend_lines(trend: Sequence[dict]) -> list[str]:
+    """Markdown lines for `length_trend`."""
+    if not trend:
+        return []
+    paper = paper_cumulative_step()
+    lines = [
+        "",
+        f"Gap to `{REFERENCE}` against training length: a least-squares line in log10 of the cumulative "
+        f"Muon step per variant, extrapolated to the published schedule's {paper:.0f} (an extrapolation, "
+        "not a measurement; with two lengths the line has no error estimate).",
+        "",
+        "| variant | lengths | val gap slope per decade | val gap at the paper's step | train gap slope "
+        "| train gap at the paper's step | val gap changed sign | fitted val gap reaches 0 at |",
+        "|---|---|---|---|---|---|---|---|",
+    ]
+    for t in trend:
+        flips = ", ".join(f"{a}-{b} steps" for a, b in t["sign_flips_between_steps"]) or "no"
+        cross = (
+            "-"
+            if t["zero_crossing_cumulative_step"] is None
+            else f"Σ η ≈ {t['zero_crossing_cumulative_step']:.3g} (≈ {t['zero_crossing_steps']:,.0f} steps)"
+        )
+        lines.append(
+            f"| `{t['variant']}` | {t['points']} | {t['val_slope_per_decade']:+.4f} | {t['val_gap_at_paper']:+.4f} | "
+            f"{_fmt(t['train_slope_per_decade'], '+.4f')} | {_fmt(t['train_gap_at_paper'], '+.4f')} | {flips} | "
+            f"{cross} |"
+        )
+    return lines
 
 
 def _final_train(runs: list[dict], max_iters: int) -> float | None:
@@ -167,6 +268,7 @@ def compare_markdown(rows: Sequence[dict], command: str) -> str:
             f"{_fmt(r['end_sigma_qk'], '.3g')} | {_fmt(r['end_max_logit'], '.3g')} | {_fmt(r['ms_per_step'], '.0f')} |"
         )
     lines += paired_lines(rows)
+    lines += trend_lines(length_trend(rows))
     lines += ["", "Ordering by final val loss, best first:", ""]
     lines += [f"- {lab}: {ordering(rows, lab)}" for lab in labels]
     for lab in labels:
@@ -229,31 +331,48 @@ def compare_csv(rows: Sequence[dict]) -> str:
 
 def gap_figure(rows: Sequence[dict]):
     """Gap to ``unconstrained`` (val and train) against steps and against the cumulative Muon step,
-    one line per variant; None when all studies have the same length."""
+    one line per variant (with its `length_trend` line, dashed, to the published schedule's step);
+    None when all studies have the same length."""
     if len({r["max_iters"] for r in rows}) < 2:
         return None
     from matplotlib.figure import Figure
+    from matplotlib.ticker import NullFormatter
 
     from .figures import add_legend
 
     fig = Figure(figsize=(11, 4))
     axes = fig.subplots(1, 3)
     variants = [v for v in dict.fromkeys(r["variant"] for r in rows) if v != REFERENCE]
+    paper = paper_cumulative_step()
     for v in variants:
         mine = sorted((r for r in rows if r["variant"] == v), key=lambda r: r["max_iters"])
         for ax, x_key, y_key in ((axes[0], "max_iters", "val_gap"), (axes[1], "max_iters", "train_gap")):
             pts = [(r[x_key], r[y_key]) for r in mine if r[y_key] is not None]
             if pts:
                 ax.plot(*zip(*pts), marker="o", label=v)
-        pts = [(r["cumulative_step"], r["val_gap"]) for r in mine if r["val_gap"] is not None]
+        pts = [(r["cumulative_step"], r["val_gap"]) for r in mine if r["val_gap"] is not None and r["cumulative_step"]]
         if pts:
-            axes[2].plot(*zip(*pts), marker="o", label=v)
-    titles = ("val loss gap to unconstrained", "train loss gap (last 10% of steps)", "val gap vs cumulative Muon step")
+            (line,) = axes[2].plot(*zip(*pts), marker="o", label=v)
+            fit = _line_fit([(math.log10(x), y) for x, y in pts])
+            if fit is not None:  # the length_trend line, extended to the published schedule
+                xs = [min(x for x, _ in pts), paper]
+                axes[2].plot(xs, [_at(fit, math.log10(x)) for x in xs], ls="--", lw=0.8, color=line.get_color())
+    axes[2].axvline(paper, color="0.3", ls=":", lw=0.8)
+    axes[2].text(paper, axes[2].get_ylim()[1], " paper", fontsize=7, va="top", ha="right", rotation=90)
+    titles = (
+        "val loss gap to unconstrained",
+        "train loss gap (last 10% of steps)",
+        "val gap vs cumulative Muon step (dashed: fit)",
+    )
     for ax, title, xlabel in zip(axes, titles, ("steps", "steps", r"$\sum_t \eta_t$")):
         ax.set_xscale("log")
         ax.axhline(0, color="0.5", lw=0.8)
         ax.set_title(title, fontsize=9)
         ax.set_xlabel(xlabel)
+    steps = sorted({r["max_iters"] for r in rows})
+    for ax in axes[:2]:  # the studies' lengths as the ticks, without log-scale minor labels
+        ax.set_xticks(steps, [f"{n:,}" for n in steps])
+        ax.xaxis.set_minor_formatter(NullFormatter())
     add_legend(axes[0], fontsize=7)
     fig.tight_layout()
     return fig
