@@ -71,12 +71,33 @@ def test_figures_from_a_synthetic_summary(tmp_path):
     assert figures.mechanism({**summary, "variants": variants[:1]}) is None  # no DGram attention: nothing to explain
 
 
-@pytest.mark.skipif(not (RESULTS / "lr-sweep" / "summary.json").exists(), reason="no committed study results")
-def test_a_committed_study_re_reports_to_the_same_bytes(tmp_path):
+STUDIES = sorted(p.parent.name for p in RESULTS.glob("*/summary.json"))
+COMPARISONS = sorted(p.parent.name for p in RESULTS.glob("*/compare.json"))
+
+
+@pytest.mark.parametrize("name", STUDIES)
+def test_a_committed_study_re_reports_to_the_same_bytes(tmp_path, name):
     # Without its runs, `report` rebuilds the table from summary.json: the committed tables and
     # summary must come back byte for byte (the results of the docs cannot drift with the code).
-    folder = tmp_path / "lr-sweep"
-    shutil.copytree(RESULTS / "lr-sweep", folder)
+    folder = tmp_path / name
+    shutil.copytree(RESULTS / name, folder)
     report(folder, runs_dir=tmp_path / "no-runs-here", print_fn=lambda *a: None)
-    for name in ("results.md", "results.csv", "summary.json"):
-        assert (folder / name).read_bytes() == (RESULTS / "lr-sweep" / name).read_bytes(), name
+    for file in ("results.md", "results.csv", "summary.json"):
+        assert (folder / file).read_bytes() == (RESULTS / name / file).read_bytes(), file
+
+
+@pytest.mark.parametrize("name", COMPARISONS)
+def test_a_committed_comparison_rebuilds_to_the_same_bytes(tmp_path, name, monkeypatch):
+    # compare.json names its studies relative to the repository root, as the docs' commands run
+    from geomtrain.study.compare import rebuild
+
+    monkeypatch.chdir(RESULTS.parent.parent)
+    folder = tmp_path / name
+    shutil.copytree(RESULTS / name, folder)
+    rebuild(folder, print_fn=lambda *a: None)
+    for file in ("compare.md", "compare.csv", "compare.json"):
+        assert (folder / file).read_bytes() == (RESULTS / name / file).read_bytes(), file
+
+
+def test_the_committed_results_are_found():
+    assert {"main", "main-exact", "ablation-tangent"} <= set(STUDIES) and "compare-solvers" in COMPARISONS
