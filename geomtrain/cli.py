@@ -325,6 +325,9 @@ def main(argv: list[str] | None = None) -> int:
         if not isinstance(exc, MissingPackageError):
             raise
         print(f"geomtrain {command}: error: {exc}", file=sys.stderr)
+    except KeyboardInterrupt:  # Ctrl-C in a command without its own handling (bench, prepare): no traceback
+        print(f"geomtrain {command}: interrupted", file=sys.stderr)
+        return 130
     return 2
 
 

@@ -259,3 +259,14 @@ def test_finished_run_resumed_again_adds_nothing(data_dir, reference, stopped_ru
     assert code == 0 and f"from step {MAX_ITERS}" in out, err[-3000:]
     assert records(stopped_run, "train") == before
     assert_same_run(stopped_run, reference)
+
+
+def test_ctrl_c_in_a_command_without_its_own_handling_is_one_line_exit_130(monkeypatch, capsys):
+    import geomtrain.bench.training as training
+
+    def interrupted(*args, **kwargs):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(training, "measure_training_speed", interrupted)
+    code, _, err = cli(["bench", "train", "--model", "tiny", "--steps", "1"], capsys)
+    assert (code, err) == (130, "geomtrain bench train: interrupted\n")

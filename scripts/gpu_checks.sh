@@ -1,0 +1,60 @@
+#!/usr/bin/env bash
+# The GPU points of the exact-solver and study issues as one prepared command for a lent device
+# machine (docs/results.md, "On a GPU"). In the repository root there:
+#
+#   scripts/gpu_checks.sh [MINUTES]      # default 5; everything lands in $OUT (else runs/gpu-checks)
+#
+# 1. `geomtrain bench optimizer --quick` at 12 GPT-2-small layers: per-matrix and per-layer solver
+#    cost against plain Muon (bench_optimizer.json);
+# 2. `geomtrain bench train --model gpt2`, every preset side by side (bench_train.json);
+# 3. a study of the `gpt2` config, one seed, every preset, for as many steps as the rest of the
+#    budget allows at the step times just measured (short runs, to be reported as such), packed
+#    with its report as gpt2_short.tar.gz (the device returns at most 8 files).
+# Each part runs under its share of MINUTES (20%, 20%, 50%) and is stopped (SIGINT: runs checkpoint)
+# at its end, so the whole fits in a 15-minute device lease with time to rerun it once.
+# Needs python3 with torch (the device image has it), geoopt (carry its wheel in .whl/, see
+# docs/results.md) and data/classics (carry it: prepared here with the GPT-2 tokenizer).
+# MODEL, DEVICE, LAYERS and BENCH_ARGS override the defaults (a CPU smoke test: MODEL=tiny
+# DEVICE=cpu LAYERS=1 BENCH_ARGS="--shapes 96x32 32x96").
+set -uo pipefail
+cd "$(dirname "$0")/.."
+minutes=${1:-5}
+out=${OUT:-runs/gpu-checks}
+model=${MODEL:-gpt2}
+device=${DEVICE:-cuda}
+mkdir -p "$out"
+if compgen -G ".whl/*.whl" >/dev/null; then
+    python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --target /tmp/site .whl/*.whl || exit 1
+    export PYTHONPATH=/tmp/site:${PYTHONPATH:-}
+fi
+export PYTHONPATH=$PWD:${PYTHONPATH:-} PYTHONUNBUFFERED=1
+log=$out/gpu_checks.log
+seconds() { python3 -c "print(max(30, int($minutes * 60 * $1)))"; }   # a share of the budget
+gt() { timeout -s INT -k 30 "$1" python3 -m geomtrain "${@:2}" 2>&1 | tee -a "$log"; }
+{
+    date -u
+    nvidia-smi 2>/dev/null || echo "no nvidia-smi"
+    python3 -c "import torch; print('torch', torch.__version__, 'cuda', torch.cuda.is_available() and torch.cuda.get_device_name())"
+} >"$out/machine.txt" 2>&1
+
+# shellcheck disable=SC2086  # BENCH_ARGS is a list of flags
+gt "$(seconds 0.2)" bench optimizer --device "$device" --layers "${LAYERS:-12}" --quick --out "$out/bench_optimizer.json" ${BENCH_ARGS:-}
+gt "$(seconds 0.2)" bench train --model "$model" --device "$device" --steps 10 --warmup 3 --out "$out/bench_train.json"
+
+# Steps per run: what 50% of the budget buys at the measured step times (an eval every 10%), at least 20.
+iters=$(python3 - "$out/bench_train.json" "$(seconds 0.5)" <<'EOF'
+import json, sys
+try:
+    rows = json.load(open(sys.argv[1]))["rows"]
+    per_step = sum(r["ms_per_step"] for r in rows if r["preset"] != "adamw") / 1000 * 6 / 5
+except (OSError, KeyError, ValueError, ZeroDivisionError):
+    per_step = 6.0
+print(max(20, int(0.7 * float(sys.argv[2]) / per_step)))
+EOF
+)
+echo "gpu_checks: gpt2 study, $iters steps per preset" | tee -a "$log"
+gt "$(seconds 0.5)" study --model "$model" --device "$device" --seeds 1 --iters "$iters" \
+    --data-dir data/classics --set eval_iters=5 --out "$out/gpt2_short" --drop-checkpoints --quiet
+python3 -m geomtrain report "$out/gpt2_short" >>"$log" 2>&1
+tar -czf "$out/gpt2_short.tar.gz" --exclude=runs -C "$out" gpt2_short && rm -rf "$out/gpt2_short"
+echo "gpu_checks: done; files in $out" | tee -a "$log"
