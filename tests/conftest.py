@@ -49,13 +49,13 @@ def data_dir(tmp_path_factory):
     return str(out)
 
 
-def tiny_config(data_dir, out_dir, **overrides) -> TrainConfig:
+def tiny_config(data_dir, out_dir=None, **overrides) -> TrainConfig:
     """A seconds-long run of the ``tiny`` model (8 steps, batch 4, an eval every 4 steps, no progress
-    bar, seed 3); ``overrides`` are config keys."""
+    bar, seed 3); ``overrides`` are config keys (no ``out_dir``: the default, for a bare `Trainer`)."""
     keys = dict(
         model="tiny",
-        data_dir=data_dir,
-        out_dir=str(out_dir),
+        data_dir=str(data_dir),
+        **({} if out_dir is None else {"out_dir": str(out_dir)}),
         max_iters=8,
         batch_size=4,
         warmup_iters=2,

@@ -13,6 +13,7 @@ import os
 import numpy as np
 import pytest
 import torch
+from conftest import tiny_config
 from fault_helpers import (
     CHECKPOINT_EVERY,
     FailingDisk,
@@ -202,25 +203,9 @@ ADAMW_MATRIX = "transformer.wte.weight"
 
 
 def _trainer(data_dir, **kw):
-    from geomtrain.config import make_config
     from geomtrain.train import Trainer
 
-    cfg = make_config(
-        dict(
-            model="tiny",
-            data_dir=str(data_dir),
-            block_size=16,
-            batch_size=4,
-            max_iters=10,
-            warmup_iters=2,
-            eval_iters=1,
-            diagnostics=False,
-            progress=False,
-            seed=3,
-            **kw,
-        )
-    )
-    return Trainer(cfg)
+    return Trainer(tiny_config(data_dir, block_size=16, max_iters=10, diagnostics=False, **kw))
 
 
 def _state(trainer):
