@@ -38,7 +38,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from .._io import read_json, read_jsonl
-from ..config import saved_config
+from ..runfolder import RunFolder
 
 __all__ = [
     "Policy",
@@ -133,7 +133,7 @@ def probe(
         }
     )
     status = read_json(out_dir / "status.json")
-    old_cfg = saved_config(read_json(out_dir / "config.json"))
+    old_cfg = RunFolder(out_dir).read_config()
     ignore = ("progress", "out_dir")
     same = old_cfg is not None and (
         {k: v for k, v in old_cfg.items() if k not in ignore}

@@ -18,6 +18,7 @@ $\sum_t \eta_t$ of the schedule (`geomtrain.train.lr_at` scaled to ``muon_lr``).
 
 from __future__ import annotations
 
+import functools
 import math
 from collections.abc import Callable, Sequence
 from pathlib import Path
@@ -54,6 +55,7 @@ def cumulative_muon_step(base_config: dict, overrides: dict | None = None) -> fl
     return sum(cfg.muon_lr * lr_at(t, cfg) / cfg.lr for t in range(cfg.max_iters))
 
 
+@functools.cache  # a constant of the gpt2 defaults: a 50,000-step sum, computed once
 def paper_cumulative_step() -> float:
     """The cumulative Muon step of the published schedule: the ``gpt2`` defaults (DESIGN.md section 4:
     50,000 steps, 1,000 warmup, cosine to 0.1 of the peak, ``muon_lr`` 0.02), about 549."""
@@ -107,6 +109,7 @@ def length_trend(rows: Sequence[dict]) -> list[dict]:
             {
                 "variant": v,
                 "points": len(gaps),
+                "val_fit": (a, b),  # intercept and slope in log10 of the cumulative step
                 "val_slope_per_decade": b,
                 "val_gap_at_paper": _at(fits["val_gap"], x_paper),
                 "train_slope_per_decade": fits["train_gap"][1] if fits["train_gap"] else None,
@@ -344,6 +347,7 @@ def gap_figure(rows: Sequence[dict]):
     axes = fig.subplots(1, 3)
     variants = [v for v in dict.fromkeys(r["variant"] for r in rows) if v != REFERENCE]
     paper = paper_cumulative_step()
+    fits = {t["variant"]: t["val_fit"] for t in length_trend(rows)}
     for v in variants:
         mine = sorted((r for r in rows if r["variant"] == v), key=lambda r: r["max_iters"])
         for ax, x_key, y_key in ((axes[0], "max_iters", "val_gap"), (axes[1], "max_iters", "train_gap")):
@@ -353,10 +357,9 @@ def gap_figure(rows: Sequence[dict]):
         pts = [(r["cumulative_step"], r["val_gap"]) for r in mine if r["val_gap"] is not None and r["cumulative_step"]]
         if pts:
             (line,) = axes[2].plot(*zip(*pts), marker="o", label=v)
-            fit = _line_fit([(math.log10(x), y) for x, y in pts])
-            if fit is not None:  # the length_trend line, extended to the published schedule
+            if v in fits:  # the length_trend line, extended to the published schedule
                 xs = [min(x for x, _ in pts), paper]
-                axes[2].plot(xs, [_at(fit, math.log10(x)) for x in xs], ls="--", lw=0.8, color=line.get_color())
+                axes[2].plot(xs, [_at(fits[v], math.log10(x)) for x in xs], ls="--", lw=0.8, color=line.get_color())
     axes[2].axvline(paper, color="0.3", ls=":", lw=0.8)
     axes[2].text(paper, axes[2].get_ylim()[1], " paper", fontsize=7, va="top", ha="right", rotation=90)
     titles = (

@@ -18,7 +18,7 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 
 from .._io import atomic_write_json, environment_record, read_json, read_jsonl
-from ..config import saved_config
+from ..runfolder import RunFolder, RunFolderError, pid_alive
 from .collect import collect
 from .plan import SUMMARY_FORMAT, StudyError, StudyPlan, Variant
 from .report import format_table, write_report
@@ -55,7 +55,7 @@ def _config_diff(old: dict, new: dict) -> list[str]:
 def run_state(run_dir: Path, cfg) -> str:
     """``new``, ``resume`` or ``done`` for the run folder; ``StudyError`` when it holds other settings."""
     status = read_json(run_dir / "status.json")
-    old = saved_config(read_json(run_dir / "config.json"))
+    old = RunFolder(run_dir).read_config()  # keys added since it was written read as their defaults
     if old is not None:
         diff = _config_diff(old, cfg.to_dict())
         if diff:
@@ -92,8 +92,6 @@ class RunLock:
             tmp.unlink(missing_ok=True)
 
     def _link(self, tmp: Path) -> int | None:
-        from ..runfolder import pid_alive
-
         for _ in range(2):
             try:
                 os.link(tmp, self.path)  # atomic: fails if the lock exists, and never holds a partial PID
@@ -124,7 +122,6 @@ def train_one(cfg, state: str, print_fn: Callable = print) -> dict:
     """Run (``state="new"``, replacing leftovers of a killed attempt) or resume one training run;
     a numerical exception after the first step is recorded as status ``failed`` (with the error)
     instead of stopping the study."""
-    from ..runfolder import RunFolderError
     from ..train import train
 
     run_dir = cfg.resolved_out_dir()
