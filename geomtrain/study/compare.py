@@ -35,6 +35,7 @@ __all__ = [
     "load_study",
     "cumulative_muon_step",
     "length_trend",
+    "trend_lines",
     "paper_cumulative_step",
     "ordering",
     "rebuild",
