@@ -41,7 +41,7 @@ case "$suite" in
     compare)
         cmp() { local out=$1; shift; for s in "$@"; do [ -f "${s#*=}/summary.json" ] || { echo "skip $out: ${s#*=} not run yet"; return 0; }; done
                 "$GEOMTRAIN" study compare --out "$out" "$@"; }
-        cmp docs/results/compare-solvers tangent=docs/results/ablation-tangent exact=docs/results/main-exact \
+        cmp docs/results/compare-solvers exact=docs/results/main-exact tangent=docs/results/ablation-tangent \
             published=docs/results/ablation-published
         cmp docs/results/compare-main tangent=docs/results/main exact=docs/results/main-exact
         cmp docs/results/compare-split-qkv fused=docs/results/main-exact split=docs/results/split-qkv
