@@ -15,13 +15,19 @@ So the $m \times n$ work of a
 solve is two Gram products ($C$, $K$) and the final $A = (\hat G + W S) R$: the rest is
 $n \times n$.
 
-**Smoothing.** $\mu^2 = \max(s^2 / n,\ 4\,\varepsilon\,\lambda_{\max}(M))$ with $s$ the
-``smoothing`` option ($\sigma_{\mathrm{rms}}(\hat G) = n^{-1/2}$) and $\varepsilon$ the unit
-roundoff of the compute dtype. The second term is the rounding floor: $M$ is known only to about
-$\varepsilon \lambda_{\max}$, so below that its eigenvalues are noise; lifting them keeps
-$\|A\|_{\mathrm{op}} - 1$ at the $10^{-5}$ level. It costs at most $\mu$ per singular value of $Y$
-below $\mu$ in the objective (in float32, $\mu \approx 5\cdot10^{-4}\sigma_{\max}$; measured cost
-$\le 5\cdot10^{-5}$ relative on power-law gradients).
+**Smoothing.** $R = \big(\max(M, \tau^2) + \varphi\big)^{-1/2}$ on the eigenvalues of $M$
+(`inverse_sqrt_weights`): a Huber-type smoothing of the nuclear norm. Singular values of $Y$ above
+$\tau$ are mapped to exactly 1, those below to $\sigma/\tau$, so the smoothed problem differs
+from the exact one only in directions where $Y$ is (nearly) singular, and its optimum loses at most
+$\tau/4$ of the objective per singular value below $\tau$, none above. $\tau = s\,n^{-1/2}$ with $s$
+the ``smoothing`` option ($\sigma_{\mathrm{rms}}(\hat G) = n^{-1/2}$). The earlier smoothing
+$(M + \mu^2)^{-1/2}$ cost $\mu^2/(2\sigma)$ on *every* singular value, so it had to be tiny, and the
+tiny singular values of degenerate duals (training gradients) then made the iteration stiff.
+$\varphi = 4\,\varepsilon\,\lambda_{\max}(M)$, with $\varepsilon$ the unit roundoff of the compute
+dtype, is the rounding floor: $M$ is known only to about $\varepsilon \lambda_{\max}$, and with
+$\varphi$ above that error $\|A\|_{\mathrm{op}}$ stays at $1 + O(10^{-5})$ (without it an eigenvalue
+computed just above $\tau^2$ can give a singular value of $A$ of up to $1.12$). In float64
+$\varphi$ is negligible; in float32 it costs up to $\varphi/(2\sigma)$ per singular value.
 
 **Certificate.** For every symmetric positive definite $X$,
 $\|Y\|_* \le \tfrac12(\operatorname{tr}(X^{-1} Y^\top Y) + \operatorname{tr} X)$ (equality at
@@ -41,7 +47,16 @@ from manifolds import DGram, Euclidean, GramManifold, Oblique, Stiefel
 
 from .numerics import eigh_psd, pcg, sym
 
-__all__ = ["GramDual", "Evaluation", "mask_kind", "tangent_residual", "constraint_count", "ROUNDING_FLOOR"]
+__all__ = [
+    "GramDual",
+    "Evaluation",
+    "mask_kind",
+    "tangent_residual",
+    "constraint_count",
+    "inverse_sqrt_weights",
+    "ROUNDING_FLOOR",
+    "CERTIFICATE_SMOOTHING",
+]
 
 
 def pivoted_cholesky(A: torch.Tensor, tol: float, max_rank: int) -> torch.Tensor:
@@ -68,12 +83,24 @@ def pivoted_cholesky(A: torch.Tensor, tol: float, max_rank: int) -> torch.Tensor
     return torch.stack(cols, -1)
 
 
-# mu^2 >= ROUNDING_FLOOR * eps * lambda_max: the eigenvalues of a Gram matrix formed in a dtype of unit
-# roundoff eps are known to ~eps * lambda_max, and below the floor R = (M + mu^2)^(-1/2) would amplify that
-# noise into ||A||_op. Measured in float32 on power-law gradients (1536x512, 384x128, 128x128, Stiefel and
-# DGram): floor 1 -> ||A||_op up to 1.0002, objective cost ~1e-5; 4 -> ||A||_op <= 1 + 1e-5, cost <= 5e-5;
-# 64 -> cost up to 8e-4 (the smoothing lifts every singular value below mu).
+# phi = ROUNDING_FLOOR * eps * lambda_max: the eigenvalues of a Gram matrix formed in a dtype of unit roundoff
+# eps are known to ~eps * lambda_max, and R = (max(M, tau^2) + phi)^(-1/2) with phi above that error keeps
+# ||A||_op at 1 + O(1e-5). Measured in float32 (then as mu^2 of (M + mu^2)^(-1/2)) on power-law gradients
+# (1536x512, 384x128, 128x128, Stiefel and DGram): floor 1 -> ||A||_op up to 1.0002; 4 -> ||A||_op <= 1 + 1e-5,
+# cost <= 5e-5; 64 -> cost up to 8e-4.
 ROUNDING_FLOOR = 4.0
+
+# The smoothing of the certificate's R (relative to sigma_rms): the bound exceeds ||Y||_* by up to tau/2 per
+# (near-)zero singular value of Y, so it is evaluated at a smaller tau than the solver iterates with (float64
+# solves, where the eigenvectors resolve it; 1e-4 was the solver's own smoothing before the Huber form).
+CERTIFICATE_SMOOTHING = 1e-4
+
+
+def inverse_sqrt_weights(lam: torch.Tensor, tau2: float, floor: float) -> torch.Tensor:
+    r"""Eigenvalues $r = (\max(\lambda, \tau^2) + \varphi)^{-1/2}$ of the smoothed $M^{-1/2}$, with
+    $\varphi = $ ``floor`` $\cdot \lambda_{\max}$ (see the module's *Smoothing*); ``lam`` ascending, last dim."""
+    lam = lam.clamp_min(0)
+    return (lam.clamp_min(tau2) + floor * lam[..., -1:]).rsqrt()
 
 
 def mask_kind(manifold: GramManifold) -> str:
@@ -155,7 +182,7 @@ class GramDual:
             self.d = self.Gw.diagonal(dim1=-2, dim2=-1)
         self.P = manifold.project_gram
         self.count = constraint_count(manifold, self.n, self.C)
-        self.mu2_user = float(smoothing) ** 2 / self.n  # sigma_rms(G_hat)^2 = 1/n
+        self.tau2 = float(smoothing) ** 2 / self.n  # tau = smoothing * sigma_rms(G_hat), sigma_rms^2 = 1/n
         self.floor = ROUNDING_FLOOR * torch.finfo(dtype).eps
         self.cg_iters, self.cg_tol = int(cg_iters), float(cg_tol)
 
@@ -206,8 +233,7 @@ class GramDual:
         M = sym(self.C + KtS + KtS.mT + S @ GS)
         lam, V = eigh_psd(M)
         lam = lam.clamp_min(0)
-        mu2 = torch.clamp(self.floor * lam[..., -1:], min=self.mu2_user)
-        r = (lam + mu2).rsqrt()
+        r = inverse_sqrt_weights(lam, self.tau2, self.floor)
         R = (V * r.unsqueeze(-2)) @ V.mT
         ZR = (self.K + GS) @ R
         H = self.P(ZR + ZR.mT)
@@ -229,6 +255,23 @@ class GramDual:
         eps = torch.finfo(self.C.dtype).eps
         margin = eps * self.n * self.d.double().sum(-1).sqrt() * S.double().norm(dim=(-2, -1))
         return 0.5 * (tr_RM + tr_Rinv) + margin
+
+    def certify(
+        self, S: torch.Tensor, R: torch.Tensor, r: torch.Tensor, V: torch.Tensor, lam: torch.Tensor
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        r"""$(Y, A, U)$ at the multiplier ``S`` of an evaluation (``R``, its eigenvalues ``r``, eigenpairs
+        ``V``, ``lam`` of $M$): $A = YR$ and the smaller of `upper_bound` at $R$ and, in float64, at
+        $R' = V(\max(\Lambda, \tau_c^2) + \varphi)^{-1/2}V^\top$ with $\tau_c = $ ``CERTIFICATE_SMOOTHING``
+        $\cdot\, n^{-1/2}$: the solver's larger $\tau$ would loosen the bound by up to $\tau/2$ per
+        (near-)zero singular value of $Y$ (measured on a rank-3 gradient: 1.5e-3 against 2.3e-4). Both are
+        valid bounds; float32 eigenvectors are not accurate enough for the small $\tau_c$."""
+        Y, A = self.direction(S, R)
+        U = self.upper_bound(Y, A, S, r)
+        if self.C.dtype == torch.float64:
+            r_c = inverse_sqrt_weights(lam, CERTIFICATE_SMOOTHING**2 / self.n, self.floor)
+            A_c = Y @ ((V * r_c.unsqueeze(-2)) @ V.mT)
+            U = torch.minimum(U, self.upper_bound(Y, A_c, S, r_c))
+        return Y, A, U
 
     # -------------------------------------------------------------- frozen-R Gauss-Newton step
     def step(self, ev: Evaluation) -> torch.Tensor:

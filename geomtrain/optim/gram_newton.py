@@ -33,7 +33,7 @@ import torch
 from manifolds import GramManifold
 
 from .douglas_rachford import DR_ANDERSON, douglas_rachford
-from .gram import ROUNDING_FLOOR, Evaluation, GramDual, mask_kind
+from .gram import ROUNDING_FLOOR, Evaluation, GramDual, inverse_sqrt_weights, mask_kind
 from .numerics import Anderson, Trace, eigh_psd, normalise, sym
 from .square_dgram import solve_square_dgram
 
@@ -43,7 +43,7 @@ OPTIONS = {
     "tol": 1e-4,
     "max_iter": 50,
     "anderson": 5,
-    "smoothing": 1e-4,
+    "smoothing": 1e-3,
     "compute_dtype": None,
     "warm_reset": 0.1,
     "cg_iters": 10,
@@ -92,7 +92,7 @@ def solve_gram_newton(
     stop = tol * STOP_MARGIN.get(dtype, 1.0)
     if mask_kind(manifold) == "dgram" and m == n:
         A, out = solve_square_dgram(
-            T.to(dtype), Gh.to(dtype), live, tol, stop, max_iter, opts["smoothing"], opts["dual"], trace
+            T.to(dtype), Gh.to(dtype), live, tol, stop, max_iter, opts["dual"], trace
         )
         return torch.where(zero, torch.zeros_like(A), A).to(T.dtype), out
     if mask_kind(manifold) == "stiefel" and m == n:
@@ -111,8 +111,7 @@ def solve_gram_newton(
     calls[live.cpu()] += int(probed)  # a float32 probe that was redone in float64
     S_out, res = best["S"], best["res"]
     coef = torch.stack([best["R"], best["S"] @ best["R"]], 1)
-    Y, A = dual.direction(best["S"], best["R"])
-    U = dual.upper_bound(Y, A, best["S"], best["r"])
+    _, A, U = dual.certify(best["S"], best["R"], best["r"], best["V"], best["lam"])
     stalled = (res > max(tol, FLOOR.get(T.dtype, 1e-6))) & (calls.to(T.device) < max_iter) & live
     if bool(stalled.any()):
         _douglas_rachford_fallback(dual, best, stalled, stop, max_iter, opts, trace, calls, coef, res, S_out, A, U)
@@ -157,8 +156,7 @@ def _square_stiefel(manifold, T, Gh, live, dtype, opts, trace):
     Z = 0.5 * (K - K.mT)  # K + S_T with S_T = -sym(K); Y = W Z, M = Z^T Z (W^T W = I: no C needed)
     lam, V = eigh_psd(Z.mT @ Z)
     lam = lam.clamp_min(0)
-    mu2 = torch.clamp(ROUNDING_FLOOR * torch.finfo(dtype).eps * lam[..., -1:], min=float(opts["smoothing"]) ** 2 / n)
-    r = (lam + mu2).rsqrt()
+    r = inverse_sqrt_weights(lam, float(opts["smoothing"]) ** 2 / n, ROUNDING_FLOOR * torch.finfo(dtype).eps)
     ZR = Z @ ((V * r.unsqueeze(-2)) @ V.mT)
     Bk = 0.5 * (ZR - ZR.mT)
     A = Td @ Bk
@@ -246,8 +244,7 @@ def _douglas_rachford_fallback(dual, best, stalled, stop, max_iter, opts, trace,
     )
     calls[idx.cpu()] += used.cpu() + 1  # + the evaluation that certifies the DR multiplier
     ev = sub.evaluate(S_dr)
-    Y_dr, A_dr = sub.direction(S_dr, ev.R)
-    U[idx] = torch.minimum(U[idx], sub.upper_bound(Y_dr, A_dr, S_dr, ev.r))
+    U[idx] = torch.minimum(U[idx], sub.certify(S_dr, ev.R, ev.r, ev.V, ev.lam)[2])
     better = res_dr < res[idx]
     j = idx[better]
     coef[j], res[j], S_out[j] = Z[better], res_dr[better], S_dr[better]
@@ -290,6 +287,8 @@ def _newton(
         "S": S.clone(),
         "R": torch.zeros_like(S),
         "r": torch.ones(B, n, dtype=dt, device=dev),
+        "V": torch.zeros_like(S),
+        "lam": torch.zeros(B, n, dtype=dt, device=dev),
         "D": torch.zeros_like(S),
     }
     active = live.nonzero().squeeze(-1)
@@ -305,7 +304,7 @@ def _newton(
         improved = ev.res < best["res"][active]
         worse = ev.res > 2 * best["res"][active]  # a bad (mixed) step: restart from the best point
         upd = active[improved]
-        for k in ("res", "S", "R", "r"):
+        for k in ("res", "S", "R", "r", "V", "lam"):
             best[k][upd] = getattr(ev, k)[improved]
         history.append(best["res"].clone())
         conv = ev.res <= tol

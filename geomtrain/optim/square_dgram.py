@@ -31,12 +31,15 @@ import math
 
 import torch
 
-from .gram import ROUNDING_FLOOR
+from .gram import ROUNDING_FLOOR, inverse_sqrt_weights
 from .numerics import Anderson, Trace, eigh_psd
 
 __all__ = ["solve_square_dgram", "SQUARE_RELAX", "SQUARE_ANDERSON"]
 
 SQUARE_RELAX = 1.5  # over-relaxation; 1.0 and 1.8 needed as many or more iterations (measured, 768x768)
+# The certificate's smoothing (relative to sigma_rms): the solver itself needs none (Douglas-Rachford clips
+# singular values at 1), and the bound's excess is tau/2 per zero singular value, so tau is kept small.
+CERTIFICATE_SMOOTHING = 1e-4
 SQUARE_ANDERSON = 4  # depth 4 warm-started in 8 iterations at 768x768; depth 2 needed the same cold
 # (measured); rho = 0.5 / 2 / 4 x n^-1/2 needed 28 / 19 / 23 iterations cold against 18 at n^-1/2 (n = 256)
 
@@ -81,15 +84,15 @@ class _Frame:
         lam, V = eigh_psd(F.mT @ F)
         return F @ ((V * lam.clamp_min(1.0).rsqrt().unsqueeze(-2)) @ V.mT)
 
-    def upper_bound(self, S: torch.Tensor, mu2_user: float) -> torch.Tensor:
-        r"""$\tfrac12(\langle XR, X\rangle + \operatorname{tr}R^{-1}) \ge \|K + sS\|_* = \|\hat G + WS\|_*$, in float64:
-        in float32 the smoothing floor ($\mu \approx 2\cdot10^{-3}\sigma_{\max}$) would add $\mu/2$ for each of
-        the many zero singular values of a degenerate dual (measured: 2.6e-3 instead of 7.1e-4 at 768x768)."""
-        X = (self.K + self.s[..., :, None] * S).double()  # float64: its rounding floor sets mu below
+    def upper_bound(self, S: torch.Tensor) -> torch.Tensor:
+        r"""$\tfrac12(\langle XR, X\rangle + \operatorname{tr}R^{-1}) \ge \|K + sS\|_* = \|\hat G + WS\|_*$, in float64,
+        with $R$ smoothed at $\tau = $ ``CERTIFICATE_SMOOTHING`` $\cdot\, n^{-1/2}$: the bound exceeds the nuclear
+        norm by up to $\tau/2$ for each of the many zero singular values of a degenerate dual, so it takes a
+        small $\tau$ and float64 (in float32 the rounding floor, $\sim 2\cdot10^{-3}\sigma_{\max}$, gave 2.6e-3
+        instead of 7.1e-4 at 768x768)."""
+        X = (self.K + self.s[..., :, None] * S).double()
         lam, V = eigh_psd(X.mT @ X)
-        lam = lam.clamp_min(0)
-        mu2 = torch.clamp(ROUNDING_FLOOR * torch.finfo(X.dtype).eps * lam[..., -1:], min=mu2_user)
-        r = (lam + mu2).rsqrt()
+        r = inverse_sqrt_weights(lam, CERTIFICATE_SMOOTHING**2 / self.n, ROUNDING_FLOOR * torch.finfo(X.dtype).eps)
         XR = X @ ((V * r.unsqueeze(-2)) @ V.mT)
         eps = torch.finfo(self.K.dtype).eps
         margin = eps * self.n * self.s.double().norm(dim=-1) * S.double().norm(dim=(-2, -1))
@@ -103,7 +106,6 @@ def solve_square_dgram(
     tol: float,
     stop: float,
     max_iter: int,
-    smoothing: float,
     z0: torch.Tensor | None,
     trace: Trace | None,
 ):
@@ -150,7 +152,7 @@ def solve_square_dgram(
         z[active] = znext
         active = active[(res > stop) & (used[active.cpu()].to(res.device) < max_iter)]
     S = -rho * fr.multiplier(best_z + fr.K / rho)
-    U = fr.upper_bound(S, float(smoothing) ** 2 / n)
+    U = fr.upper_bound(S)
     used += 1  # the certificate's eigendecomposition
     C, res = best_y, best_res
     converged = res <= tol
