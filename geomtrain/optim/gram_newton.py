@@ -91,9 +91,7 @@ def solve_gram_newton(
     dtype = compute_dtype_for(T, opts["compute_dtype"])
     stop = tol * STOP_MARGIN.get(dtype, 1.0)
     if mask_kind(manifold) == "dgram" and m == n:
-        A, out = solve_square_dgram(
-            T.to(dtype), Gh.to(dtype), live, tol, stop, max_iter, opts["dual"], trace
-        )
+        A, out = solve_square_dgram(T.to(dtype), Gh.to(dtype), live, tol, stop, max_iter, opts["dual"], trace)
         return torch.where(zero, torch.zeros_like(A), A).to(T.dtype), out
     if mask_kind(manifold) == "stiefel" and m == n:
         A, out = _square_stiefel(manifold, T, Gh, live, dtype, opts, trace)
