@@ -116,7 +116,8 @@ def spectral_direction(
         **options: solver options; see ``SOLVER_OPTIONS[solver]`` for names and defaults.
             ``gram_newton``: ``tol`` (RMS tangent residual to stop at), ``max_iter``
             (evaluations at most), ``anderson`` (mixing depth, 0 = off), ``smoothing``
-            ($\mu / \sigma_{\mathrm{rms}}(G)$), ``compute_dtype`` (of the $n \times n$ work; default
+            ($\tau / \sigma_{\mathrm{rms}}(G)$: singular values of the dual point below $\tau$ are
+            smoothed, Huber form), ``compute_dtype`` (of the $n \times n$ work; default
             float64 for float64 inputs, else float32), ``warm_reset`` (a warm start whose first
             residual is above this restarts cold), ``cg_iters``/``cg_tol`` (inner CG for custom
             masks), ``dual`` (warm start: a previous ``stats.dual``), ``trace`` (record residual

@@ -5,7 +5,7 @@ symmetric multiplier $S = P(S)$, the dual point is $Y(S) = \hat G + W S$ and eve
 solvers need lives in $n \times n$ matrices: with $C = \hat G^\top \hat G$, $K = W^\top \hat G$ and
 $\Gamma = W^\top W$,
 
-$$M(S) = Y^\top Y = C + K^\top S + S K + S \Gamma S,\qquad R = (M + \mu^2 I)^{-1/2},\qquad
+$$M(S) = Y^\top Y = C + K^\top S + S K + S \Gamma S,\qquad R = (\max(M, \tau^2) + \varphi)^{-1/2},\qquad
 A = Y R,\qquad L_W(A) = P(Z R + R Z^\top),\ Z = W^\top Y = K + \Gamma S.$$
 
 On the manifold $\Gamma$ is known: $I$ for Stiefel, $\operatorname{diag}$ of the squared column
