@@ -295,3 +295,34 @@ def test_centred_gradients_are_solved_exactly_with_a_tight_certificate(manifold)
     U, Gh = _dual_value_exact(W, G, st.multiplier)
     exact_gap = (U - float((Gh * A.double()).sum())) / U
     assert exact_gap - 1e-6 <= float(st.dual_gap) <= 2 * exact_gap + 1e-5
+
+
+# ============================================================================ Anderson mixing
+def test_anderson_solves_a_small_linear_fixed_point_and_entries_are_independent():
+    # Type-II Anderson on x -> x + (b - A x) with depth >= the dimension N is GMRES in disguise: exact
+    # after N + 1 steps (float64, well-conditioned A: 1e-8). An entry mixed alone, or inside a batch where
+    # the others sit some calls out, gets the same iterates (to float64 rounding, 1e-12).
+    from geomtrain.optim.numerics import Anderson
+
+    gen = seeded(95)
+    B, n = 3, 2  # N = 4 unknowns per entry
+    A = torch.eye(4, dtype=torch.float64) + 0.3 * torch.randn(B, 4, 4, dtype=torch.float64, generator=gen)
+    b = torch.randn(B, 4, dtype=torch.float64, generator=gen)
+
+    def run(entries, schedule):
+        mixer = Anderson(5, torch.zeros(B, n, n, dtype=torch.float64))
+        x = torch.zeros(B, n, n, dtype=torch.float64)
+        for step in range(6):
+            idx = torch.tensor(schedule(step))
+            xi = x[idx].reshape(len(idx), 4)
+            f = b[idx] - (A[idx] @ xi.unsqueeze(-1)).squeeze(-1)
+            x[idx] = mixer.mix(idx, x[idx], f.reshape(len(idx), n, n))
+        return x[entries].reshape(len(entries), 4)
+
+    solution = torch.linalg.solve(A, b)
+    together = run([0, 1, 2], lambda step: [0, 1, 2])
+    assert float((together - solution).abs().max()) <= 1e-8
+    alone = run([1], lambda step: [1])
+    with_gaps = run([1], lambda step: [1] if step % 2 else [0, 1, 2])
+    assert float((alone - together[1:2]).abs().max()) <= 1e-12
+    assert float((with_gaps - together[1:2]).abs().max()) <= 1e-12
