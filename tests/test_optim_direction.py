@@ -326,3 +326,23 @@ def test_anderson_solves_a_small_linear_fixed_point_and_entries_are_independent(
     with_gaps = run([1], lambda step: [1] if step % 2 else [0, 1, 2])
     assert float((alone - together[1:2]).abs().max()) <= 1e-12
     assert float((with_gaps - together[1:2]).abs().max()) <= 1e-12
+
+
+@pytest.mark.parametrize(
+    "manifold, shape, solver",
+    [
+        (DGram(), (16, 16), "gram_newton"),
+        (DGram(), (24, 8), "gram_newton"),
+        (Stiefel(), (24, 8), "gram_newton"),
+        (Stiefel(), (24, 8), "published"),
+    ],
+    ids=["dgram-square", "dgram-tall", "stiefel-tall", "published"],
+)
+def test_warm_start_state_passed_in_is_not_modified(manifold, shape, solver):
+    # A caller's tensor is never written to: the square DGram solver iterates on its warm-start state.
+    W, G = problem(manifold, shape, seed=96)
+    _, st = spectral_direction(manifold, W, G, solver=solver)
+    W2, G2 = W, G + 0.3 * torch.randn(shape, generator=seeded(97))
+    dual = st.dual.clone()
+    spectral_direction(manifold, W2, G2, solver=solver, dual=dual)
+    assert torch.equal(dual, st.dual)

@@ -120,7 +120,7 @@ def solve_square_dgram(
         top = torch.linalg.matrix_norm(x, ord=2).clamp_min(torch.finfo(x.dtype).tiny)
         z = x / top[:, None, None] - fr.K / rho
     else:
-        z = z0.reshape(B, n, n).to(fr.K)
+        z = z0.reshape(B, n, n).to(fr.K, copy=True)  # the iteration writes into z: never into the caller's tensor
     best_res = torch.full((B,), math.inf, dtype=z.dtype, device=z.device)
     best_y, best_z = torch.zeros_like(z), z.clone()
     best_f, anchor_z, anchor_F = torch.full_like(best_res, math.inf), z.clone(), torch.zeros_like(z)
