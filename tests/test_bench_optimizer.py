@@ -69,3 +69,18 @@ def test_bench_cli_rejects_bad_input(capsys):
     assert "OUTxIN" in capsys.readouterr().err
     assert bench.main(["optimiser"]) == 2  # one-line error, exit 2
     assert "invalid choice" in capsys.readouterr().err
+
+
+def test_layernorm_spectrum_plants_the_null_direction_of_training_gradients():
+    # Tall (reads a LayerNorm): G 1 = 0; wide and square (write into the residual stream): 1^T G = 0; the
+    # decaying spectrum of "powerlaw" otherwise (float32 rounding: 1e-5 of the entries' RMS of 1).
+    import torch
+
+    from geomtrain.bench.optimizer import synthetic_gradient
+
+    for shape in ((24, 8), (8, 24), (8, 8)):
+        G = synthetic_gradient(shape, "layernorm", torch.Generator().manual_seed(0), torch.float32, "cpu")
+        side = G.sum(dim=1) if shape[0] > shape[1] else G.sum(dim=0)
+        assert float(side.abs().max()) <= 1e-5 * shape[0] * shape[1]
+        sv = torch.linalg.svdvals(G.double())
+        assert float(sv[-1] / sv[0]) <= 1e-6 and float(sv[-2] / sv[0]) >= 1e-3  # exactly one null direction

@@ -41,6 +41,8 @@ __all__ = [
     "add_parser",
     "GPT2_SHAPES",
     "OPT_SOLVERS",
+    "SPECTRA",
+    "synthetic_gradient",
 ]
 
 GPT2_SHAPES = (("c_attn", (2304, 768)), ("attn.c_proj", (768, 768)), ("c_fc", (3072, 768)), ("mlp.c_proj", (768, 3072)))
@@ -51,9 +53,11 @@ OPT_SOLVERS = ("muon", "published", "tangent", "cold", "warm")
 _COST = {"muon": 1.0, "published": 20.0, "tangent": 1.3, "cold": 2.5, "warm": 1.5, "reference": 8.0}
 _SQUARE_DGRAM_COST = {"cold": 12.0, "warm": 12.0, "reference": 60.0}
 _MSIGN_STEPS, _MSIGN_GRAMS = 5, 3  # Polar Express: per step X X^T, (X X^T)^2 and B X
+SPECTRA = ("gaussian", "powerlaw", "layernorm")  # of the benchmark gradients: see synthetic_gradient
 
 
-def _gradient(shape, spectrum: str, gen: torch.Generator, dtype, device) -> torch.Tensor:
+def synthetic_gradient(shape, spectrum: str, gen: torch.Generator, dtype, device) -> torch.Tensor:
+    """A benchmark gradient of ``shape`` (entries of RMS 1) with the ``spectrum`` of `SPECTRA`."""
     m, n = shape
     if spectrum == "gaussian":
         G = torch.randn(m, n, generator=gen, dtype=dtype)
@@ -64,6 +68,11 @@ def _gradient(shape, spectrum: str, gen: torch.Generator, dtype, device) -> torc
         s = torch.arange(1, k + 1, dtype=torch.float64) ** -0.5
         G = ((U * s) @ V.T).to(dtype)
         G = G / G.norm() * math.sqrt(m * n) + 0.01 * torch.randn(m, n, generator=gen, dtype=dtype)
+    if spectrum == "layernorm":
+        # The null direction LayerNorm gives a transformer's gradients, on the small side: G 1 = 0 for a
+        # matrix that reads a LayerNorm output (tall c_attn, c_fc), 1^T G = 0 for one that writes into the
+        # residual stream (wide mlp.c_proj, square attn.c_proj). See docs/manifold-muon.md.
+        G = G - G.mean(dim=1 if m > n else 0, keepdim=True)
     return (G / G.pow(2).mean().sqrt()).to(device)  # entries of RMS 1 before scaling
 
 
@@ -154,8 +163,8 @@ def bench_optimizer(
         raise ValueError(f"unknown solver(s) {', '.join(bad)}; valid: {', '.join(OPT_SOLVERS)}")
     if "muon" not in solvers:
         raise ValueError("the solvers must include muon (every ratio is to plain Muon)")
-    if spectrum not in ("gaussian", "powerlaw"):
-        raise ValueError(f"unknown spectrum {spectrum!r}; valid: gaussian, powerlaw")
+    if spectrum not in SPECTRA:
+        raise ValueError(f"unknown spectrum {spectrum!r}; valid: {', '.join(SPECTRA)}")
     if muon_dtype is None:
         muon_dtype = torch.bfloat16 if torch.device(device).type == "cuda" else torch.float32
     matrices = []
@@ -165,8 +174,8 @@ def bench_optimizer(
             for si, (sname, shape) in enumerate(shapes):
                 gen = torch.Generator().manual_seed(seed + 1000 * li + si)
                 W = man.random(*shape, dtype=torch.float32, generator=gen).to(device)
-                direction = _gradient(shape, spectrum, gen, torch.float32, device)
-                fresh = _gradient(shape, spectrum, gen, torch.float32, device)
+                direction = synthetic_gradient(shape, spectrum, gen, torch.float32, device)
+                fresh = synthetic_gradient(shape, spectrum, gen, torch.float32, device)
                 ref = _reference(man, W, direction, log, f"{mname} {sname} layer {li}") if reference else None
                 for scale in scales:
                     rec = _bench_matrix(
@@ -468,8 +477,9 @@ def add_parser(sub) -> None:
     p.add_argument(
         "--spectrum",
         default="gaussian",
-        choices=["gaussian", "powerlaw"],
-        help="gradient singular values: i.i.d. Gaussian entries, or k^-1/2 decay",
+        choices=list(SPECTRA),
+        help="gradients: i.i.d. Gaussian entries, k^-1/2 singular-value decay, or that decay with the null "
+        "direction LayerNorm gives training gradients (layernorm)",
     )
     p.add_argument("--device", default="auto", help="auto, cpu or cuda")
     p.add_argument(
