@@ -346,3 +346,34 @@ def test_warm_start_state_passed_in_is_not_modified(manifold, shape, solver):
     dual = st.dual.clone()
     spectral_direction(manifold, W2, G2, solver=solver, dual=dual)
     assert torch.equal(dual, st.dual)
+
+
+def test_precision_is_judged_at_the_tangent_start_for_warm_starts(monkeypatch):
+    # A warm start sits near the (degenerate) optimum, where lambda_min(M) is small for every problem: the
+    # float64 escalation must be decided by the problem (at S_T), else well-conditioned problems are solved
+    # in float64 at every warm-started step. The benchmark's "layernorm" gradients (a power law with the
+    # null direction of LayerNorm) are solved in float32 cold; judged at the warm start they were escalated.
+    import geomtrain.optim.gram_newton as gram_newton
+    from geomtrain.bench.optimizer import synthetic_gradient
+
+    dtypes = []
+    real = gram_newton.GramDual
+
+    def spy(manifold, T, Gh, dtype, *args):
+        dtypes.append(dtype)
+        return real(manifold, T, Gh, dtype, *args)
+
+    for manifold in (Stiefel(), DGram()):
+        gen = seeded(98)
+        W = manifold.random(96, 32, generator=gen)
+        G = synthetic_gradient((96, 32), "layernorm", gen, torch.float32, "cpu")
+        fresh = synthetic_gradient((96, 32), "layernorm", gen, torch.float32, "cpu")
+        A, cold = spectral_direction(manifold, W, G)
+        W2, G2 = manifold.retr(W, -0.02 * A), 0.95 * G + 0.05 * fresh
+        monkeypatch.setattr(gram_newton, "GramDual", spy)
+        dtypes.clear()
+        A2, warm = spectral_direction(manifold, W2, G2, dual=cold.dual)
+        monkeypatch.setattr(gram_newton, "GramDual", real)
+        assert dtypes == [torch.float32]  # not escalated
+        assert bool(warm.converged) and float(tangent_residual(manifold, W2.double(), A2.double())) <= 1e-4
+        assert float(warm.dual_gap) <= 1e-3
