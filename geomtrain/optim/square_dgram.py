@@ -31,15 +31,12 @@ import math
 
 import torch
 
-from .gram import ROUNDING_FLOOR, inverse_sqrt_weights
+from .gram import CERTIFICATE_SMOOTHING, ROUNDING_FLOOR, inverse_sqrt_weights
 from .numerics import Anderson, Trace, eigh_psd
 
 __all__ = ["solve_square_dgram", "SQUARE_RELAX", "SQUARE_ANDERSON"]
 
 SQUARE_RELAX = 1.5  # over-relaxation; 1.0 and 1.8 needed as many or more iterations (measured, 768x768)
-# The certificate's smoothing (relative to sigma_rms): the solver itself needs none (Douglas-Rachford clips
-# singular values at 1), and the bound's excess is tau/2 per zero singular value, so tau is kept small.
-CERTIFICATE_SMOOTHING = 1e-4
 SQUARE_ANDERSON = 4  # depth 4 warm-started in 8 iterations at 768x768; depth 2 needed the same cold
 # (measured); rho = 0.5 / 2 / 4 x n^-1/2 needed 28 / 19 / 23 iterations cold against 18 at n^-1/2 (n = 256)
 
