@@ -45,7 +45,7 @@ import torch
 
 from manifolds import DGram, Euclidean, GramManifold, Oblique, Stiefel
 
-from .numerics import eigh_psd, pcg, sym
+from .numerics import eigh_psd, eigvalsh_psd, pcg, sym
 
 __all__ = [
     "GramDual",
@@ -239,12 +239,8 @@ class GramDual:
 
     def conditioning(self, S: torch.Tensor) -> torch.Tensor:
         r"""$\lambda_{\min}(M)/\lambda_{\max}(M)$ at ``S`` from eigenvalues only (measured: half to 0.6 of an
-        evaluation at n = 128 and 768; a float32 LAPACK failure is redone in float64, as in `eigh_psd`)."""
-        M = self.gram(S)[0]
-        try:
-            lam = torch.linalg.eigvalsh(M)
-        except torch.linalg.LinAlgError:
-            lam = torch.linalg.eigvalsh(M.double())
+        evaluation at n = 128 and 768)."""
+        lam = eigvalsh_psd(self.gram(S)[0])
         return lam[..., 0] / lam[..., -1].clamp_min(torch.finfo(lam.dtype).tiny)
 
     def evaluate(self, S: torch.Tensor) -> Evaluation:

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import torch
 
-__all__ = ["sym", "frob", "normalise", "eigh_psd", "Anderson", "pcg", "Trace", "first_objective"]
+__all__ = ["sym", "frob", "normalise", "eigh_psd", "eigvalsh_psd", "Anderson", "pcg", "Trace", "first_objective"]
 
 
 def sym(X: torch.Tensor) -> torch.Tensor:
@@ -42,6 +42,18 @@ def eigh_psd(M: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
             raise
     lam, V = torch.linalg.eigh(M.double())
     return lam.to(M.dtype), V.to(M.dtype)
+
+
+def eigvalsh_psd(M: torch.Tensor) -> torch.Tensor:
+    """Eigenvalues only (ascending), with the float64 redo of `eigh_psd` for a float32 batch that fails."""
+    try:
+        lam = torch.linalg.eigvalsh(M)
+        if bool(torch.isfinite(lam).all()) or M.dtype == torch.float64:
+            return lam
+    except torch.linalg.LinAlgError:
+        if M.dtype == torch.float64:
+            raise
+    return torch.linalg.eigvalsh(M.double()).to(M.dtype)
 
 
 class Anderson:
