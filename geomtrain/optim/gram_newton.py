@@ -33,7 +33,7 @@ import torch
 from manifolds import GramManifold
 
 from .douglas_rachford import DR_ANDERSON, douglas_rachford
-from .gram import ROUNDING_FLOOR, Evaluation, GramDual, inverse_sqrt_weights, mask_kind
+from .gram import CERTIFICATE_SMOOTHING, ROUNDING_FLOOR, Evaluation, GramDual, inverse_sqrt_weights, mask_kind
 from .numerics import Anderson, Trace, eigh_psd, normalise, sym
 from .square_dgram import solve_square_dgram
 
@@ -64,6 +64,10 @@ STOP_MARGIN = {torch.float32: 0.95, torch.float64: 1.0}
 # their relative accuracy. Gaussian gradients at GPT-2 shapes: lambda_min / lambda_max ~ 0.07 (tall);
 # low-rank training gradients of the mini model: < 1e-6 (they stall at residuals ~2e-4 in float32).
 ESCALATE = 2e-4
+# Square Stiefel (one evaluation, no iteration) is redone in float64 where the float32 smoothing floor would cost
+# more than this fraction of the objective: on the four 128x128 `attn.c_proj` momenta of `mini` (step 103) it cost
+# 1.3-2.2e-3 in float32 against 1.4-4.5e-5 in float64 (measured against an exact SVD); Gaussian ones lose < 1e-5.
+SQUARE_STIEFEL_LOSS = 1e-4
 
 
 def compute_dtype_for(T: torch.Tensor, requested: torch.dtype | None) -> torch.dtype:
@@ -95,6 +99,11 @@ def solve_gram_newton(
         return torch.where(zero, torch.zeros_like(A), A).to(T.dtype), out
     if mask_kind(manifold) == "stiefel" and m == n:
         A, out = _square_stiefel(manifold, T, Gh, live, dtype, opts, trace)
+        if A is None and not bool(out[live].all()):  # out: the entries to redo in float64
+            return _solve_apart(manifold, T, G, opts, out, 1)
+        if A is None:
+            A, out = _square_stiefel(manifold, T, Gh, live, torch.float64, opts, trace)
+            out["evaluations"] = out["evaluations"] + live.cpu().long()  # the float32 evaluation not kept
         return torch.where(zero, torch.zeros_like(A), A).to(T.dtype), out
     dual, S_T, S, first, extra, mixed = _probe(manifold, T, Gh, zero, live, dtype, stop, opts)
     if mixed is not None:
@@ -145,16 +154,30 @@ def _square_stiefel(manifold, T, Gh, live, dtype, opts, trace):
     msign), so one evaluation at $S_T$ solves it. With $Z = K + S_T = \operatorname{skew}(K)$ the direction
     is $A = W\operatorname{skew}(ZR)$: one $m n^2$ product, and tangent to the rounding of $W$ whatever
     the rounding of $R$ (the skew part only drops $\operatorname{sym}(ZR)$, zero in exact arithmetic).
-    Certificate: $U = \tfrac12(\langle ZR, Z\rangle + \operatorname{tr}R^{-1})$ ($\|Y\|_* = \|Z\|_*$ for $Y = WZ$).
+    Certificate: $U = \tfrac12(\langle ZR, Z\rangle + \operatorname{tr}R^{-1})$ ($\|Y\|_* = \|Z\|_*$ for $Y = WZ$),
+    in float64 also at the certificate's smaller $\tau_c$ (as `GramDual.certify`).
     The reported residual uses $W^\top W = I$: zero up to the rounding of the skew part; the true
-    residual is the rounding of $W$'s orthogonality ($\sim 10^{-7}$ in float32)."""
+    residual is the rounding of $W$'s orthogonality ($\sim 10^{-7}$ in float32).
+
+    **Precision.** The only loss is the smoothing: $A$ has singular values $\min(\sigma_i r_i', 1)$, so it
+    gives up $\sum_i \sigma_i - \lambda_i r_i$ of $\|Z\|_*$. In float32 the rounding floor $\varphi = 4
+    \varepsilon\lambda_{\max}$ makes the effective $\tau$ about $7\cdot10^{-4}\sigma_{\max}$, and training
+    momenta have many singular values below it. Entries whose estimated loss exceeds
+    ``SQUARE_STIEFEL_LOSS`` are redone in float64 (unless ``compute_dtype`` is set)."""
     n = T.shape[-1]
     Td = T.to(dtype)
     K = Td.mT @ Gh.to(dtype)
     Z = 0.5 * (K - K.mT)  # K + S_T with S_T = -sym(K); Y = W Z, M = Z^T Z (W^T W = I: no C needed)
     lam, V = eigh_psd(Z.mT @ Z)
     lam = lam.clamp_min(0)
-    r = inverse_sqrt_weights(lam, float(opts["smoothing"]) ** 2 / n, ROUNDING_FLOOR * torch.finfo(dtype).eps)
+    floor = ROUNDING_FLOOR * torch.finfo(dtype).eps
+    r = inverse_sqrt_weights(lam, float(opts["smoothing"]) ** 2 / n, floor)
+    if dtype == torch.float32 and opts["compute_dtype"] is None:
+        sig = lam.sqrt()
+        loss = (sig - lam * r).clamp_min(0).sum(-1) / sig.sum(-1).clamp_min(torch.finfo(dtype).tiny)
+        ill = (loss > SQUARE_STIEFEL_LOSS) & live
+        if bool(ill.any()):
+            return None, ill
     ZR = Z @ ((V * r.unsqueeze(-2)) @ V.mT)
     Bk = 0.5 * (ZR - ZR.mT)
     A = Td @ Bk
@@ -163,6 +186,10 @@ def _square_stiefel(manifold, T, Gh, live, dtype, opts, trace):
     eps = torch.finfo(dtype).eps
     margin = eps * n * n**0.5 * S_T.double().norm(dim=(-2, -1))
     U = 0.5 * ((ZR.double() * Z.double()).sum(dim=(-2, -1)) + r.double().reciprocal().sum(-1)) + margin
+    if dtype == torch.float64:
+        r_c = inverse_sqrt_weights(lam, CERTIFICATE_SMOOTHING**2 / n, floor)
+        tight = 0.5 * ((Z @ ((V * r_c.unsqueeze(-2)) @ V.mT) * Z).sum(dim=(-2, -1)) + r_c.reciprocal().sum(-1))
+        U = torch.minimum(U, tight + margin)
     prim = (A.double() * Gh.double()).sum(dim=(-2, -1))
     gap = torch.where(live, (U - prim) / U.clamp_min(torch.finfo(torch.float64).tiny), torch.zeros_like(U))
     if trace is not None:
