@@ -84,3 +84,32 @@ def test_layernorm_spectrum_plants_the_null_direction_of_training_gradients():
         assert float(side.abs().max()) <= 1e-5 * shape[0] * shape[1]
         sv = torch.linalg.svdvals(G.double())
         assert float(sv[-1] / sv[0]) <= 1e-6 and float(sv[-2] / sv[0]) >= 1e-3  # exactly one null direction
+
+
+def test_custom_mask_twin_takes_the_generic_path_and_solves_the_same_problem(tmp_path):
+    # The twin has the built-in geometry (same mask output) but its own project_gram, so the solver must
+    # use its generic path; --custom-mask runs the benchmark on it and is as accurate (against the
+    # built-in float64 reference) and records the option.
+    import torch
+
+    from geomtrain import bench
+    from geomtrain.bench.optimizer import custom_mask_twin
+    from geomtrain.optim import mask_kind
+    from manifolds import DGram, Stiefel
+
+    for man in (Stiefel(), DGram()):
+        twin = custom_mask_twin(man)
+        assert isinstance(twin, type(man)) and mask_kind(twin) == "generic" and mask_kind(man) != "generic"
+        M = torch.randn(6, 6, generator=torch.Generator().manual_seed(1))
+        assert torch.equal(twin.project_gram(M), man.project_gram(M))
+    out = tmp_path / "custom.json"
+    argv = ["optimizer", "--shapes", "24x8", "--manifolds", "dgram", "--scales", "1e-3", "--quiet"]
+    assert bench.main([*argv, "--custom-mask", "--out", str(out)]) == 0
+    result = json.loads(out.read_text())
+    assert result["config"]["custom_mask"] is True
+    rows = {r["solver"]: r for r in result["layers"]}
+    assert rows["cold"]["residual"] <= 1e-4 and abs(rows["cold"]["gap"]) < 1e-3
+    args = (["dgram"], [1e-3], 1, OPT_SOLVERS, (("a", (2304, 768)),))
+    plain, _ = estimate_seconds(*args, reference=False, repeats=1, gflops=50.0)
+    custom, _ = estimate_seconds(*args, reference=False, repeats=1, gflops=50.0, custom_mask=True)
+    assert custom > plain

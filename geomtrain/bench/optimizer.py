@@ -13,6 +13,10 @@ matrix it times, side by side in one process:
   ``lr = 0.02`` along the cold direction, momentum blended with a fresh gradient of the same
   distribution, 0.95/0.05), warm-started from the cold solve's dual variable.
 
+With ``--custom-mask`` every manifold is replaced by its twin with its own ``project_gram``
+(`custom_mask_twin`: the same geometry), so the solver takes the code path of a user-defined mask
+(conjugate gradients instead of the closed forms); the reference solve keeps the built-in one.
+
 Accuracy of every direction $A$, computed in float64 from the returned $A$: ``residual`` (RMS
 tangent residual $L_W(A)$), ``opnorm`` ($\|A\|_{\mathrm{op}}$), ``gap`` (relative objective gap
 $(\mathrm{OPT} - \langle \hat G, A\rangle)/\mathrm{OPT}$ against a float64 reference solve of the
@@ -43,6 +47,7 @@ __all__ = [
     "OPT_SOLVERS",
     "SPECTRA",
     "synthetic_gradient",
+    "custom_mask_twin",
 ]
 
 GPT2_SHAPES = (("c_attn", (2304, 768)), ("attn.c_proj", (768, 768)), ("c_fc", (3072, 768)), ("mlp.c_proj", (768, 3072)))
@@ -52,6 +57,9 @@ OPT_SOLVERS = ("muon", "published", "tangent", "cold", "warm")
 # duals are degenerate and cost several times more).
 _COST = {"muon": 1.0, "published": 20.0, "tangent": 1.3, "cold": 2.5, "warm": 1.5, "reference": 8.0}
 _SQUARE_DGRAM_COST = {"cold": 12.0, "warm": 12.0, "reference": 60.0}
+# A custom mask's solve (CG for the normal coordinates and the step) against the built-in one, measured at
+# 2304x768 and 3072x768 (CPU, float32): 1.3-1.4x for a Stiefel-like mask, 4.5-6x for a DGram-like one.
+_CUSTOM_MASK_COST = 5.0
 _MSIGN_STEPS, _MSIGN_GRAMS = 5, 3  # Polar Express: per step X X^T, (X X^T)^2 and B X
 SPECTRA = ("gaussian", "powerlaw", "layernorm")  # of the benchmark gradients: see synthetic_gradient
 
@@ -104,6 +112,20 @@ def _opnorm(A: torch.Tensor) -> float:
     return float(torch.linalg.eigvalsh(small)[..., -1].clamp_min(0).sqrt())
 
 
+def custom_mask_twin(manifold):
+    """An instance of a subclass of ``type(manifold)`` whose ``project_gram`` is its own (returning the
+    parent's): the same geometry, but `geomtrain.optim.mask_kind` says ``generic``, so the direction
+    solver uses the code path of a user-defined mask. The manifold must take no constructor arguments."""
+    base = type(manifold)
+
+    class CustomMask(base):
+        def project_gram(self, M: torch.Tensor) -> torch.Tensor:
+            return base.project_gram(self, M)
+
+    CustomMask.__name__ = CustomMask.__qualname__ = f"Custom{base.__name__}"
+    return CustomMask()
+
+
 def estimate_seconds(
     manifolds,
     scales,
@@ -114,6 +136,7 @@ def estimate_seconds(
     repeats: int,
     device: str = "cpu",
     gflops: float | None = None,
+    custom_mask: bool = False,
 ) -> tuple[float, float]:
     """Predicted wall time of a run and the float32 matmul rate it is based on (GFLOP/s): measured
     here unless ``gflops`` is given."""
@@ -131,7 +154,8 @@ def estimate_seconds(
             msign_s = _MSIGN_STEPS * _MSIGN_GRAMS * 2 * m * k * k / rate
             square_dgram = mname == "dgram" and m < 2 * k
             cost = lambda s: (_SQUARE_DGRAM_COST if square_dgram else _COST).get(s, _COST[s])  # noqa: E731, B023 (called at once)
-            per_scale = sum(cost(s) for s in solvers) * repeats
+            slower = _CUSTOM_MASK_COST if custom_mask else 1.0  # the default solver's entries only
+            per_scale = sum(cost(s) * (slower if s in ("cold", "warm") else 1.0) for s in solvers) * repeats
             total += msign_s * (per_scale * len(scales) + (cost("reference") if reference else 0.0))
     return total * layers, rate / 1e9
 
@@ -149,12 +173,14 @@ def bench_optimizer(
     shapes=GPT2_SHAPES,
     reference: bool = True,
     log: Callable[[str], None] = print,
+    custom_mask: bool = False,
 ) -> dict:
     """Run the optimizer benchmark; returns ``{"matrices": [...], "layers": [...], "config": {...}}``.
 
     (Its 14-argument signature takes a quarter of its length; the body is one loop over shapes.)
 
     ``shapes`` is a sequence of ``(name, (out, in))`` (default: one GPT-2-small layer).
+    ``custom_mask``: time the solvers on `custom_mask_twin` of each manifold.
     """
     from manifolds import get_manifold
 
@@ -169,14 +195,15 @@ def bench_optimizer(
         muon_dtype = torch.bfloat16 if torch.device(device).type == "cuda" else torch.float32
     matrices = []
     for mname in manifolds:
-        man = get_manifold(mname)
+        builtin = get_manifold(mname)
+        man = custom_mask_twin(builtin) if custom_mask else builtin
         for li in range(layers):
             for si, (sname, shape) in enumerate(shapes):
                 gen = torch.Generator().manual_seed(seed + 1000 * li + si)
                 W = man.random(*shape, dtype=torch.float32, generator=gen).to(device)
                 direction = synthetic_gradient(shape, spectrum, gen, torch.float32, device)
                 fresh = synthetic_gradient(shape, spectrum, gen, torch.float32, device)
-                ref = _reference(man, W, direction, log, f"{mname} {sname} layer {li}") if reference else None
+                ref = _reference(builtin, W, direction, log, f"{mname} {sname} layer {li}") if reference else None
                 for scale in scales:
                     rec = _bench_matrix(
                         man, W, scale * direction, scale * fresh, solvers, muon_dtype, repeats, device, ref
@@ -200,6 +227,7 @@ def bench_optimizer(
             "seed": seed,
             "shapes": {k: list(v) for k, v in shapes},
             "reference": reference,
+            "custom_mask": custom_mask,
         },
         "matrices": matrices,
         "layers": _layer_rows(matrices, solvers),
@@ -404,7 +432,9 @@ def _cmd_optimizer(args: argparse.Namespace) -> int:
     scales = args.scales or ([1e-3] if args.quick else [1e-3, 1.0])
     reference = not (args.quick or args.no_reference)
     shapes = _parse_shapes(args.shapes) if args.shapes else GPT2_SHAPES
-    est, rate = estimate_seconds(args.manifolds, scales, layers, args.solvers, shapes, reference, args.repeats, device)
+    est, rate = estimate_seconds(
+        args.manifolds, scales, layers, args.solvers, shapes, reference, args.repeats, device, custom_mask=args.custom_mask
+    )
     print(
         f"geomtrain bench optimizer: {len(args.manifolds)} manifold(s) x {layers} layer(s) x {len(shapes)} "
         f"matrices x {len(scales)} scale(s), reference {'on' if reference else 'off'}: estimated "
@@ -427,6 +457,7 @@ def _cmd_optimizer(args: argparse.Namespace) -> int:
         shapes=shapes,
         reference=reference,
         log=log,
+        custom_mask=args.custom_mask,
     )
     result["machine"] = environment_record(device)
     result["command"] = "geomtrain bench " + " ".join(argv)
@@ -467,6 +498,11 @@ def add_parser(sub) -> None:
     )
     p.add_argument("--solvers", nargs="+", default=list(OPT_SOLVERS), choices=list(OPT_SOLVERS))
     p.add_argument("--no-reference", action="store_true", help="skip the float64 reference solves (no gap vs ref)")
+    p.add_argument(
+        "--custom-mask",
+        action="store_true",
+        help="solve each manifold as a user-defined mask would be (same geometry, own project_gram: the generic path)",
+    )
     p.add_argument(
         "--shapes",
         nargs="+",
