@@ -433,7 +433,15 @@ def _cmd_optimizer(args: argparse.Namespace) -> int:
     reference = not (args.quick or args.no_reference)
     shapes = _parse_shapes(args.shapes) if args.shapes else GPT2_SHAPES
     est, rate = estimate_seconds(
-        args.manifolds, scales, layers, args.solvers, shapes, reference, args.repeats, device, custom_mask=args.custom_mask
+        args.manifolds,
+        scales,
+        layers,
+        args.solvers,
+        shapes,
+        reference,
+        args.repeats,
+        device,
+        custom_mask=args.custom_mask,
     )
     print(
         f"geomtrain bench optimizer: {len(args.manifolds)} manifold(s) x {layers} layer(s) x {len(shapes)} "
