@@ -30,7 +30,7 @@ case "$suite" in
         args=(--presets unconstrained,hetero,hetero-inv --seeds 3 --iters 500 --set split_qkv=true
               --out docs/results/split-qkv --runs-dir runs/study-split-qkv) ;;
     lr-exact)  # shares main-exact's runs folder: its seed-0 runs are the sweep's muon_lr=0.02 point
-        args=(--presets "$presets5" --sweep muon_lr=0.01,0.02,0.05,0.1 --seeds 1 --iters 500
+        args=(--presets "$presets5" --sweep muon_lr=0.005,0.01,0.02,0.05,0.1 --seeds 1 --iters 500
               --out docs/results/lr-exact --runs-dir runs/study-main-exact) ;;
     length-500 | length-2000 | length-8000)
         n=${suite#length-}

@@ -277,7 +277,7 @@ def _douglas_rachford_fallback(dual, best, stalled, stop, max_iter, opts, trace,
     )
     calls[idx.cpu()] += used.cpu() + 1  # + the evaluation that certifies the DR multiplier
     ev = sub.evaluate(S_dr)
-    U[idx] = torch.minimum(U[idx], sub.certify(S_dr, ev.R, ev.r, ev.V, ev.lam)[2])
+    U[idx] = torch.minimum(U[idx], sub.certify(S_dr, ev.weights(), ev.r, ev.V, ev.lam)[2])
     better = res_dr < res[idx]
     j = idx[better]
     coef[j], res[j], S_out[j] = Z[better], res_dr[better], S_dr[better]
@@ -318,7 +318,6 @@ def _newton(
     best = {
         "res": torch.full((B,), math.inf, dtype=dt, device=dev),
         "S": S.clone(),
-        "R": torch.zeros_like(S),
         "r": torch.ones(B, n, dtype=dt, device=dev),
         "V": torch.zeros_like(S),
         "lam": torch.zeros(B, n, dtype=dt, device=dev),
@@ -333,11 +332,11 @@ def _newton(
         ev = first if it == 0 and first is not None else dual.sub(active).evaluate(S[active])
         calls[active.cpu()] += 1
         if trace is not None and int(active[0]) == 0:
-            trace.add(ev.res[0], ev.prim[0])
+            trace.add(ev.res[0], dual.sub(active).objective(ev)[0])
         improved = ev.res < best["res"][active]
         worse = ev.res > 2 * best["res"][active]  # a bad (mixed) step: restart from the best point
         upd = active[improved]
-        for k in ("res", "S", "R", "r", "V", "lam"):
+        for k in ("res", "S", "r", "V", "lam"):
             best[k][upd] = getattr(ev, k)[improved]
         history.append(best["res"].clone())
         conv = ev.res <= tol
@@ -364,4 +363,5 @@ def _newton(
                 mixer.reset(idx[cold])
         S[idx] = Snext
         active = idx
+    best["R"] = (best["V"] * best["r"].unsqueeze(-2)) @ best["V"].mT  # zero where never evaluated (V = 0)
     return best, calls
