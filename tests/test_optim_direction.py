@@ -405,3 +405,18 @@ def test_precision_is_judged_at_the_tangent_start_for_warm_starts(monkeypatch):
         assert dtypes == [torch.float32]  # not escalated
         assert bool(warm.converged) and float(tangent_residual(manifold, W2.double(), A2.double())) <= 1e-4
         assert float(warm.dual_gap) <= 1e-3
+
+
+@pytest.mark.parametrize("manifold", [Stiefel(), DGram()], ids=lambda m: type(m).__name__)
+def test_trace_records_every_evaluation_of_the_first_matrix(manifold):
+    # trace=True: residual and objective after each evaluation of the first matrix. The returned direction is
+    # the evaluation of lowest residual, so (float64, tall: no polish) the smallest traced residual is the
+    # reported one and the objective traced there is <G_hat, A> of the returned A (both to rounding, 1e-10).
+    W, G = problem(manifold, (2, 48, 16), seed=95, dtype=torch.float64)
+    A, st = spectral_direction(manifold, W, G, trace=True)
+    tr = st.trace
+    assert len(tr["residual"]) == len(tr["objective"]) == int(st.evaluations[0])
+    best = min(range(len(tr["residual"])), key=tr["residual"].__getitem__)
+    assert abs(tr["residual"][best] - float(st.residual[0])) <= 1e-10
+    assert abs(tr["objective"][best] - float(objective(G[0], A[0]))) <= 1e-10
+    assert tr["residual"][0] > 10 * tr["residual"][best]  # it iterated: the trace is not one point
