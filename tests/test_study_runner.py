@@ -242,3 +242,28 @@ def test_bounded_variant_trains_by_its_registry_name(data_dir, tmp_path):
     diag = json.loads((study.run_dir(variant, 0) / "diagnostics.jsonl").read_text().splitlines()[-1])
     attn = [m for m in diag["matrices"] if m["kind"] in ("attn_in", "attn_out")]
     assert attn and all(m["manifold"] == "bdgram@0.4" and m["sigma_max"] <= 0.4 * (1 + 1e-5) for m in attn)
+
+
+def test_an_invocation_killed_between_runs_keeps_its_wall_time(data_dir, tmp_path, monkeypatch):
+    # study.json's elapsed time is stamped after every finished run, not only when the invocation ends: a
+    # session that ends (the process killed) between runs must not lose the time of the runs it finished.
+    from geomtrain.study import runner
+
+    out = tmp_path / "study"
+    original = runner._Scheduler.record_run
+
+    def record_then_die(self, *args, **kwargs):
+        original(self, *args, **kwargs)
+        raise SystemExit(137)  # killed right after the first run was recorded
+
+    monkeypatch.setattr(runner._Scheduler, "record_run", record_then_die)
+    with pytest.raises(SystemExit):
+        _study(data_dir, out, "--presets", "adamw,hetero", "--no-report")
+    first = json.loads((out / "study.json").read_text())
+    assert first["invocations"][0]["elapsed_s"] > 0
+    assert first["timing"]["elapsed_s"] == first["invocations"][0]["elapsed_s"]
+    monkeypatch.setattr(runner._Scheduler, "record_run", original)
+    assert _study(data_dir, out, "--presets", "adamw,hetero", "--no-report") == 0
+    done = json.loads((out / "study.json").read_text())
+    assert len(done["invocations"]) == 2 and set(done["timing"]["runs"]) == {"adamw/s0", "hetero/s0"}
+    assert done["timing"]["elapsed_s"] == pytest.approx(sum(i["elapsed_s"] for i in done["invocations"]))

@@ -253,7 +253,7 @@ def run_study(
     _check_previous(study, previous)
     record = _study_record(study, previous)
     atomic_write_json(study.out / "study.json", record)
-    t_invocation = time.time()
+    scheduler = _Scheduler(study, record, print_fn, drop_checkpoints)  # its clock includes autoassign's probes
     if study.suite == "autoassign" and not _run_autoassign(study, record, print_fn):
         return 130
     jobs = [(v, s) for s in study.seeds for v in study.variants]
@@ -261,9 +261,8 @@ def run_study(
         from ..assign import PRESETS
 
         jobs.sort(key=lambda job: job[0].name in PRESETS)
-    scheduler = _Scheduler(study, record, print_fn, drop_checkpoints)
     code = scheduler.run_parallel(jobs, workers, threads) if workers > 1 else scheduler.run_sequential(jobs)
-    record["timing"]["elapsed_s"] = record["timing"].get("elapsed_s", 0.0) + (time.time() - t_invocation)
+    scheduler.stamp_elapsed()
     record["timing"].setdefault("workers", []).append(workers)
     atomic_write_json(study.out / "study.json", record)
     if report_after:
@@ -341,6 +340,15 @@ class _Scheduler:
 
     def __init__(self, study: StudyPlan, record: dict, print_fn: Callable, drop_checkpoints: bool):
         self.study, self.record, self.print_fn, self.drop_checkpoints = study, record, print_fn, drop_checkpoints
+        self.started, self.elapsed_before = time.time(), record["timing"].get("elapsed_s", 0.0)
+
+    def stamp_elapsed(self) -> None:
+        """This invocation's wall time so far, into its ``invocations`` entry and ``timing.elapsed_s``
+        (the sum over invocations): updated after every run, so an invocation killed between runs (a
+        session that ends) keeps the time up to its last finished run."""
+        seconds = time.time() - self.started
+        self.record["invocations"][-1]["elapsed_s"] = seconds
+        self.record["timing"]["elapsed_s"] = self.elapsed_before + seconds
 
     def claims(self, jobs: list) -> Iterator[tuple]:
         """Yield ``(v, seed, tag, cfg, state, lock)`` for each job that still needs training, its
@@ -370,6 +378,7 @@ class _Scheduler:
         key, timing = f"{v.name}/s{seed}", self.record["timing"]
         timing["runs"][key] = timing["runs"].get(key, 0.0) + wall
         timing["total_s"] = timing.get("total_s", 0.0) + wall
+        self.stamp_elapsed()
         self.record["updated"] = _now()
         atomic_write_json(self.study.out / "study.json", self.record)
         self.print_fn(f"{tag}: {_status_line(status)} in {wall:.0f} s")
