@@ -147,6 +147,7 @@ def estimate_seconds(
         rate = 2 * n**3 / sec
     else:
         rate = gflops * 1e9
+    slower = _CUSTOM_MASK_COST if custom_mask else 1.0  # the default solver's entries only
     total = 0.0
     for mname in manifolds:
         for _, (out, inp) in shapes:
@@ -154,7 +155,6 @@ def estimate_seconds(
             msign_s = _MSIGN_STEPS * _MSIGN_GRAMS * 2 * m * k * k / rate
             square_dgram = mname == "dgram" and m < 2 * k
             cost = lambda s: (_SQUARE_DGRAM_COST if square_dgram else _COST).get(s, _COST[s])  # noqa: E731, B023 (called at once)
-            slower = _CUSTOM_MASK_COST if custom_mask else 1.0  # the default solver's entries only
             per_scale = sum(cost(s) * (slower if s in ("cold", "warm") else 1.0) for s in solvers) * repeats
             total += msign_s * (per_scale * len(scales) + (cost("reference") if reference else 0.0))
     return total * layers, rate / 1e9

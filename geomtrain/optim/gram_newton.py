@@ -99,11 +99,8 @@ def solve_gram_newton(
         return torch.where(zero, torch.zeros_like(A), A).to(T.dtype), out
     if mask_kind(manifold) == "stiefel" and m == n:
         A, out = _square_stiefel(manifold, T, Gh, live, dtype, opts, trace)
-        if A is None and not bool(out[live].all()):  # out: the entries to redo in float64
+        if A is None:  # out: the entries to redo in float64, counting the float32 evaluation they spent
             return _solve_apart(manifold, T, G, opts, out, 1)
-        if A is None:
-            A, out = _square_stiefel(manifold, T, Gh, live, torch.float64, opts, trace)
-            out["evaluations"] = out["evaluations"] + live.cpu().long()  # the float32 evaluation not kept
         return torch.where(zero, torch.zeros_like(A), A).to(T.dtype), out
     dual, S_T, S, first, extra, mixed = _probe(manifold, T, Gh, zero, live, dtype, stop, opts)
     if mixed is not None:
@@ -239,12 +236,14 @@ def _solve_apart(manifold, T, G, opts, ill, spent: int) -> tuple[torch.Tensor, d
     """Solve the ``ill`` entries in float64 and the others in float32, then merge: an entry's result
     never depends on the rest of its batch (DDP ranks, which solve parts of a batch, agree with one
     process). Evaluations are counted as the entry alone would have: the ``spent`` probe evaluations for
-    a float64 entry, all but the kept one for a float32 entry."""
+    a float64 entry, all but the kept one for a float32 entry. Either part may be empty."""
     B, n = T.shape[0], T.shape[-1]
     A = torch.empty_like(T)
     merged: dict = {}
     for mask, dtype in ((ill, torch.float64), (~ill, torch.float32)):
         idx = mask.nonzero().squeeze(-1)
+        if idx.numel() == 0:
+            continue
         sub_opts = {**opts, "compute_dtype": dtype, "trace": bool(opts["trace"]) and bool(mask[0])}
         if opts["dual"] is not None:
             sub_opts["dual"] = opts["dual"].reshape(B, n, n)[idx.to(opts["dual"].device)]
