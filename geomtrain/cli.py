@@ -304,7 +304,9 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
-    command = " ".join(argv[:2] if argv[:1] == ["bench"] and len(argv) > 1 else argv[:1])
+    # the name errors are reported under: a command and its mode (`bench train`, `study pack`)
+    with_mode = argv[:1] in (["bench"], ["study"]) and len(argv) > 1 and not argv[1].startswith("-")
+    command = " ".join(argv[:2] if with_mode else argv[:1])
     try:
         args = build_parser().parse_args(argv)
         args.argv = argv

@@ -3,16 +3,24 @@
 # in pieces: each call trains for at most HOURS (default 2), then stops every run at its next step
 # boundary with a checkpoint, as Ctrl-C does. Rerun the same line to continue where it stopped;
 # a suite that is complete only rewrites its report. `compare` rebuilds the side-by-side tables.
+# A suite longer than a machine is kept moves with `save SUITE` (its study folder and runs, less the
+# checkpoints of finished runs, into study-state/SUITE.tar.xz: commit that) and `restore SUITE` on
+# the next machine (a fresh checkout), then the same SUITE line again.
 #
 #   scripts/study_suites.sh SUITE [HOURS]
+#   scripts/study_suites.sh save SUITE | restore SUITE
 #
 # Suites: main-exact ablation-tangent ablation-published split-qkv lr-exact length-500 length-2000 length-8000 compare
 set -euo pipefail
 cd "$(dirname "$0")/.."
-usage="usage: scripts/study_suites.sh SUITE [HOURS]; SUITE: main-exact, ablation-tangent, ablation-published, split-qkv, lr-exact, length-500, length-2000, length-8000, compare"
+usage="usage: scripts/study_suites.sh SUITE [HOURS] | save SUITE | restore SUITE; SUITE: main-exact, ablation-tangent, ablation-published, split-qkv, lr-exact, length-500, length-2000, length-8000, compare"
 suite=${1:?$usage}
 hours=${2:-2}
 GEOMTRAIN=${GEOMTRAIN:-geomtrain}
+case "$suite" in  # every suite's study folder is docs/results/SUITE; its runs folder is in its study.json
+    save) mkdir -p study-state; exec "$GEOMTRAIN" study pack "docs/results/${2:?$usage}" "study-state/$2.tar.xz" ;;
+    restore) exec "$GEOMTRAIN" study unpack "study-state/${2:?$usage}.tar.xz" "docs/results/$2" ;;
+esac
 # The committed study's shared settings (docs/results.md): mini, context 64, 16 x 64 tokens per step.
 common=(--model mini --set block_size=64 --jobs 2)
 presets5=unconstrained,all-stiefel,hetero,all-dgram,hetero-inv

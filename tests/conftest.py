@@ -67,3 +67,27 @@ def tiny_config(data_dir, out_dir=None, **overrides) -> TrainConfig:
     )
     keys.update(overrides)
     return make_config(keys)
+
+
+# `geomtrain study --set` options that make a tiny-model study take seconds
+FAST_STUDY_SETS = [
+    "--set",
+    "batch_size=4",
+    "--set",
+    "eval_iters=1",
+    "--set",
+    "log_interval=1",
+    "--set",
+    "diag_batch_size=2",
+    "--set",
+    "block_size=32",
+]
+
+
+def tiny_study(data_dir, out, *extra) -> int:
+    """``geomtrain study`` of the ``tiny`` model into ``out``: 6 steps, an evaluation every 3, quiet,
+    `FAST_STUDY_SETS`; ``extra`` are further arguments. Returns the exit code."""
+    from geomtrain.study import main as study_main
+
+    args = ["--model", "tiny", "--data-dir", data_dir, "--iters", "6", "--set", "eval_interval=3"]
+    return study_main([*args, "--out", str(out), "--quiet", *FAST_STUDY_SETS, *extra])

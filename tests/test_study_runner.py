@@ -7,6 +7,7 @@ import os
 import shutil
 
 import pytest
+from conftest import FAST_STUDY_SETS, tiny_study
 
 from geomtrain.cli import main as cli_main
 from geomtrain.data import load_manifest
@@ -14,43 +15,10 @@ from geomtrain.study import RunLock, collect, load_summary, plan
 from geomtrain.study import main as study_main
 from geomtrain.study.runner import train_one
 
-FAST = [
-    "--set",
-    "batch_size=4",
-    "--set",
-    "eval_iters=1",
-    "--set",
-    "log_interval=1",
-    "--set",
-    "diag_batch_size=2",
-    "--set",
-    "block_size=32",
-]
-
-
-def _study(data_dir, out, *extra):
-    return study_main(
-        [
-            "--model",
-            "tiny",
-            "--data-dir",
-            data_dir,
-            "--iters",
-            "6",
-            "--set",
-            "eval_interval=3",
-            "--out",
-            str(out),
-            "--quiet",
-            *FAST,
-            *extra,
-        ]
-    )
-
 
 def test_smoke_study_report_and_resume(data_dir, tmp_path, capsys):
     out = tmp_path / "study"
-    assert _study(data_dir, out, "--presets", "adamw,hetero", "--seeds", "2") == 0
+    assert tiny_study(data_dir, out, "--presets", "adamw,hetero", "--seeds", "2") == 0
     for name in (
         "study.json",
         "summary.json",
@@ -98,7 +66,7 @@ def test_smoke_study_report_and_resume(data_dir, tmp_path, capsys):
                 "eval_interval=3",
                 "--out",
                 str(out),
-                *FAST,
+                *FAST_STUDY_SETS,
                 "--presets",
                 "adamw,hetero",
                 "--seeds",
@@ -123,10 +91,10 @@ def test_smoke_study_report_and_resume(data_dir, tmp_path, capsys):
 
 def test_interrupted_runs_resume(data_dir, tmp_path):
     out = tmp_path / "study"
-    assert _study(data_dir, out, "--presets", "adamw", "--set", "stop_after=3") == 0
+    assert tiny_study(data_dir, out, "--presets", "adamw", "--set", "stop_after=3") == 0
     status = json.loads((out / "runs" / "adamw" / "s0" / "status.json").read_text())
     assert status["status"] == "interrupted" and status["step"] == 3
-    assert _study(data_dir, out, "--presets", "adamw") == 0
+    assert tiny_study(data_dir, out, "--presets", "adamw") == 0
     status = json.loads((out / "runs" / "adamw" / "s0" / "status.json").read_text())
     assert status["status"] == "finished" and status["step"] == 6
     steps = [
@@ -139,7 +107,7 @@ def test_interrupted_runs_resume(data_dir, tmp_path):
 
 def test_suites_sharing_a_runs_dir_reuse_identical_runs(data_dir, tmp_path, capsys):
     runs = str(tmp_path / "runs")
-    assert _study(data_dir, tmp_path / "main", "--presets", "adamw", "--runs-dir", runs) == 0
+    assert tiny_study(data_dir, tmp_path / "main", "--presets", "adamw", "--runs-dir", runs) == 0
     capsys.readouterr()
     assert (
         study_main(
@@ -152,7 +120,7 @@ def test_suites_sharing_a_runs_dir_reuse_identical_runs(data_dir, tmp_path, caps
                 "6",
                 "--set",
                 "eval_interval=3",
-                *FAST,
+                *FAST_STUDY_SETS,
                 "--suite",
                 "lr-sweep",
                 "--presets",
@@ -179,8 +147,8 @@ def test_parallel_workers_give_the_same_results(data_dir, tmp_path):
     # must match one worker's exactly (losses and singular values, bit for bit).
     one, two = tmp_path / "one", tmp_path / "two"
     presets = ["--presets", "adamw,hetero,hetero-inv", "--no-report"]
-    assert _study(data_dir, one, *presets) == 0
-    assert _study(data_dir, two, *presets, "--jobs", "2") == 0
+    assert tiny_study(data_dir, one, *presets) == 0
+    assert tiny_study(data_dir, two, *presets, "--jobs", "2") == 0
     a, b = collect(one)["runs"], collect(two)["runs"]
     assert [(r["variant"], r["seed"], r["status"]) for r in a] == [(r["variant"], r["seed"], r["status"]) for r in b]
     for ra, rb in zip(a, b):
@@ -208,10 +176,22 @@ def test_run_lock(tmp_path):
 
 def test_other_settings_in_the_folder_are_refused(data_dir, tmp_path, capsys):
     out = tmp_path / "study"
-    assert _study(data_dir, out, "--presets", "adamw", "--set", "stop_after=1") == 0
+    assert tiny_study(data_dir, out, "--presets", "adamw", "--set", "stop_after=1") == 0
     assert (
         study_main(
-            ["--model", "tiny", "--data-dir", data_dir, "--iters", "8", "--out", str(out), *FAST, "--presets", "adamw"]
+            [
+                "--model",
+                "tiny",
+                "--data-dir",
+                data_dir,
+                "--iters",
+                "8",
+                "--out",
+                str(out),
+                *FAST_STUDY_SETS,
+                "--presets",
+                "adamw",
+            ]
         )
         == 2
     )
@@ -258,12 +238,12 @@ def test_an_invocation_killed_between_runs_keeps_its_wall_time(data_dir, tmp_pat
 
     monkeypatch.setattr(runner._Scheduler, "record_run", record_then_die)
     with pytest.raises(SystemExit):
-        _study(data_dir, out, "--presets", "adamw,hetero", "--no-report")
+        tiny_study(data_dir, out, "--presets", "adamw,hetero", "--no-report")
     first = json.loads((out / "study.json").read_text())
     assert first["invocations"][0]["elapsed_s"] > 0
     assert first["timing"]["elapsed_s"] == first["invocations"][0]["elapsed_s"]
     monkeypatch.setattr(runner._Scheduler, "record_run", original)
-    assert _study(data_dir, out, "--presets", "adamw,hetero", "--no-report") == 0
+    assert tiny_study(data_dir, out, "--presets", "adamw,hetero", "--no-report") == 0
     done = json.loads((out / "study.json").read_text())
     assert len(done["invocations"]) == 2 and set(done["timing"]["runs"]) == {"adamw/s0", "hetero/s0"}
     assert done["timing"]["elapsed_s"] == pytest.approx(sum(i["elapsed_s"] for i in done["invocations"]))

@@ -1,5 +1,5 @@
-"""Command lines of the study: ``geomtrain study`` (with the modes ``toy``, ``overhead`` and
-``compare``) and ``geomtrain report``.
+"""Command lines of the study: ``geomtrain study`` (with the modes ``toy``, ``overhead``,
+``compare``, ``pack`` and ``unpack``) and ``geomtrain report``.
 
 :func:`add_study_parser` and :func:`add_report_parser` register them on the ``geomtrain``
 subparsers; each sets ``handler=fn(args) -> int``. A user error raises :class:`StudyError` (a
@@ -189,6 +189,7 @@ def add_study_parser(subparsers) -> argparse.ArgumentParser:
     _add_toy_parser(modes)
     _add_overhead_parser(modes)
     _add_compare_parser(modes)
+    _add_pack_parsers(modes)
     return p
 
 
@@ -423,6 +424,58 @@ def run_compare_command(args) -> int:
     return 0
 
 
+# ----------------------------------------------------------------------------- geomtrain study pack / unpack
+def _add_pack_parsers(modes) -> None:
+    p = modes.add_parser(
+        "pack",
+        help="an unfinished study and its runs in one archive, to continue on another machine",
+        description=(
+            "Write a study folder and its runs folder into one .tar.xz (checksummed, read back before it "
+            "replaces an older archive): what resuming needs, without the checkpoints of runs that are "
+            "done. Stop the study first. `geomtrain study unpack` restores it elsewhere."
+        ),
+    )
+    p.add_argument("out", metavar="STUDY", help="the study's --out folder")
+    p.add_argument("archive", metavar="ARCHIVE", help="the .tar.xz to write")
+    p.add_argument("--runs-dir", default=None, help="where its runs are (default: as recorded in study.json)")
+    p.set_defaults(handler=run_pack_command, recorded_actions=[])
+    p = modes.add_parser(
+        "unpack",
+        help="restore a `study pack` archive, then rerun the study's command to continue",
+        description=(
+            "Restore a study folder and its runs folder from a `geomtrain study pack` archive. Refuses "
+            "targets that are not empty; verifies every file before anything appears there."
+        ),
+    )
+    p.add_argument("archive", metavar="ARCHIVE")
+    p.add_argument("out", metavar="STUDY", help="the study folder to create")
+    p.add_argument("--runs-dir", default=None, help="where to put its runs (default: the study's own --runs-dir)")
+    p.set_defaults(handler=run_unpack_command, recorded_actions=[])
+
+
+def run_pack_command(args) -> int:
+    """``geomtrain study pack``: :func:`geomtrain.study.pack.pack`."""
+    from .pack import pack
+
+    manifest = pack(args.out, args.archive, args.runs_dir)
+    size = Path(args.archive).stat().st_size
+    print(f"packed {len(manifest['files'])} files of {args.out} into {args.archive} ({size / 1e6:.1f} MB)")
+    return 0
+
+
+def run_unpack_command(args) -> int:
+    """``geomtrain study unpack``: :func:`geomtrain.study.pack.unpack`."""
+    from .pack import unpack
+
+    out, runs = unpack(args.archive, args.out, args.runs_dir)
+    study = json.loads((out / "study.json").read_text())
+    command = study["command"]
+    if study.get("runs_dir") and Path(study["runs_dir"]) != runs:
+        command += f" (with --runs-dir {runs} in place of {study['runs_dir']})"
+    print(f"unpacked {out} and {runs}; to continue, rerun: {command}")
+    return 0
+
+
 # ----------------------------------------------------------------------------- geomtrain report
 def add_report_parser(subparsers) -> argparse.ArgumentParser:
     """Register ``report`` on the ``geomtrain`` subparsers."""
@@ -483,7 +536,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         prog = "geomtrain report"
     else:
         argv = ["study", *argv]
-        prog = "geomtrain study" + (f" {argv[1]}" if argv[1:2] in (["toy"], ["overhead"], ["compare"]) else "")
+        prog = "geomtrain study" + (
+            f" {argv[1]}" if argv[1:2] in (["toy"], ["overhead"], ["compare"], ["pack"], ["unpack"]) else ""
+        )
     try:
         args = root.parse_args(argv)
         return int(args.handler(args) or 0)

@@ -201,6 +201,7 @@ def _environment(device: str) -> dict:
 
 def _study_record(study: StudyPlan, previous: dict | None) -> dict:
     prev = previous or {}
+    environment = _environment(study.base.get("device", "auto"))
     return {
         "format": SUMMARY_FORMAT,
         "command": "geomtrain study " + shlex.join(study.argv) if study.argv else prev.get("command"),
@@ -215,10 +216,11 @@ def _study_record(study: StudyPlan, previous: dict | None) -> dict:
         "runs_dir_abs": str(study.runs_dir.resolve()),
         "created": prev.get("created") or _now(),
         "updated": _now(),
-        "environment": _environment(study.base.get("device", "auto")),
+        "environment": environment,  # the latest invocation's; each invocation keeps its own
         "data": data_record(study.base["data_dir"]),
         "timing": prev.get("timing", {"runs": {}, "total_s": 0.0}),
-        "invocations": prev.get("invocations", []) + [{"argv": study.argv, "started": _now()}],
+        "invocations": prev.get("invocations", [])
+        + [{"argv": study.argv, "started": _now(), "environment": environment}],
         **({"autoassign": prev["autoassign"]} if "autoassign" in prev else {}),
     }
 
@@ -230,6 +232,14 @@ def _check_previous(study: StudyPlan, previous: dict | None) -> None:
     if diff or previous.get("suite") != study.suite:
         what = "; ".join(diff[:3]) or f"suite {previous.get('suite')} -> {study.suite}"
         raise StudyError(f"{study.out} holds a study with other settings ({what}); use another --out")
+    before = (previous.get("data") or {}).get("splits")
+    now = data_record(study.base["data_dir"])["splits"]
+    if before and before != now:  # e.g. a study moved to a machine that prepared another corpus
+        raise StudyError(
+            f"the data in {study.base['data_dir']} are not the data {study.out} was started on "
+            f"(train sha256 {before.get('train', {}).get('sha256', '?')[:12]}, now "
+            f"{now.get('train', {}).get('sha256', '?')[:12]}); prepare the same corpus or use another --out"
+        )
 
 
 # ----------------------------------------------------------------------------- the study
