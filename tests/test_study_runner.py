@@ -49,6 +49,13 @@ def test_smoke_study_report_and_resume(data_dir, tmp_path, capsys):
     csv_lines = (out / "results.csv").read_text().splitlines()
     assert csv_lines[0].startswith("variant,label,attention,mlp") and len(csv_lines) == 3
     assert "| hetero | stiefel | dgram |" in (out / "results.md").read_text()
+    # the direction solver's record: every logged step (log_interval 1) of both seeds, each direction
+    # either within tol (1e-4; float32 stops at 0.95 tol, rounding of A adds up to 0.4%) or counted as polished
+    solver = hetero["solver"]
+    assert solver["logged_steps"] == 6 and solver["evals_per_step"] >= 8  # tiny: 8 hidden matrices, >= 1 each
+    assert solver["residual_max"] <= 1e-4 * 1.01 or solver["unconverged_steps"] > 0
+    assert rows["hetero"]["solver_logged_steps"] == 12 and rows["adamw"].get("solver_evals_per_step") is None
+    assert "| hetero | " in (out / "results.md").read_text().split("Direction solver")[1]
 
     # a second call trains nothing: every run is skipped
     mtimes = {p: p.stat().st_mtime_ns for p in (out / "runs").rglob("ckpt.pt")}

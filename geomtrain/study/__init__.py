@@ -7,9 +7,10 @@ schedule and hyperparameters, into ``RUNS_DIR/<variant>/s<seed>`` (a normal run 
 =================  ===========================================================================
 ``study.json``     command line, suite, variants, seeds, the shared config, environment, data
                    manifest, wall time per run
-``summary.json``   per run: status, losses, ms/step, eval curve, training loss and the
-                   per-evaluation diagnostics (per layer); per variant: the table row. The
-                   figures and tables are rebuilt from this file alone.
+``summary.json``   per run: status, losses, ms/step, eval curve, training loss, the
+                   per-evaluation diagnostics (per layer) and the direction solver's record
+                   (evaluations per step, worst residual and dual gap, polished steps); per
+                   variant: the table row. The figures and tables are rebuilt from this file alone.
 ``results.csv``    one row per variant: final and best val loss (mean, std over seeds), stable /
 ``results.md``     diverged (with steps), ms per step and its ratio to ``adamw`` / ``unconstrained``
 ``*.png``          :mod:`geomtrain.study.figures`: ``val_loss``, ``sigma_max``, ``attention``,

@@ -87,6 +87,30 @@ def _diag_series(diag_records: list[dict]) -> dict:
     return diag
 
 
+def _solver_record(muon: list[dict]) -> dict | None:
+    """The direction solver over a run's logged steps: Manifold Muon's polar evaluations per step
+    (``msign_calls``, all matrices; plain Muon counts one per matrix), the largest RMS tangent
+    residual and certified dual gap, and the steps where some direction did not converge to
+    ``tol`` (it was polished instead). ``None`` for a run without Muon statistics."""
+    calls = [m["msign_calls"] for m in muon if m.get("msign_calls") is not None]
+    if not calls:
+        return None
+
+    def worst(key):
+        vals = [m[key] for m in muon if m.get(key) is not None]
+        return round_sig(max(vals), 3) if vals else None
+
+    return {
+        "logged_steps": len(calls),
+        "evals_per_step": round_sig(float(np.mean(calls)), 4),
+        "evals_first_tenth": round_sig(float(np.mean(calls[: max(1, len(calls) // 10)])), 4),
+        "evals_last_tenth": round_sig(float(np.mean(calls[-max(1, len(calls) // 10) :])), 4),
+        "residual_max": worst("residual_max"),
+        "dual_gap_max": worst("dual_gap_max"),
+        "unconverged_steps": sum(1 for m in muon if (m.get("n_unconverged") or 0) > 0),
+    }
+
+
 def read_run(run_dir: Path, max_train_points: int = 100) -> dict:
     """Everything the report needs from one run folder, compact (losses to 5 significant digits,
     diagnostics to 4)."""
@@ -118,6 +142,7 @@ def read_run(run_dir: Path, max_train_points: int = 100) -> dict:
             "loss": round_sig([m.get("loss") for m in trains[::stride]]),
         },
         "diag": _diag_series(read_jsonl(run_dir / "diagnostics.jsonl")),
+        "solver": _solver_record(muon),
     }
 
 
@@ -180,6 +205,29 @@ def _row(v: dict, rs: list[dict]) -> dict:
         "sweep": v.get("sweep"),
         "skipped_updates": sum(s or 0 for s in skipped) if any(s is not None for s in skipped) else None,
         **_end_of_training(rs),
+        **_solver_row(rs),
+    }
+
+
+def _solver_row(runs: list[dict]) -> dict:
+    """`_solver_record` over the seeds: evaluations per step as the mean, the rest the worst;
+    empty for summaries written before runs carried it (so their report stays as it was)."""
+    recs = [r["solver"] for r in runs if r.get("solver")]
+    if not recs:
+        return {}
+
+    def worst(key):
+        vals = [x[key] for x in recs if x.get(key) is not None]
+        return max(vals) if vals else None
+
+    return {
+        "solver_evals_per_step": round_sig(float(np.mean([x["evals_per_step"] for x in recs])), 4),
+        "solver_evals_first_tenth": round_sig(float(np.mean([x["evals_first_tenth"] for x in recs])), 4),
+        "solver_evals_last_tenth": round_sig(float(np.mean([x["evals_last_tenth"] for x in recs])), 4),
+        "solver_residual_max": worst("residual_max"),
+        "solver_dual_gap_max": worst("dual_gap_max"),
+        "solver_unconverged_steps": sum(x["unconverged_steps"] for x in recs),
+        "solver_logged_steps": sum(x["logged_steps"] for x in recs),
     }
 
 

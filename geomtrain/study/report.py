@@ -19,6 +19,7 @@ __all__ = [
     "CSV_COLUMNS",
     "format_table",
     "format_attention_table",
+    "format_solver_table",
     "results_csv",
     "results_markdown",
     "write_report",
@@ -123,6 +124,35 @@ def format_attention_table(rows: list[dict]) -> str:
     )
 
 
+def format_solver_table(rows: list[dict]) -> str:
+    """The direction solver over the logged steps (the ``solver_*`` keys of the table rows) as Markdown."""
+
+    def f(x, fmt):
+        return "-" if x is None else format(x, fmt)
+
+    head = [
+        "assignment",
+        "evaluations per step",
+        "first / last tenth",
+        "largest residual",
+        "largest dual gap",
+        "steps with a polished direction",
+    ]
+    body = [
+        [
+            r["label"],
+            f(r.get("solver_evals_per_step"), ".1f"),
+            f"{f(r.get('solver_evals_first_tenth'), '.1f')} / {f(r.get('solver_evals_last_tenth'), '.1f')}",
+            f(r.get("solver_residual_max"), ".2e"),
+            f(r.get("solver_dual_gap_max"), ".2e"),
+            f"{r.get('solver_unconverged_steps', 0)} of {r.get('solver_logged_steps', 0)}",
+        ]
+        for r in rows
+        if r.get("solver_evals_per_step") is not None
+    ]
+    return _markdown(head, body)
+
+
 def results_csv(rows: list[dict]) -> str:
     """The table as CSV (:data:`CSV_COLUMNS`; lists space-separated, ``None`` empty)."""
     buf = io.StringIO()
@@ -163,6 +193,16 @@ def results_markdown(summary: dict) -> str:
         format_attention_table(summary["table"]),
         "",
     ]
+    if any(r.get("solver_evals_per_step") is not None for r in summary["table"]):
+        md += [
+            "Direction solver over the logged steps (all seeds): polar evaluations per step summed over "
+            "the matrices (mean; plain Muon: one per matrix), the largest RMS tangent residual and "
+            "certified dual gap of any direction, and the steps where a direction missed `tol` and "
+            "was polished:",
+            "",
+            format_solver_table(summary["table"]),
+            "",
+        ]
     return "\n".join(md)
 
 
