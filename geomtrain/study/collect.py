@@ -17,7 +17,16 @@ import numpy as np
 from .._io import read_json, read_jsonl
 from .plan import SUMMARY_FORMAT, StudyError
 
-__all__ = ["MATRIX_KINDS", "round_sig", "read_run", "make_table", "collect", "load_summary", "resolve_runs_dir"]
+__all__ = [
+    "MATRIX_KINDS",
+    "round_sig",
+    "read_run",
+    "make_table",
+    "collect",
+    "load_summary",
+    "resolve_runs_dir",
+    "study_and_runs",
+]
 
 MATRIX_KINDS = ("attn_in", "attn_q", "attn_k", "attn_out", "mlp_in", "mlp_out")
 ATTENTION_STATS = ("max_abs_logit", "mean_entropy", "saturated_frac", "jacobian_norm")
@@ -274,8 +283,9 @@ def _end_of_training(runs: list[dict]) -> dict:
     return {k: round_sig(float(np.mean(v))) if v else None for k, v in cols.items()}
 
 
-def collect(out: str | Path, runs_dir: str | Path | None = None) -> dict:
-    """Read ``OUT/study.json`` and every run folder into a summary (see the module docstring)."""
+def study_and_runs(out: str | Path, runs_dir: str | Path | None = None) -> tuple[dict, Path]:
+    """``OUT/study.json`` and the study's runs folder (``runs_dir``, else `resolve_runs_dir`);
+    ``StudyError`` when either is missing."""
     out = Path(out)
     study = read_json(out / "study.json")
     if study is None:
@@ -283,6 +293,13 @@ def collect(out: str | Path, runs_dir: str | Path | None = None) -> dict:
     rdir = Path(runs_dir) if runs_dir else resolve_runs_dir(out, study)
     if rdir is None or not rdir.is_dir():
         raise StudyError(f"runs of {out} not found (looked for {study.get('runs_dir')}); pass --runs-dir")
+    return study, rdir
+
+
+def collect(out: str | Path, runs_dir: str | Path | None = None) -> dict:
+    """Read ``OUT/study.json`` and every run folder into a summary (see the module docstring)."""
+    out = Path(out)
+    study, rdir = study_and_runs(out, runs_dir)
     variants = [dict(v) for v in study["variants"]]
     runs = []
     for v in variants:

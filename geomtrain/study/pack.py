@@ -30,7 +30,7 @@ from pathlib import Path, PurePosixPath
 
 from .._io import atomic_write_bytes, read_json, sha256_file
 from ..runfolder import pid_alive
-from .collect import resolve_runs_dir
+from .collect import study_and_runs
 from .plan import StudyError
 from .runner import TERMINAL_STATUSES
 
@@ -74,12 +74,7 @@ def pack(out: str | os.PathLike, archive: str | os.PathLike, runs_dir: str | os.
     ``study.json``) into ``archive`` (``.tar.xz``); return the manifest. ``StudyError`` when there
     is no study there or one of its runs is being trained right now."""
     out = Path(out)
-    study = read_json(out / "study.json")
-    if study is None:
-        raise StudyError(f"{out} holds no study.json: give the --out folder of a geomtrain study")
-    runs = Path(runs_dir) if runs_dir else resolve_runs_dir(out, study)
-    if runs is None or not runs.is_dir():
-        raise StudyError(f"the runs folder of {out} is not there ({study.get('runs_dir')}): give --runs-dir")
+    study, runs = study_and_runs(out, runs_dir)
     live = _live_lock(runs)
     if live:
         raise StudyError(f"{live[0]} is being trained (pid {live[1]}): stop the study (Ctrl-C) before packing it")
