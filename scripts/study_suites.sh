@@ -4,8 +4,9 @@
 # boundary with a checkpoint, as Ctrl-C does. Rerun the same line to continue where it stopped;
 # a suite that is complete only rewrites its report. `compare` rebuilds the side-by-side tables.
 # A suite longer than a machine is kept moves with `save SUITE` (its study folder and runs, less the
-# checkpoints of finished runs, into study-state/SUITE.tar.xz: commit that) and `restore SUITE` on
-# the next machine (a fresh checkout), then the same SUITE line again.
+# checkpoints of finished runs, into study-state/SUITE.tar.xz: commit that, not docs/results/SUITE)
+# and `restore SUITE` on the next machine. With SAVE=1 a SUITE line that stops unfinished saves by
+# itself, and any SUITE line restores a saved study that the checkout does not hold yet.
 #
 #   scripts/study_suites.sh SUITE [HOURS]
 #   scripts/study_suites.sh save SUITE | restore SUITE
@@ -60,6 +61,10 @@ case "$suite" in
         exit 0 ;;
     *) echo "$usage" >&2; exit 2 ;;
 esac
+state="study-state/$suite.tar.xz"
+if [ -f "$state" ] && [ ! -f "docs/results/$suite/study.json" ]; then  # a fresh checkout: continue the saved study
+    "$GEOMTRAIN" study unpack "$state" "docs/results/$suite"
+fi
 start=$(date +%s)
 setsid "$GEOMTRAIN" study "${common[@]}" "${args[@]}" &
 pid=$!
@@ -69,4 +74,10 @@ code=0
 wait "$pid" || code=$?
 kill "$watcher" 2>/dev/null || true
 echo "study_suites: $suite: exit $code after $(( $(date +%s) - start )) s" >&2
+if [ "$code" = 130 ] && [ -n "${SAVE:-}" ]; then  # stopped unfinished: keep it for the next machine
+    mkdir -p study-state && "$GEOMTRAIN" study pack "docs/results/$suite" "$state" \
+        && echo "study_suites: saved $state: commit it (not docs/results/$suite) to continue elsewhere" >&2
+elif [ "$code" = 0 ] && [ -f "$state" ]; then
+    echo "study_suites: $suite is complete: $state is no longer needed (git rm it)" >&2
+fi
 exit "$code"
