@@ -67,8 +67,19 @@ def _check_matrix(X: torch.Tensor, name: str = "X") -> None:
         raise TypeError(f"{name} must be a floating tensor; got {X.dtype}")
 
 
+# Largest entry of U^T U - I accepted from a float32 SVD: a correct one leaves ~1e-6 (retractions in
+# training: 1.2-2.9e-6 after the polar factor), a broken one O(1); 1e-4 sits far from both.
+SVD_ORTHONORMALITY_TOL = 1e-4
+
+
+def _orthonormal(U: torch.Tensor) -> bool:
+    """Whether the columns of (batched) ``U`` are orthonormal to `SVD_ORTHONORMALITY_TOL`."""
+    eye = torch.eye(U.shape[-1], dtype=U.dtype, device=U.device)
+    return bool(((U.mT @ U) - eye).abs().amax() <= SVD_ORTHONORMALITY_TOL)
+
+
 def _svd_factors(X: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """Thin-SVD factors ``U, Vh`` of ``X``; a float32 factorisation that fails is redone in float64.
+    r"""Thin-SVD factors ``U, Vh`` of ``X``; a float32 factorisation that fails is redone in float64.
 
     LAPACK's float32 divide-and-conquer SVD (``sgesdd``, MKL in torch's CPU wheel) can break down
     on matrices whose singular values are all nearly equal, exactly the near-orthogonal inputs of a
@@ -77,10 +88,19 @@ def _svd_factors(X: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     ``V`` with finite singular values. Both are detected here and that batch is factorised again in
     float64 (which succeeds on those matrices); the float64 factors are returned. A float64 input
     that fails raises ``torch.linalg.LinAlgError``.
+
+    A third failure returns finite factors that are not orthonormal: seen once in a 2,000-step
+    ``all-stiefel`` run on a 512 x 128 ``W + dW``, whose "polar factor" then had singular values
+    from 3.5 down to 3e-6, so the weight left the manifold and the next step's direction solve
+    (which takes $W^\top W = I$ as given) returned $\|A\|_{\mathrm{op}} = 2058$. So float32
+    factors are also checked, $\max|U^\top U - I|$ and $\max|V^\top V - I|$ at most
+    `SVD_ORTHONORMALITY_TOL`, and redone in float64 otherwise (one more $mn^2$ product).
     """
     try:
         U, _, Vh = torch.linalg.svd(X, full_matrices=False)
-        if bool(torch.isfinite(U).all() and torch.isfinite(Vh).all()):
+        if bool(torch.isfinite(U).all() and torch.isfinite(Vh).all()) and (
+            X.dtype == torch.float64 or _orthonormal(U) and _orthonormal(Vh.mT)
+        ):
             return U, Vh
         if X.dtype == torch.float64:
             raise torch.linalg.LinAlgError("linalg.svd returned non-finite singular vectors for a finite float64 input")

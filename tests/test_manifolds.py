@@ -135,6 +135,33 @@ def test_svd_polar_retries_in_float64_when_lapack_returns_nan(monkeypatch):
         msign(X.double(), "svd")
 
 
+@pytest.mark.parametrize("factor", ["U", "V"])
+def test_svd_polar_retries_in_float64_when_lapack_returns_non_orthonormal_factors(monkeypatch, factor):
+    # the failure seen in training: finite factors, one of them not orthonormal (a rank-4 defect here),
+    # so U V^T is far from a polar factor; the float32 check must catch it and redo the batch in float64
+    real_svd = torch.linalg.svd
+
+    def broken_svd(A, *args, **kwargs):
+        U, S, Vh = real_svd(A, *args, **kwargs)
+        if A.dtype == torch.float32:
+            if factor == "U":
+                U = U.clone()
+                U[..., :4] = U[..., :4] * 3.0  # finite, but U^T U != I
+            else:
+                Vh = Vh.clone()
+                Vh[..., 0, :] = Vh[..., 1, :]  # two equal right singular vectors
+        return U, S, Vh
+
+    X = Stiefel().random(3, 40, 12, dtype=torch.float32, generator=torch.Generator().manual_seed(5))
+    X = X + 1e-3 * _gaussian(3, 40, 12, seed=6, dtype=torch.float32)  # W + dW, near the manifold
+    monkeypatch.setattr(torch.linalg, "svd", broken_svd)
+    Q = Stiefel().retr(X, torch.zeros_like(X))
+    assert Q.dtype == torch.float32
+    assert (Q.mT @ Q - torch.eye(12)).abs().max() < 5e-6  # on the manifold, as an unbroken SVD leaves it
+    monkeypatch.setattr(torch.linalg, "svd", real_svd)
+    assert (Q.double() - msign(X.double(), "svd")).abs().max() < 1e-6
+
+
 # ----------------------------------------------------------------------------- DGram retraction
 def _published_dgram_retraction(X):
     U, S, Vh = torch.linalg.svd(X, full_matrices=False)
