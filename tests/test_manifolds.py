@@ -74,11 +74,15 @@ def test_polar_matches_svd_on_cpu():
     assert torch.allclose(polar(X), msign(X, "svd"), atol=1e-14)
 
 
-@pytest.mark.parametrize("fixture", ["sgesdd_clustered_128.npz", "sgesdd_nan_128.npz"])
+@pytest.mark.parametrize(
+    "fixture", ["sgesdd_clustered_128.npz", "sgesdd_nan_128.npz", "sgesdd_nonorthonormal_512x128.npz"]
+)
 def test_svd_polar_survives_float32_lapack_breakdown(fixture):
     # Real Stiefel retraction inputs from training (mini, all-stiefel, seeds 1 and 0): W + dW for a
     # 128x128 attn.c_proj, every singular value in [1.0000, 1.0002]. On the first, MKL's sgesdd
-    # fails to converge (raises); on the second it returns NaN singular vectors. polar() must give
+    # fails to converge (raises); on the second it returns NaN singular vectors. The third is a
+    # 512x128 MLP matrix of the 2,000-step all-stiefel run (step 1,009, singular values in
+    # [1.00004, 1.00011]): there sgesdd returns finite U and V with max|U^T U - I| = 0.999. polar() must give
     # the exact polar factor either way (before the fix Manifold Muon skipped these updates). On a
     # LAPACK where sgesdd copes, this checks the plain path.
     import pathlib
