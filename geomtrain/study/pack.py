@@ -29,10 +29,9 @@ import time
 from pathlib import Path, PurePosixPath
 
 from .._io import atomic_write_bytes, read_json, sha256_file
-from ..runfolder import pid_alive
 from .collect import study_and_runs
 from .plan import StudyError
-from .runner import TERMINAL_STATUSES
+from .runner import TERMINAL_STATUSES, RunLock
 
 __all__ = ["PACK_FORMAT", "pack", "unpack"]
 
@@ -47,11 +46,8 @@ def _skipped(path: Path) -> bool:
 
 def _live_lock(runs: Path) -> tuple[Path, int] | None:
     for lock in runs.rglob(".lock"):
-        try:
-            pid = int(lock.read_text().strip() or 0)
-        except (OSError, ValueError):
-            continue
-        if pid and pid_alive(pid):
+        pid = RunLock(lock.parent).live_holder()
+        if pid:
             return lock.parent, pid
     return None
 
@@ -78,7 +74,7 @@ def pack(out: str | os.PathLike, archive: str | os.PathLike, runs_dir: str | os.
     live = _live_lock(runs)
     if live:
         raise StudyError(f"{live[0]} is being trained (pid {live[1]}): stop the study (Ctrl-C) before packing it")
-    inside = runs.resolve().is_relative_to(out.resolve())
+    inside = runs.resolve().is_relative_to(out.resolve())  # then the runs travel as study/<their path>
     members = [(f"study/{p.relative_to(out).as_posix()}", p) for p in _files(out)]
     if not inside:
         members += [(f"runs/{p.relative_to(runs).as_posix()}", p) for p in _files(runs)]

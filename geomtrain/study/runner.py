@@ -96,17 +96,22 @@ class RunLock:
             try:
                 os.link(tmp, self.path)  # atomic: fails if the lock exists, and never holds a partial PID
             except FileExistsError:
-                try:
-                    pid = int(self.path.read_text().strip() or 0)
-                except (OSError, ValueError):
-                    pid = 0
-                if pid and pid != os.getpid() and pid_alive(pid):
+                pid = self.live_holder()
+                if pid and pid != os.getpid():
                     return pid
                 self.path.unlink(missing_ok=True)  # stale
                 continue
             self.held = True
             return None
         return -1
+
+    def live_holder(self) -> int | None:
+        """The PID in the lock file when that process is alive on this machine, else ``None``."""
+        try:
+            pid = int(self.path.read_text().strip() or 0)
+        except (OSError, ValueError):
+            return None
+        return pid if pid and pid_alive(pid) else None
 
     def release(self) -> None:
         if self.held:
