@@ -65,7 +65,7 @@ class DirectionStats:
         dual_gap: ``gram_newton`` only: $(U - \langle \hat G, A\rangle)/U$ with $U \ge \mathrm{OPT}$ a dual
             value, $\hat G = G/\|G\|_F$: an upper bound on the relative suboptimality of $A$.
         dual: the warm-start state, shape ``(..., n, n)``, to pass back as ``dual=`` on the next call
-            (``gram_newton``: the correction $S - S_T$ of the multiplier, or for square DGram the
+            (``gram_newton``: the multiplier $S$, as ``multiplier``, or for square DGram the
             Douglas-Rachford iterate; ``published``: its $\Lambda$), or None.
         multiplier: ``gram_newton`` only: the multiplier $S$ (tall form, ``(..., n, n)``) at which
             ``dual_gap`` is certified: $\|\hat G + WS\|_* \ge \mathrm{OPT}$.
