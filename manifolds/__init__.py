@@ -8,7 +8,7 @@ from .base import GramManifold, from_tall, to_tall
 from .bounded import BoundedDGram
 from .dgram import DGram
 from .euclidean import Euclidean
-from .matrix_sign import MSIGN_METHODS, msign, polar
+from .matrix_sign import MSIGN_METHODS, msign, polar, polar_near_orthogonal
 from .oblique import Oblique
 from .registry import MANIFOLDS, SPEC_SYNTAX, get_manifold, manifold_names, parse_spec, register, unregister
 from .stiefel import Stiefel
@@ -22,6 +22,7 @@ __all__ = [
     "BoundedDGram",
     "msign",
     "polar",
+    "polar_near_orthogonal",
     "MSIGN_METHODS",
     "MANIFOLDS",
     "get_manifold",

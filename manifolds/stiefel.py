@@ -14,7 +14,7 @@ from __future__ import annotations
 import torch
 
 from .base import GramManifold, from_tall, size_tuple, sym, to_tall
-from .matrix_sign import polar
+from .matrix_sign import polar, polar_near_orthogonal
 
 __all__ = ["Stiefel"]
 
@@ -33,8 +33,11 @@ class Stiefel(GramManifold):
         return u - from_tall(T @ sym(T.mT @ to_tall(u, like=x)), like=x)
 
     def projx(self, x: torch.Tensor) -> torch.Tensor:
-        r"""Polar factor $X (X^\top X)^{-1/2}$."""
+        r"""Polar factor $X (X^\top X)^{-1/2}$ (``polar_method="auto"``: by Newton-Schulz where $X$ is
+        nearly orthonormal, as after a retraction step, else the SVD; `polar_near_orthogonal`)."""
         self._validate(x)
+        if self.polar_method == "auto":
+            return polar_near_orthogonal(x)
         return polar(x, self.polar_method)
 
     def random(self, *size, dtype=None, device=None, generator=None):

@@ -5,7 +5,19 @@ import geoopt
 import pytest
 import torch
 
-from manifolds import BoundedDGram, DGram, Euclidean, Oblique, Stiefel, get_manifold, msign, polar, to_tall
+from manifolds import (
+    BoundedDGram,
+    DGram,
+    Euclidean,
+    Oblique,
+    Stiefel,
+    get_manifold,
+    matrix_sign,
+    msign,
+    polar,
+    polar_near_orthogonal,
+    to_tall,
+)
 
 ALL = [Stiefel(), DGram(), Oblique(), Euclidean(), BoundedDGram(1.5)]
 
@@ -91,11 +103,16 @@ def test_svd_polar_survives_float32_lapack_breakdown(fixture):
 
     X = torch.from_numpy(np.load(pathlib.Path(__file__).parent / "fixtures" / fixture)["x"])
     assert X.dtype == torch.float32
-    Q = Stiefel().retr(X, torch.zeros_like(X))
+    # the SVD path (polar_method="svd"; "auto" takes these near-orthonormal inputs to Newton-Schulz, below)
+    Q = Stiefel(polar_method="svd").retr(X, torch.zeros_like(X))
     assert Q.dtype == torch.float32 and bool(torch.isfinite(Q).all())
     # float32 orthonormality: 128 columns, rounding ~6e-8 each, measured 3.6e-7 and 4.8e-7
     assert (Q.mT @ Q - torch.eye(128)).abs().max() < 5e-6
     assert (Q.double() - msign(X.double(), "svd")).abs().max() < 1e-5
+    # the default retraction never calls LAPACK on them: the same polar factor from matrix products alone
+    Q_ns = Stiefel().retr(X, torch.zeros_like(X))
+    assert (Q_ns.mT @ Q_ns - torch.eye(128)).abs().max() < 5e-6
+    assert (Q_ns.double() - msign(X.double(), "svd")).abs().max() < 1e-5
 
 
 def test_svd_polar_retries_in_float64_when_lapack_fails(monkeypatch):
@@ -159,11 +176,45 @@ def test_svd_polar_retries_in_float64_when_lapack_returns_non_orthonormal_factor
     X = Stiefel().random(3, 40, 12, dtype=torch.float32, generator=torch.Generator().manual_seed(5))
     X = X + 1e-3 * _gaussian(3, 40, 12, seed=6, dtype=torch.float32)  # W + dW, near the manifold
     monkeypatch.setattr(torch.linalg, "svd", broken_svd)
-    Q = Stiefel().retr(X, torch.zeros_like(X))
+    Q = Stiefel(polar_method="svd").retr(X, torch.zeros_like(X))
     assert Q.dtype == torch.float32
     assert (Q.mT @ Q - torch.eye(12)).abs().max() < 5e-6  # on the manifold, as an unbroken SVD leaves it
     monkeypatch.setattr(torch.linalg, "svd", real_svd)
     assert (Q.double() - msign(X.double(), "svd")).abs().max() < 1e-6
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64], ids=str)
+@pytest.mark.parametrize("shape", [(40, 12), (12, 40), (3, 64, 16), (16, 16)], ids=str)
+@pytest.mark.parametrize("lr", [0.0, 0.02, 0.1])
+def test_polar_near_orthogonal_is_the_polar_factor(dtype, shape, lr):
+    # a Stiefel retraction input W - lr A (A tangent, ||A||_op = 1): Newton-Schulz gives the exact polar factor to
+    # the dtype's rounding. Against a float64 SVD: float32 measured 1-4e-7 (products of 16-64 terms of ~6e-8
+    # rounding), so 2e-6; float64 1e-13 (measured ~1e-15, the margin covers the last step's products).
+    man = Stiefel()
+    W = man.random(*shape, dtype=dtype, generator=torch.Generator().manual_seed(7))
+    A = man.proju(W, _gaussian(*shape, seed=8, dtype=dtype))
+    A = A / torch.linalg.matrix_norm(A.double(), ord=2).to(dtype)[..., None, None]
+    X = W - lr * A
+    Q = polar_near_orthogonal(X)
+    assert Q.dtype == dtype and Q.shape == X.shape
+    ref = msign(X.double(), "svd")
+    tol = 2e-6 if dtype == torch.float32 else 1e-13
+    assert float((Q.double() - ref).abs().max()) < tol
+    assert torch.allclose(man.retr(W, -lr * A), Q)  # the default Stiefel retraction takes this path
+
+
+def test_polar_near_orthogonal_sends_far_matrices_to_polar(monkeypatch):
+    # per batch entry: an entry far from orthonormal (||X^T X - I||_F > NEAR_ORTHOGONAL) gets polar(X) (the SVD on
+    # CPU), the near one Newton-Schulz; each equals its exact polar factor
+    near = Stiefel().random(30, 8, generator=torch.Generator().manual_seed(9))
+    far = _gaussian(30, 8, seed=10, dtype=torch.float32)
+    X = torch.stack([near + 1e-3 * _gaussian(30, 8, seed=11, dtype=torch.float32), far])
+    calls = []
+    real = matrix_sign.polar
+    monkeypatch.setattr(matrix_sign, "polar", lambda Y, method="auto": calls.append(Y.shape[0]) or real(Y, method))
+    Q = polar_near_orthogonal(X)
+    assert calls == [1]  # only the far entry
+    assert float((Q.double() - msign(X.double(), "svd")).abs().max()) < 2e-6
 
 
 # ----------------------------------------------------------------------------- DGram retraction
