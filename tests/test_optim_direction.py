@@ -311,6 +311,48 @@ def test_low_rank_float32_gradients_are_solved_as_well_as_in_float64(manifold):
     assert float(st.dual_gap) <= 1e-3
 
 
+@pytest.mark.parametrize(
+    "manifold, shape",
+    [(Stiefel(), (96, 32)), (DGram(), (96, 32)), (Stiefel(), (32, 32))],
+    ids=["stiefel-tall", "dgram-tall", "stiefel-square"],
+)
+def test_escalation_flag_sends_the_next_solve_to_float64_without_the_probe(monkeypatch, manifold, shape):
+    # A nearly low-rank float32 gradient (as in training) escalates to float64. Passed back with the warm start,
+    # stats.escalated skips the float32 probe of the next step's solve: the same float64 solve from the same
+    # start (so the same direction), one or two evaluations fewer, no float32 dual formed.
+    from geomtrain.optim import gram_newton
+
+    m, n = shape
+    W = manifold.random(m, n, generator=seeded(80))
+    U, V = torch.randn(m, 3, generator=seeded(81)), torch.randn(n, 3, generator=seeded(82))
+    G = U @ V.T + 1e-4 * torch.randn(m, n, generator=seeded(83))
+    A, st = spectral_direction(manifold, W, G)
+    assert st.escalated.dtype == torch.bool and bool(st.escalated)
+    W2 = manifold.retr(W, -0.02 * A)
+    G2 = G + 0.1 * (torch.randn(m, 3, generator=seeded(84)) @ V.T)  # the next step: same structure
+    A_probe, probed = spectral_direction(manifold, W2, G2, dual=st.dual)
+    dtypes, real = [], gram_newton.GramDual
+
+    def spy(manifold, T, Gh, dtype, *args):
+        dtypes.append(dtype)
+        return real(manifold, T, Gh, dtype, *args)
+
+    monkeypatch.setattr(gram_newton, "GramDual", spy)
+    A_hint, hinted = spectral_direction(manifold, W2, G2, dual=st.dual, escalate=st.escalated)
+    assert all(dt == torch.float64 for dt in dtypes)  # (square Stiefel forms no GramDual at all)
+    assert torch.equal(A_hint, A_probe) and bool(hinted.escalated)
+    assert int(probed.evaluations) - 2 <= int(hinted.evaluations) < int(probed.evaluations)
+
+
+def test_well_conditioned_problems_are_not_flagged_and_a_false_flag_changes_nothing():
+    W, G = problem(Stiefel(), (48, 16), seed=85)
+    A, st = spectral_direction(Stiefel(), W, G)
+    assert not bool(st.escalated)
+    A2, st2 = spectral_direction(Stiefel(), W, G, dual=st.dual, escalate=st.escalated)
+    A3, st3 = spectral_direction(Stiefel(), W, G, dual=st.dual)
+    assert torch.equal(A2, A3) and int(st2.evaluations) == int(st3.evaluations)
+
+
 # ============================================================================ smoothing
 def test_smoothed_polar_weights_clip_singular_values_below_tau():
     # R = (max(M, tau^2))^(-1/2) (floor 0, float64): singular values of Y R are exactly min(sigma / tau, 1),

@@ -198,6 +198,31 @@ def test_state_dict_round_trip_is_exact():
             assert torch.equal(sa["state"][p][key], sb["state"][p][key])
 
 
+def test_precision_flag_is_kept_per_matrix_and_passed_back():
+    # a Stiefel matrix with a nearly low-rank gradient escalates; its flag is stored next to the dual variable
+    # (uint8, one per matrix) and handed to the next solve as `escalate`
+    import geomtrain.optim.muon as muon_mod
+
+    W = torch.nn.Parameter(Stiefel().random(2, 48, 16, generator=seeded(86)))
+    opt = ManifoldMuon([{"params": [W], "manifold": Stiefel()}], lr=0.01)
+    seen = []
+    real = muon_mod.spectral_direction
+
+    def spy(*args, **kwargs):
+        seen.append(kwargs.get("escalate"))
+        return real(*args, **kwargs)
+
+    U, V = torch.randn(2, 48, 2, generator=seeded(87)), torch.randn(2, 16, 2, generator=seeded(88))
+    for _ in range(2):
+        W.grad = U @ V.mT
+        with pytest.MonkeyPatch.context() as mp:
+            mp.setattr(muon_mod, "spectral_direction", spy)
+            opt.step()
+    flag = opt.state[W]["escalated"]
+    assert flag.dtype == torch.uint8 and flag.tolist() == [1, 1]
+    assert seen[0] is None and seen[1].tolist() == [True, True]
+
+
 def test_load_state_dict_refuses_a_different_manifold():
     a = _make_model()
     opt_a = _make_opt(a)

@@ -11,7 +11,7 @@ matrix it times, side by side in one process:
 - ``cold``: the default solver from a cold start;
 - ``warm``: the default solver on the *next* step of a simulated run (weights moved by
   ``lr = 0.02`` along the cold direction, momentum blended with a fresh gradient of the same
-  distribution, 0.95/0.05), warm-started from the cold solve's dual variable.
+  distribution, 0.95/0.05), warm-started from the cold solve's dual variable and precision flag.
 
 With ``--custom-mask`` every manifold is replaced by its twin with its own ``project_gram``
 (`custom_mask_twin`: the same geometry), so the solver takes the code path of a user-defined mask
@@ -289,7 +289,8 @@ def _bench_matrix(man, W, G, fresh, solvers, muon_dtype, repeats, device, ref) -
             A0, st0 = cold if cold is not None else spectral_direction(man, W, G)
             W2 = man.retr(W, -0.02 * A0)
             G2 = 0.95 * G + 0.05 * fresh
-            sec, (A, st) = _timed(lambda: spectral_direction(man, W2, G2, dual=st0.dual), repeats, device)  # noqa: B023
+            warm_opts = {"dual": st0.dual, "escalate": st0.escalated}  # what ManifoldMuon passes back
+            sec, (A, st) = _timed(lambda: spectral_direction(man, W2, G2, **warm_opts), repeats, device)  # noqa: B023
             record(name, sec, A, st, W2, G2, None)
     muon_s = out["solvers"]["muon"]["seconds"]
     for entry in out["solvers"].values():

@@ -69,6 +69,8 @@ class DirectionStats:
             Douglas-Rachford iterate; ``published``: its $\Lambda$), or None.
         multiplier: ``gram_newton`` only: the multiplier $S$ (tall form, ``(..., n, n)``) at which
             ``dual_gap`` is certified: $\|\hat G + WS\|_* \ge \mathrm{OPT}$.
+        escalated: ``gram_newton`` only: bool, solved in float64 although the input is float32 (an
+            ill-conditioned dual); pass it back as ``escalate=`` with ``dual=`` to skip the float32 probe.
         trace: with ``trace=True``: per-evaluation ``residual``, ``objective`` and ``dual_bound``
             lists of the first matrix.
     """
@@ -81,6 +83,7 @@ class DirectionStats:
     dual: torch.Tensor | None = None
     multiplier: torch.Tensor | None = None
     trace: dict | None = None
+    escalated: torch.Tensor | None = None
 
 
 def _check(manifold, W: torch.Tensor, G: torch.Tensor, solver: str, options: dict) -> dict:
@@ -120,7 +123,9 @@ def spectral_direction(
             smoothed, Huber form), ``compute_dtype`` (of the $n \times n$ work; default
             float64 for float64 inputs, else float32), ``warm_reset`` (a warm start whose first
             residual is above this restarts cold), ``cg_iters``/``cg_tol`` (inner CG for custom
-            masks), ``dual`` (warm start: a previous ``stats.dual``), ``trace`` (record residual
+            masks), ``dual`` (warm start: a previous ``stats.dual``), ``escalate`` (bool per matrix: a
+            previous ``stats.escalated``; those float32 problems go to float64 without the float32
+            probe), ``trace`` (record residual
             and objective after every evaluation of the first matrix). ``msign``/``msign_steps``/
             ``msign_dtype`` set the matrix sign of ``tangent``, ``published`` and, for Euclidean,
             of every solver.
@@ -156,5 +161,6 @@ def spectral_direction(
         dual=None if dual is None else dual.reshape(*batch, n, n),
         multiplier=None if mult is None else mult.reshape(*batch, n, n),
         trace=None if trace is None else trace.as_dict(),
+        escalated=None if raw.get("escalated") is None else raw["escalated"].reshape(batch),
     )
     return from_tall(A3.reshape(T.shape), like=W), stats

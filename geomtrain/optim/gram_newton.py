@@ -13,6 +13,12 @@ tangent projection $S_T$: in training the multiplier moves 3-7% per step where t
 over (measured, docs/manifold-muon.md). A warm start that evaluates worse than ``warm_reset``
 restarts from $S_T$ (the residual monitor; cold starts begin at residuals of about 1e-2 to 1e-1 RMS).
 
+**Precision hint.** A float32 problem that the first evaluation finds ill-conditioned is solved
+again in float64 (``ESCALATE``); ``stats.escalated`` says which were, and passed back as
+``escalate=`` with the warm start it sends them to float64 at once, without the float32 probe
+(one evaluation, and for warm starts the conditioning check at $S_T$, saved per matrix: the
+LayerNorm structure that makes training problems ill-conditioned persists from step to step).
+
 **Degenerate duals.** Square DGram goes to `solve_square_dgram` (the problem in $n \times n$
 matrices; its warm-start state is the Douglas-Rachford iterate). DGram and custom masks with
 $m < 2n$, and entries whose residual stalls, continue with `douglas_rachford`. If ``max_iter`` runs out,
@@ -51,6 +57,7 @@ OPTIONS = {
     "cg_iters": 10,
     "cg_tol": 1e-2,
     "dual": None,
+    "escalate": None,
 }
 
 # An entry stops when its best residual fell by less than this factor over this many evaluations:
@@ -95,8 +102,14 @@ def solve_gram_newton(
     live = ~zero.view(B)
     trace = Trace() if opts["trace"] else None
     dtype = compute_dtype_for(T, opts["compute_dtype"])
+    square_dgram = mask_kind(manifold) == "dgram" and m == n
+    hint = opts["escalate"]
+    if hint is not None and not square_dgram and dtype == torch.float32 and opts["compute_dtype"] is None:
+        hint = hint.reshape(B).to(device=T.device, dtype=torch.bool)
+        if bool(hint.any()):  # entries escalated at the previous step: straight to float64, no float32 probe
+            return _solve_apart(manifold, T, G, {**opts, "escalate": None}, hint, 0)
     stop = tol * STOP_MARGIN.get(dtype, 1.0)
-    if mask_kind(manifold) == "dgram" and m == n:
+    if square_dgram:
         A, out = solve_square_dgram(T.to(dtype), Gh.to(dtype), live, tol, stop, max_iter, opts["dual"], trace)
         return torch.where(zero, torch.zeros_like(A), A).to(T.dtype), out
     if mask_kind(manifold) == "stiefel" and m == n:
@@ -143,6 +156,7 @@ def solve_gram_newton(
         "dual_gap": gap.cpu(),
         "dual": torch.where(zero, torch.zeros_like(S_out), S_out),
         "multiplier": torch.where(zero, torch.zeros_like(S_out), S_out),
+        "escalated": _escalated(T, dual.C.dtype, B),
         "trace": trace,
     }
     return A.to(T.dtype), out
@@ -202,6 +216,7 @@ def _square_stiefel(manifold, T, Gh, live, dtype, opts, trace):
         "dual_gap": gap.cpu(),
         "dual": torch.where(live[:, None, None], S_T, torch.zeros_like(S_T)),
         "multiplier": torch.where(live[:, None, None], S_T, torch.zeros_like(S_T)),
+        "escalated": _escalated(T, dtype, T.shape[0]),
         "trace": trace,
     }
 
@@ -238,7 +253,8 @@ def _solve_apart(manifold, T, G, opts, ill, spent: int) -> tuple[torch.Tensor, d
     """Solve the ``ill`` entries in float64 and the others in float32, then merge: an entry's result
     never depends on the rest of its batch (DDP ranks, which solve parts of a batch, agree with one
     process). Evaluations are counted as the entry alone would have: the ``spent`` probe evaluations for
-    a float64 entry, all but the kept one for a float32 entry. Either part may be empty."""
+    a float64 entry, all but the kept one for a float32 entry (none when nothing was probed, ``spent`` 0:
+    the ``escalate`` hint). Either part may be empty."""
     B, n = T.shape[0], T.shape[-1]
     A = torch.empty_like(T)
     merged: dict = {}
@@ -249,8 +265,10 @@ def _solve_apart(manifold, T, G, opts, ill, spent: int) -> tuple[torch.Tensor, d
         sub_opts = {**opts, "compute_dtype": dtype, "trace": bool(opts["trace"]) and bool(mask[0])}
         if opts["dual"] is not None:
             sub_opts["dual"] = opts["dual"].reshape(B, n, n)[idx.to(opts["dual"].device)]
+        if opts["escalate"] is not None:
+            sub_opts["escalate"] = opts["escalate"].reshape(B)[idx.to(opts["escalate"].device)]
         A_part, out = solve_gram_newton(manifold, T[idx], G[idx], sub_opts)
-        out["evaluations"] = out["evaluations"] + (spent if dtype == torch.float64 else spent - 1)
+        out["evaluations"] = out["evaluations"] + (spent if dtype == torch.float64 else max(spent - 1, 0))
         A[idx] = A_part
         for key, value in out.items():
             if isinstance(value, torch.Tensor):
@@ -283,6 +301,11 @@ def _douglas_rachford_fallback(dual, best, stalled, stop, max_iter, opts, trace,
     j = idx[better]
     coef[j], res[j], S_out[j] = Z[better], res_dr[better], S_dr[better]
     A[j] = dual.sub(j).combine(Z[better])
+
+
+def _escalated(T: torch.Tensor, dtype: torch.dtype, B: int) -> torch.Tensor:
+    """Per entry: solved in float64 although the input is float32 (the ``escalate`` hint of the next call)."""
+    return torch.full((B,), bool(dtype == torch.float64 and T.dtype == torch.float32), dtype=torch.bool)
 
 
 def _setup(manifold, T, Gh, zero, dtype, opts) -> tuple[GramDual, torch.Tensor, torch.Tensor]:

@@ -29,7 +29,9 @@ $$\text{manifold: } W \leftarrow R_W(-\eta A),\quad A = \texttt{spectral\_direct
 - **Batching**: same-shape matrices with equal manifolds (equal ``manifold.key()``: class and every
   public setting, so two ``BoundedDGram`` bounds never share a batch) and equal solver settings are
   solved in one batched call and retracted together.
-- **Warm start**: the dual variable of each matrix (``state["dual"]``) starts the next solve.
+- **Warm start**: the dual variable of each matrix (``state["dual"]``) starts the next solve, and
+  its precision flag (``state["escalated"]``, ``stats.escalated``) sends a float32 matrix whose last
+  solve needed float64 there without the float32 probe.
 - **Non-finite gradients**: that matrix's step is skipped (momentum and weights untouched),
   counted and warned about once; an update that comes out non-finite is skipped the same way, and
   so is a retraction that raises ``ValueError`` (DGram refusing a point with a zero column). Any
@@ -51,6 +53,7 @@ of the directions), ``dual_gap_max`` (relative, where the solver knows it, else 
 
 from __future__ import annotations
 
+import math
 import warnings
 from collections.abc import Iterable
 from dataclasses import dataclass
@@ -185,7 +188,7 @@ class ManifoldMuon(torch.optim.Optimizer):
             raise ValueError(f"unknown solver {group['solver']!r}; valid: {', '.join(SOLVERS)}")
         if group["shape_scale"] not in SHAPE_SCALES:
             raise ValueError(f"unknown shape_scale {group['shape_scale']!r}; valid: {', '.join(SHAPE_SCALES)}")
-        valid = [k for k in SOLVER_OPTIONS[group["solver"]] if k != "dual"]  # the optimizer owns warm starts
+        valid = [k for k in SOLVER_OPTIONS[group["solver"]] if k not in ("dual", "escalate")]  # the optimizer's
         bad = set(group["solver_options"]) - set(valid)
         if bad:
             raise ValueError(
@@ -330,6 +333,9 @@ class ManifoldMuon(torch.optim.Optimizer):
             duals = [self.state[it.p].get("dual") for it in batch]
             if g0["warm_start"] and g0["solver"] == "gram_newton" and all(d is not None for d in duals):
                 opts["dual"] = torch.cat([d.reshape(-1, *d.shape[-2:]) for d in duals]).double()
+                flags = [self.state[it.p].get("escalated") for it in batch]
+                if all(f is not None for f in flags):
+                    opts["escalate"] = torch.cat([f.reshape(-1) for f in flags]).bool()
             A, ds = spectral_direction(m, W, U, solver=g0["solver"], **opts)
             st = {
                 "msign_calls": ds.evaluations,
@@ -337,6 +343,7 @@ class ManifoldMuon(torch.optim.Optimizer):
                 "converged": ds.converged,
                 "dual_gap": ds.dual_gap,
                 "dual": ds.dual,
+                "escalated": ds.escalated,
             }
         start = 0
         for it, k in zip(batch, sizes):
@@ -376,6 +383,8 @@ class ManifoldMuon(torch.optim.Optimizer):
                     if it.group["solver"] == "gram_newton" and it.group["warm_start"] and st.get("dual") is not None:
                         d = st["dual"][sl]
                         self.state[it.p]["dual"] = d.reshape(*to_tall(it.p).shape[:-2], *d.shape[-2:]).to(it.p.dtype)
+                        if st.get("escalated") is not None:  # one flag per matrix, uint8 (broadcast by DDP)
+                            self.state[it.p]["escalated"] = st["escalated"][sl].reshape(-1).to(torch.uint8)
             row[col["has_dual"]] = float("dual" in self.state[it.p])
 
     def _share(self, items: list[_Item], stats: torch.Tensor, world: int) -> None:
@@ -389,6 +398,10 @@ class ManifoldMuon(torch.optim.Optimizer):
                     n = min(it.p.shape[-2:])
                     st["dual"] = torch.zeros(*it.p.shape[:-2], n, n, dtype=it.p.dtype, device=it.p.device)
                 dist.broadcast(st["dual"], src=owner)
+                if "escalated" not in st:
+                    k = math.prod(it.p.shape[:-2])
+                    st["escalated"] = torch.zeros(k, dtype=torch.uint8, device=it.p.device)
+                dist.broadcast(st["escalated"], src=owner)
         mine = torch.tensor([it.index % world == dist.get_rank() for it in items], dtype=torch.bool)
         local = torch.where(mine[:, None], stats, torch.zeros_like(stats))
         local = torch.nan_to_num(local, nan=-1.0)  # nan (unknown gap) travels as -1
@@ -402,6 +415,7 @@ class ManifoldMuon(torch.optim.Optimizer):
         for it in items:  # drop receive buffers where the owner kept no dual (skipped update)
             if stats[it.index, _STAT_FIELDS.index("has_dual")] == 0:
                 self.state[it.p].pop("dual", None)
+                self.state[it.p].pop("escalated", None)
 
     def _aggregate(self, stats: torch.Tensor, skipped: int) -> dict:
         c = {f: stats[:, i] for i, f in enumerate(_STAT_FIELDS)}

@@ -172,5 +172,6 @@ def solve_square_dgram(
         "dual_gap": torch.where(zero, torch.zeros_like(gap), gap).cpu(),
         "dual": torch.where(zero[:, None, None], torch.zeros_like(best_z), best_z),
         "multiplier": torch.where(zero[:, None, None], torch.zeros_like(S), S),
+        "escalated": torch.zeros(B, dtype=torch.bool),
         "trace": trace,
     }
