@@ -107,7 +107,7 @@ def solve_gram_newton(
     if hint is not None and not square_dgram and dtype == torch.float32 and opts["compute_dtype"] is None:
         hint = hint.reshape(B).to(device=T.device, dtype=torch.bool)
         if bool(hint.any()):  # entries escalated at the previous step: straight to float64, no float32 probe
-            return _solve_apart(manifold, T, G, {**opts, "escalate": None}, hint, 0)
+            return _solve_apart(manifold, T, G, opts, hint, 0)
     stop = tol * STOP_MARGIN.get(dtype, 1.0)
     if square_dgram:
         A, out = solve_square_dgram(T.to(dtype), Gh.to(dtype), live, tol, stop, max_iter, opts["dual"], trace)
@@ -262,11 +262,10 @@ def _solve_apart(manifold, T, G, opts, ill, spent: int) -> tuple[torch.Tensor, d
         idx = mask.nonzero().squeeze(-1)
         if idx.numel() == 0:
             continue
-        sub_opts = {**opts, "compute_dtype": dtype, "trace": bool(opts["trace"]) and bool(mask[0])}
+        # the precision is decided here, so the part's solve takes no escalate hint
+        sub_opts = {**opts, "compute_dtype": dtype, "escalate": None, "trace": bool(opts["trace"]) and bool(mask[0])}
         if opts["dual"] is not None:
             sub_opts["dual"] = opts["dual"].reshape(B, n, n)[idx.to(opts["dual"].device)]
-        if opts["escalate"] is not None:
-            sub_opts["escalate"] = opts["escalate"].reshape(B)[idx.to(opts["escalate"].device)]
         A_part, out = solve_gram_newton(manifold, T[idx], G[idx], sub_opts)
         out["evaluations"] = out["evaluations"] + (spent if dtype == torch.float64 else max(spent - 1, 0))
         A[idx] = A_part
