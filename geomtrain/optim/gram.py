@@ -101,6 +101,14 @@ CERTIFICATE_SMOOTHING = 1e-4
 # product per rank, so 6 (10% less time than 10, measured side by side).
 DGRAM_STEP_RANK = 6
 
+# The frozen-R step of a DGram dual is computed in float32 even where the evaluation is float64. The step only
+# steers the iteration: its fixed point (H = 0) and the stop test are the float64 evaluation's, so a step
+# rounded at 1e-7 changes the path, not the solution. On 28 tall DGram momenta captured from `mini` runs
+# (all-dgram steps 41 and 151, hetero-inv step 43; warm, float64) it took the same evaluations as the float64
+# step, entry by entry, with the same directions to 5 digits, and the all-dgram training step got 15% faster
+# (docs/training.md): a float64 n^3 product costs 4.5x a float32 one at n = 128 on this CPU.
+DGRAM_STEP_DTYPE = torch.float32
+
 
 def inverse_sqrt_weights(lam: torch.Tensor, tau2: float, floor: float) -> torch.Tensor:
     r"""Eigenvalues $r = (\max(\lambda, \tau^2) + \varphi)^{-1/2}$ of the smoothed $M^{-1/2}$, with
@@ -329,7 +337,10 @@ class GramDual:
             rr = r[..., :, None] + r[..., None, :]
             return -V @ (ev.Ht / rr) @ V.mT
         if self.kind == "dgram":
-            return self._dgram_step_exact(H, R) if H.dtype == torch.float64 else self._dgram_step(H, R)
+            if H.dtype != torch.float64:
+                return self._dgram_step(H, R)
+            dt = DGRAM_STEP_DTYPE
+            return self._dgram_step_exact(H.to(dt), R.to(dt), self.d.to(dt)).to(H.dtype)
         if self.kind == "oblique":
             s = torch.linalg.solve(self.Gw * R, -0.5 * H.diagonal(dim1=-2, dim2=-1))
             return torch.diag_embed(s)
@@ -356,7 +367,7 @@ class GramDual:
         E = U @ ((U.mT @ (-H * scale) @ U) / (rho[..., :, None] + rho[..., None, :])) @ U.mT
         return self.P(sym(E)) * scale
 
-    def _dgram_step_exact(self, H: torch.Tensor, R: torch.Tensor) -> torch.Tensor:
+    def _dgram_step_exact(self, H: torch.Tensor, R: torch.Tensor, d: torch.Tensor) -> torch.Tensor:
         r"""`_dgram_step` with the zero diagonal enforced by a Schur complement.
 
         $E = B^{-1}(F + \operatorname{diag}\nu)$ with $B(E) = ER' + R'E$ inverted in the eigenbasis
@@ -366,8 +377,10 @@ class GramDual:
         About twenty more $n^3$ products than `_dgram_step`; on the nearly low-rank gradients of the
         ``mini`` model (solved in float64) it needed 18-19 instead of 24-32 evaluations (384x128) and
         13-15 instead of 15-18 (512x128), at equal or lower time; on Gaussian gradients the same count.
+        Computed in the dtype of ``H``, ``R`` and the squared column norms ``d`` (`step` passes
+        ``DGRAM_STEP_DTYPE``); the small solve for $\nu$ is done in float64.
         """
-        isd = self.d.rsqrt()
+        isd = d.rsqrt()
         scale = isd[..., :, None] * isd[..., None, :]
         rho, U = eigh_psd(sym(R * scale))
         Gam = 1 / (rho[..., :, None] + rho[..., None, :])
@@ -379,7 +392,7 @@ class GramDual:
         N = N + 1e-6 * N.diagonal(dim1=-2, dim2=-1).mean(-1)[..., None, None] * eye  # keeps N invertible
         F = -self.P(H) * scale
         E0 = U @ ((U.mT @ F @ U) * Gam)
-        nu = torch.linalg.solve(N, -(E0 * U).sum(-1))
+        nu = torch.linalg.solve(N.double(), -(E0 * U).sum(-1).double()).to(N.dtype)
         E = U @ ((U.mT @ (F + torch.diag_embed(nu)) @ U) * Gam) @ U.mT
         return self.P(sym(E)) * scale
 
