@@ -110,6 +110,15 @@ DGRAM_STEP_RANK = 6
 DGRAM_STEP_DTYPE = torch.float32
 
 
+def scaled_eigenbasis(R: torch.Tensor, d: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    r"""$R' = D^{-1/2} R D^{-1/2} = U \operatorname{diag}(\rho) U^\top$ for $D = \operatorname{diag}(d)$: returns
+    ``(scale, rho, U)`` with ``scale`` $= (d_i d_j)^{-1/2}$, so that $R' = R \circ$ ``scale`` (the DGram steps)."""
+    isd = d.rsqrt()
+    scale = isd[..., :, None] * isd[..., None, :]
+    rho, U = eigh_psd(sym(R * scale))
+    return scale, rho, U
+
+
 def inverse_sqrt_weights(lam: torch.Tensor, tau2: float, floor: float) -> torch.Tensor:
     r"""Eigenvalues $r = (\max(\lambda, \tau^2) + \varphi)^{-1/2}$ of the smoothed $M^{-1/2}$, with
     $\varphi = $ ``floor`` $\cdot \lambda_{\max}$ (see the module's *Smoothing*); ``lam`` ascending, last dim."""
@@ -329,7 +338,8 @@ class GramDual:
         r"""$\Delta$ with $\tfrac12 P(\Gamma\Delta R + R\Delta\Gamma) = -\tfrac12 H$ ($R$ frozen).
 
         Stiefel: exact in the eigenbasis of $R$, $\tilde\Delta_{ij} = -\tilde H_{ij}/(r_i + r_j)$.
-        DGram: `_dgram_step` in float32, `_dgram_step_exact` in float64 (the ill-conditioned duals).
+        DGram: `_dgram_step` in float32, `_dgram_step_exact` for float64 evaluations (the ill-conditioned
+        duals), computed in ``DGRAM_STEP_DTYPE``.
         Oblique: an $n \times n$ solve with $\Gamma \circ R$. Other masks: preconditioned CG.
         """
         H, V, r, R = ev.H, ev.V, ev.r, ev.R
@@ -338,7 +348,7 @@ class GramDual:
             return -V @ (ev.Ht / rr) @ V.mT
         if self.kind == "dgram":
             if H.dtype != torch.float64:
-                return self._dgram_step(H, R)
+                return self._dgram_step(H, R, self.d)
             dt = DGRAM_STEP_DTYPE
             return self._dgram_step_exact(H.to(dt), R.to(dt), self.d.to(dt)).to(H.dtype)
         if self.kind == "oblique":
@@ -350,7 +360,7 @@ class GramDual:
         pre = lambda X: self.P(sym(V @ ((V.mT @ self.P(X) @ V) * Gam) @ V.mT))  # noqa: E731
         return pcg(op, -0.5 * H, pre, self.cg_iters, self.cg_tol)
 
-    def _dgram_step(self, H: torch.Tensor, R: torch.Tensor) -> torch.Tensor:
+    def _dgram_step(self, H: torch.Tensor, R: torch.Tensor, d: torch.Tensor) -> torch.Tensor:
         r"""Frozen step for $P = \mathrm{Off}$, $\Gamma = D$ diagonal, with the diagonal constraint dropped.
 
         With $E = D^{1/2}\Delta D^{1/2}$ and $R' = D^{-1/2} R D^{-1/2} = U \operatorname{diag}(\rho) U^\top$ the
@@ -359,11 +369,9 @@ class GramDual:
         eigendecomposition and four products. Enforcing the zero diagonal exactly (a Schur
         complement of size $n$, about twenty more products) gave the same evaluation counts at
         768x256, 1024x256 and 2304x768; the Stiefel-basis shortcut ($R'$ replaced by $R$) needed
-        2-4x more evaluations (measured).
+        2-4x more evaluations (measured). ``d``: the squared column norms (the diagonal of $D$).
         """
-        isd = self.d.rsqrt()
-        scale = isd[..., :, None] * isd[..., None, :]
-        rho, U = eigh_psd(sym(R * scale))
+        scale, rho, U = scaled_eigenbasis(R, d)
         E = U @ ((U.mT @ (-H * scale) @ U) / (rho[..., :, None] + rho[..., None, :])) @ U.mT
         return self.P(sym(E)) * scale
 
@@ -380,9 +388,7 @@ class GramDual:
         Computed in the dtype of ``H``, ``R`` and the squared column norms ``d`` (`step` passes
         ``DGRAM_STEP_DTYPE``); the small solve for $\nu$ is done in float64.
         """
-        isd = d.rsqrt()
-        scale = isd[..., :, None] * isd[..., None, :]
-        rho, U = eigh_psd(sym(R * scale))
+        scale, rho, U = scaled_eigenbasis(R, d)
         Gam = 1 / (rho[..., :, None] + rho[..., None, :])
         L = pivoted_cholesky(Gam, tol=1e-3, max_rank=DGRAM_STEP_RANK)
         N = torch.zeros_like(Gam)
