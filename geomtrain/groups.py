@@ -262,15 +262,19 @@ def reserved_for_adamw(
 def optimizer_groups(
     assignments: Sequence[Assignment], params: Mapping[str, torch.Tensor], weight_decay: float | None = None
 ) -> tuple[list[dict], list[dict]]:
-    """``(muon_groups, adamw_groups)``: one ManifoldMuon group per manifold object; AdamW matrices
-    (with ``weight_decay`` unless ``None``) and vectors (weight decay 0) in separate groups."""
+    """``(muon_groups, adamw_groups)``: one ManifoldMuon group per manifold object, with the names of
+    its parameters (``param_names``, torch.optim's key: ManifoldMuon names skipped updates by it);
+    AdamW matrices (with ``weight_decay`` unless ``None``) and vectors (weight decay 0) in separate
+    groups."""
     by_manifold: dict[int, dict] = {}  # keyed by object: two BoundedDGram instances must not merge
     for a in assignments:
         if a.optimizer == "muon":
             group = by_manifold.setdefault(
-                id(a.manifold), {"params": [], "manifold": a.manifold, "manifold_name": a.manifold_name}
+                id(a.manifold),
+                {"params": [], "param_names": [], "manifold": a.manifold, "manifold_name": a.manifold_name},
             )
             group["params"].append(params[a.name])
+            group["param_names"].append(a.name)
     adam = [params[a.name] for a in assignments if a.optimizer == ADAMW]
     matrices = {"params": [p for p in adam if p.dim() >= 2]}
     if weight_decay is not None:

@@ -482,7 +482,8 @@ def _loop(trainer: Trainer, folder: RunFolder, print_fn: Callable) -> dict:
             is_eval = next_step % cfg.eval_interval == 0 or next_step == cfg.max_iters
             r = trainer.step(record_grads=is_eval and cfg.diagnostics)
             step_times.append(r.seconds)
-            if r.step % cfg.log_interval == 0 or r.step == cfg.max_iters or r.skipped:
+            muon_skipped = bool(r.muon and r.muon.get("skipped"))  # a matrix update skipped: log which
+            if r.step % cfg.log_interval == 0 or r.step == cfg.max_iters or r.skipped or muon_skipped:
                 folder.log(_train_record(r, tokens_per_step, trainer.n_skipped))
             if progress is not None:
                 progress.update(1)

@@ -283,6 +283,43 @@ def test_non_finite_gradient_in_a_run_is_counted_and_the_run_finishes(data_dir, 
     assert assert_all_finite(ckpt["model"], ckpt["adamw"], ckpt["muon"]) > 30
 
 
+def test_a_skipped_matrix_update_is_logged_by_name_and_the_run_finishes(data_dir, tmp_path, monkeypatch, capsys):
+    """A direction solve that comes out non-finite for one matrix (step 6): that update is skipped, and the
+    train record of step 6 is written, though off the log interval, naming the matrix and the reason."""
+    import geomtrain.optim.muon as muon_module
+    from geomtrain.train import Trainer, load_checkpoint
+
+    original_step, original_direction = Trainer.step, muon_module.spectral_direction
+    at_step = {"now": 0}
+
+    def step(self, *args, **kwargs):
+        at_step["now"] = self.steps_done + 1
+        return original_step(self, *args, **kwargs)
+
+    def direction(m, W, U, **opts):
+        A, stats = original_direction(m, W, U, **opts)
+        if at_step["now"] == 6:
+            A[0] = float("nan")
+        return A, stats
+
+    monkeypatch.setattr(Trainer, "step", step)
+    monkeypatch.setattr(muon_module, "spectral_direction", direction)
+    run = tmp_path / "run"
+    with pytest.warns(RuntimeWarning, match="non-finite direction"):
+        code, _, err = cli(run_args(data_dir, run, "--log-interval", "100"), capsys)
+    assert code == 0, err[-3000:]
+    logged = {r["step"]: r for r in records(run, "train")}
+    assert 6 in logged and 5 not in logged and 7 not in logged  # logged for the skip, not the interval
+    skipped = logged[6]["muon"]["skipped"]
+    assert len(skipped) >= 1 and {s["reason"] for s in skipped} == {"non-finite direction"}
+    names = {a["name"] for a in json.loads((run / "assignment.json").read_text()) if a["optimizer"] == "muon"}
+    assert {s["param"] for s in skipped} <= names
+    assert logged[6]["muon"]["n_skipped_nonfinite_total"] == len(skipped)
+    assert "skipped" not in logged[6]  # the step itself went on
+    ckpt = load_checkpoint(run / "ckpt.pt")
+    assert assert_all_finite(ckpt["model"], ckpt["adamw"], ckpt["muon"]) > 30
+
+
 # ----------------------------------------------------------------------------- exceptions
 def test_an_exception_records_failed_status_and_resume_loses_nothing(
     data_dir, reference, stopped_run, monkeypatch, capsys

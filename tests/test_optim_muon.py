@@ -259,6 +259,59 @@ def test_nonfinite_gradient_is_skipped_counted_and_warned_once():
         warnings.simplefilter("error")  # no second warning
         opt.step()
     assert opt.last_stats["n_skipped_nonfinite"] == 1 and opt.last_stats["n_skipped_nonfinite_total"] == 3
+    assert opt.last_stats["skipped"] == [{"param": "group 1 param 0", "reason": "non-finite gradient"}]
+
+
+class _RefusingDGram(DGram):
+    """DGram whose retraction refuses every point, as DGram does a point with a zero column."""
+
+    def retr(self, x, u):
+        raise ValueError("a zero column")
+
+
+@pytest.mark.parametrize("fault", ["gradient", "direction", "retraction refused", "retraction non-finite"])
+def test_a_skipped_update_is_named_with_its_reason(fault, monkeypatch):
+    """Each way a matrix update can be skipped names the parameter (torch.optim's ``param_names``) and
+    the reason in ``last_stats["skipped"]`` and the warning; that weight is untouched, the others move."""
+    import geomtrain.optim.muon as muon_module
+
+    gen = seeded(11)
+    a = torch.nn.Parameter(DGram().random(12, 6, generator=gen))
+    b = torch.nn.Parameter(Stiefel().random(12, 6, generator=gen))
+    manifold = _RefusingDGram() if fault == "retraction refused" else DGram()
+    opt = ManifoldMuon([{"params": [a, b], "param_names": ["layer.a", "layer.b"], "manifold": manifold}], lr=0.01)
+    for p in (a, b):
+        p.grad = torch.randn(p.shape, generator=gen)
+    if fault == "gradient":
+        a.grad[0, 0] = float("nan")
+    original = muon_module.spectral_direction
+
+    def poisoned_direction(m, W, U, **opts):  # a solve returning NaN for the first matrix of the batch
+        A, stats = original(m, W, U, **opts)
+        A[0] = float("nan")
+        return A, stats
+
+    if fault == "direction":
+        monkeypatch.setattr(muon_module, "spectral_direction", poisoned_direction)
+    if fault == "retraction non-finite":
+        monkeypatch.setattr(DGram, "retr", lambda self, x, u: torch.full_like(x, float("inf")))
+    before, before_b = a.detach().clone(), b.detach().clone()
+    reason = {
+        "gradient": "non-finite gradient",
+        "direction": "non-finite direction",
+        "retraction refused": "retraction refused the point",
+        "retraction non-finite": "non-finite retraction",
+    }[fault]
+    with pytest.warns(RuntimeWarning, match=f"layer.a: {reason}"):
+        opt.step()
+    skipped = opt.last_stats["skipped"]
+    if fault.startswith("retraction"):  # one manifold, one batch: both matrices go through the retraction
+        assert skipped == [{"param": "layer.a", "reason": reason}, {"param": "layer.b", "reason": reason}]
+    else:
+        assert skipped == [{"param": "layer.a", "reason": reason}]
+        assert not torch.equal(b.detach(), before_b) and bool(torch.isfinite(b).all())
+    assert torch.equal(a.detach(), before) and opt.last_stats["n_skipped_nonfinite"] == len(skipped)
+    assert json.loads(json.dumps(opt.last_stats))["skipped"] == skipped
 
 
 def test_last_stats_are_json_ready_and_lr_schedulers_work():

@@ -48,7 +48,9 @@ eigendecompositions of ``gram_newton``, msign calls of the others), ``iterations
 (most polar evaluations of one matrix), ``residual_max``/``residual_mean`` (RMS tangent residual
 of the directions), ``dual_gap_max`` (relative, where the solver knows it, else ``None``),
 ``n_unconverged``, ``off_manifold_max`` (largest `constraint_violation` after the retraction),
-``n_skipped_nonfinite`` (this step) and ``n_skipped_nonfinite_total``.
+``n_skipped_nonfinite`` (this step), ``n_skipped_nonfinite_total`` and ``skipped`` (this step's
+skipped matrices, ``[{"param": name, "reason": one of SKIP_REASONS}]``, where ``name`` is the group's
+``param_names`` entry, as ``torch.optim`` keeps for named parameters, else ``"group G param I"``).
 """
 
 from __future__ import annotations
@@ -67,7 +69,7 @@ from manifolds.base import from_tall, to_tall
 
 from .direction import DEFAULT_SOLVER, SOLVER_OPTIONS, SOLVERS, mask_kind, spectral_direction
 
-__all__ = ["ManifoldMuon", "SHAPE_SCALES", "shape_factor"]
+__all__ = ["ManifoldMuon", "SHAPE_SCALES", "SKIP_REASONS", "shape_factor"]
 
 SHAPE_SCALES = ("muon", "match_rms_adamw", "none")
 """Euclidean step scale s for an (out, in) = (A, B) weight: "muon" sqrt(max(1, A/B)) (Keller Jordan's,
@@ -95,9 +97,17 @@ _STAT_FIELDS = (
     "dual_gap",
     "converged",
     "off_manifold",
-    "skipped",
+    "skipped",  # 0, or the SKIP_REASONS code of a skipped update
     "has_dual",
 )
+
+SKIP_REASONS = {
+    1: "non-finite gradient",
+    2: "non-finite direction",
+    3: "retraction refused the point",
+    4: "non-finite retraction",
+}
+"""Why a matrix update was skipped, by the code stored in its statistics row (``last_stats["skipped"]``)."""
 
 
 def _plain(t: torch.Tensor) -> torch.Tensor:
@@ -112,6 +122,13 @@ class _Item:
     group: dict
     manifold: GramManifold
     update: torch.Tensor  # the (Nesterov) momentum, as a matrix (batch) view
+    name: str  # for skip reports: `_param_name`
+
+
+def _param_name(group: dict, group_index: int, param_index: int) -> str:
+    """The parameter's name from the group's ``param_names`` (torch.optim's key), else its position."""
+    names = group.get("param_names")
+    return names[param_index] if names else f"group {group_index} param {param_index}"
 
 
 class ManifoldMuon(torch.optim.Optimizer):
@@ -235,14 +252,14 @@ class ManifoldMuon(torch.optim.Optimizer):
         if closure is not None:
             with torch.enable_grad():
                 loss = closure()
-        items, skipped = [], 0
-        for group in self.param_groups:
+        items, skipped = [], []
+        for gi, group in enumerate(self.param_groups):
             beta = group["momentum"]
-            for p in group["params"]:
+            for pi, p in enumerate(group["params"]):
                 if p.grad is None:
                     continue
                 if not bool(torch.isfinite(p.grad).all()):
-                    skipped += 1
+                    skipped.append({"param": _param_name(group, gi, pi), "reason": SKIP_REASONS[1]})
                     continue
                 state = self.state[p]
                 buf = state.get("momentum_buffer")
@@ -255,7 +272,7 @@ class ManifoldMuon(torch.optim.Optimizer):
                 m = self._manifold_of[id(p)]
                 if mask_kind(m) == "euclidean":
                     u = u.reshape(p.shape[0], -1)
-                items.append(_Item(len(items), p, group, m, u))
+                items.append(_Item(len(items), p, group, m, u, _param_name(group, gi, pi)))
 
         stats = torch.zeros(len(items), len(_STAT_FIELDS), dtype=torch.float64)
         stats[:, _STAT_FIELDS.index("dual_gap")] = float("nan")
@@ -267,14 +284,16 @@ class ManifoldMuon(torch.optim.Optimizer):
             self._solve_and_apply(batch, stats)
         if world > 1:
             self._share(items, stats, world)
-        skipped += int(stats[:, _STAT_FIELDS.index("skipped")].sum())
+        codes = stats[:, _STAT_FIELDS.index("skipped")]
+        skipped += [{"param": it.name, "reason": SKIP_REASONS[int(codes[it.index])]} for it in items if codes[it.index]]
         if skipped:
-            self.n_skipped_nonfinite_total += skipped
+            self.n_skipped_nonfinite_total += len(skipped)
             if not self._warned_nonfinite:
                 self._warned_nonfinite = True
+                what = "; ".join(f"{s['param']}: {s['reason']}" for s in skipped)
                 warnings.warn(
-                    f"ManifoldMuon: skipped {skipped} matrix update(s) with a non-finite gradient or "
-                    "update (counted in last_stats['n_skipped_nonfinite']; warned once)",
+                    f"ManifoldMuon: skipped {len(skipped)} matrix update(s) ({what}); counted and named in "
+                    "last_stats['skipped'] (warned once)",
                     RuntimeWarning,
                     stacklevel=2,
                 )
@@ -367,16 +386,16 @@ class ManifoldMuon(torch.optim.Optimizer):
                     it.p.dtype
                 )
                 new = new.reshape(it.p.shape)
-            elif bool(torch.isfinite(a).all()):
+            elif not bool(torch.isfinite(a).all()):
+                row[col["skipped"]], new = 2, None
+            else:
                 try:
                     new = m.retr(_plain(it.p), -lr * a.to(it.p.dtype))
                 except ValueError:  # DGram refusing a (near-)zero column: a skipped update; other errors surface
-                    new = a.new_full(a.shape, float("nan"))
-            else:
-                new = a
-            if not bool(torch.isfinite(new).all()):
-                row[col["skipped"]] = 1
-            else:
+                    row[col["skipped"]], new = 3, None
+            if new is not None and not bool(torch.isfinite(new).all()):
+                row[col["skipped"]], new = 4 if not euclid else 2, None
+            if new is not None:
                 it.p.copy_(new)
                 if not euclid:
                     row[col["off_manifold"]] = float(m.constraint_violation(_plain(it.p)).max())
@@ -417,7 +436,7 @@ class ManifoldMuon(torch.optim.Optimizer):
                 self.state[it.p].pop("dual", None)
                 self.state[it.p].pop("escalated", None)
 
-    def _aggregate(self, stats: torch.Tensor, skipped: int) -> dict:
+    def _aggregate(self, stats: torch.Tensor, skipped: list[dict]) -> dict:
         c = {f: stats[:, i] for i, f in enumerate(_STAT_FIELDS)}
         n = stats.shape[0]
         gaps = c["dual_gap"][~torch.isnan(c["dual_gap"])]
@@ -430,8 +449,9 @@ class ManifoldMuon(torch.optim.Optimizer):
             "dual_gap_max": float(gaps.max()) if gaps.numel() else None,
             "n_unconverged": int((c["converged"] < 1).sum()),
             "off_manifold_max": float(c["off_manifold"].max()) if n else 0.0,
-            "n_skipped_nonfinite": skipped,
+            "n_skipped_nonfinite": len(skipped),
             "n_skipped_nonfinite_total": self.n_skipped_nonfinite_total,
+            "skipped": skipped,
         }
 
     # ------------------------------------------------------------------ state
