@@ -101,11 +101,12 @@ _STAT_FIELDS = (
     "has_dual",
 )
 
+_SKIP_GRADIENT, _SKIP_DIRECTION, _SKIP_REFUSED, _SKIP_RETRACTION = 1, 2, 3, 4
 SKIP_REASONS = {
-    1: "non-finite gradient",
-    2: "non-finite direction",
-    3: "retraction refused the point",
-    4: "non-finite retraction",
+    _SKIP_GRADIENT: "non-finite gradient",
+    _SKIP_DIRECTION: "non-finite direction",
+    _SKIP_REFUSED: "retraction refused the point",
+    _SKIP_RETRACTION: "non-finite retraction",
 }
 """Why a matrix update was skipped, by the code stored in its statistics row (``last_stats["skipped"]``)."""
 
@@ -259,7 +260,7 @@ class ManifoldMuon(torch.optim.Optimizer):
                 if p.grad is None:
                     continue
                 if not bool(torch.isfinite(p.grad).all()):
-                    skipped.append({"param": _param_name(group, gi, pi), "reason": SKIP_REASONS[1]})
+                    skipped.append({"param": _param_name(group, gi, pi), "reason": SKIP_REASONS[_SKIP_GRADIENT]})
                     continue
                 state = self.state[p]
                 buf = state.get("momentum_buffer")
@@ -387,14 +388,14 @@ class ManifoldMuon(torch.optim.Optimizer):
                 )
                 new = new.reshape(it.p.shape)
             elif not bool(torch.isfinite(a).all()):
-                row[col["skipped"]], new = 2, None
+                row[col["skipped"]], new = _SKIP_DIRECTION, None
             else:
                 try:
                     new = m.retr(_plain(it.p), -lr * a.to(it.p.dtype))
                 except ValueError:  # DGram refusing a (near-)zero column: a skipped update; other errors surface
-                    row[col["skipped"]], new = 3, None
+                    row[col["skipped"]], new = _SKIP_REFUSED, None
             if new is not None and not bool(torch.isfinite(new).all()):
-                row[col["skipped"]], new = 4 if not euclid else 2, None
+                row[col["skipped"]], new = _SKIP_DIRECTION if euclid else _SKIP_RETRACTION, None
             if new is not None:
                 it.p.copy_(new)
                 if not euclid:
