@@ -269,6 +269,41 @@ class _RefusingDGram(DGram):
         raise ValueError("a zero column")
 
 
+def test_a_dgram_column_zeroed_in_training_is_a_named_skip(monkeypatch):
+    """The first skipped update of the 8,000-step `hetero-inv` study run (step 2,183): a 128x128 DGram
+    ``attn.c_proj`` weight with one column of norm 1.7e-3 (< lr) and the step the exact direction gave it,
+    which is minus that column (to 1e-4). DGram refuses the rank-deficient point; ManifoldMuon skips that
+    matrix, names it and the reason, and leaves its weight as it was."""
+    import pathlib
+
+    import numpy as np
+
+    import geomtrain.optim.muon as muon_module
+
+    saved = np.load(pathlib.Path(__file__).parent / "fixtures" / "dgram_column_zeroed_128.npz")
+    X, step = torch.from_numpy(saved["x"]), torch.from_numpy(saved["step"])
+    lr = 0.018  # the run's Muon learning rate at that step
+    before, after = torch.linalg.vector_norm(X, dim=0), torch.linalg.vector_norm(X + step, dim=0)
+    k = int(before.argmin())
+    assert float(before[k]) < lr < float(before.sort().values[1])  # one column below the step size
+    assert float(after[k]) < 1e-2 * float(before[k])  # and the step all but removes it (1.7e-3 -> 1.4e-5)
+    with pytest.raises(ValueError, match="zero column"):
+        DGram().retr(X, step)
+    W = torch.nn.Parameter(X.clone())
+    opt = ManifoldMuon([{"params": [W], "param_names": ["attn.c_proj.weight"], "manifold": DGram()}], lr=lr)
+    original = muon_module.spectral_direction
+
+    def captured_direction(m, W, U, **opts):  # the solver's statistics, the captured direction
+        return -step[None] / lr, original(m, W, U, **opts)[1]
+
+    monkeypatch.setattr(muon_module, "spectral_direction", captured_direction)
+    W.grad = torch.randn(W.shape, generator=seeded(12))
+    with pytest.warns(RuntimeWarning, match="retraction refused the point"):
+        opt.step()
+    assert opt.last_stats["skipped"] == [{"param": "attn.c_proj.weight", "reason": "retraction refused the point"}]
+    assert torch.equal(W.detach(), X)
+
+
 @pytest.mark.parametrize("fault", ["gradient", "direction", "retraction refused", "retraction non-finite"])
 def test_a_skipped_update_is_named_with_its_reason(fault, monkeypatch):
     """Each way a matrix update can be skipped names the parameter (torch.optim's ``param_names``) and
