@@ -17,11 +17,12 @@ from .direction import (
     spectral_direction,
     tangent_residual,
 )
-from .muon import SHAPE_SCALES, ManifoldMuon
+from .muon import SHAPE_SCALES, SKIP_REASONS, ManifoldMuon
 
 __all__ = [
     "ManifoldMuon",
     "SHAPE_SCALES",
+    "SKIP_REASONS",
     "spectral_direction",
     "DirectionStats",
     "tangent_residual",

@@ -132,6 +132,11 @@ def _param_name(group: dict, group_index: int, param_index: int) -> str:
     return names[param_index] if names else f"group {group_index} param {param_index}"
 
 
+def _skip_record(name: str, code: int) -> dict:
+    """One entry of ``last_stats["skipped"]``."""
+    return {"param": name, "reason": SKIP_REASONS[code]}
+
+
 class ManifoldMuon(torch.optim.Optimizer):
     r"""Manifold Muon (see the module docstring for the update rule and `last_stats`).
 
@@ -260,7 +265,7 @@ class ManifoldMuon(torch.optim.Optimizer):
                 if p.grad is None:
                     continue
                 if not bool(torch.isfinite(p.grad).all()):
-                    skipped.append({"param": _param_name(group, gi, pi), "reason": SKIP_REASONS[_SKIP_GRADIENT]})
+                    skipped.append(_skip_record(_param_name(group, gi, pi), _SKIP_GRADIENT))
                     continue
                 state = self.state[p]
                 buf = state.get("momentum_buffer")
@@ -286,7 +291,7 @@ class ManifoldMuon(torch.optim.Optimizer):
         if world > 1:
             self._share(items, stats, world)
         codes = stats[:, _STAT_FIELDS.index("skipped")]
-        skipped += [{"param": it.name, "reason": SKIP_REASONS[int(codes[it.index])]} for it in items if codes[it.index]]
+        skipped += [_skip_record(it.name, int(codes[it.index])) for it in items if codes[it.index]]
         if skipped:
             self.n_skipped_nonfinite_total += len(skipped)
             if not self._warned_nonfinite:
@@ -380,23 +385,25 @@ class ManifoldMuon(torch.optim.Optimizer):
                     )
             a = from_tall(A[sl].reshape(to_tall(it.update).shape), like=it.update)
             lr = it.group["lr"]
-            if euclid:
+            skip, new = 0, None
+            if not bool(torch.isfinite(a).all()):
+                skip = _SKIP_DIRECTION
+            elif euclid:
                 rows, cols = it.update.shape[-2:]
                 scale = shape_factor(it.group["shape_scale"], rows, cols)
                 new = it.p.reshape(it.update.shape) * (1 - lr * it.group["weight_decay"]) - (lr * scale) * a.to(
                     it.p.dtype
                 )
                 new = new.reshape(it.p.shape)
-            elif not bool(torch.isfinite(a).all()):
-                row[col["skipped"]], new = _SKIP_DIRECTION, None
             else:
                 try:
                     new = m.retr(_plain(it.p), -lr * a.to(it.p.dtype))
                 except ValueError:  # DGram refusing a (near-)zero column: a skipped update; other errors surface
-                    row[col["skipped"]], new = _SKIP_REFUSED, None
-            if new is not None and not bool(torch.isfinite(new).all()):
-                row[col["skipped"]], new = _SKIP_DIRECTION if euclid else _SKIP_RETRACTION, None
-            if new is not None:
+                    skip = _SKIP_REFUSED
+            if not skip and not bool(torch.isfinite(new).all()):
+                skip = _SKIP_DIRECTION if euclid else _SKIP_RETRACTION
+            row[col["skipped"]] = skip
+            if not skip:
                 it.p.copy_(new)
                 if not euclid:
                     row[col["off_manifold"]] = float(m.constraint_violation(_plain(it.p)).max())
