@@ -11,10 +11,11 @@
 #   scripts/study_suites.sh SUITE [HOURS]
 #   scripts/study_suites.sh save SUITE | restore SUITE
 #
-# Suites: main-exact ablation-tangent ablation-published split-qkv lr-exact length-500 length-2000 length-8000 compare
+# Suites: main-exact ablation-tangent ablation-published split-qkv lr-exact length-500 length-2000 length-8000
+# length-8000-seed1 compare
 set -euo pipefail
 cd "$(dirname "$0")/.."
-usage="usage: scripts/study_suites.sh SUITE [HOURS] | save SUITE | restore SUITE; SUITE: main-exact, ablation-tangent, ablation-published, split-qkv, lr-exact, length-500, length-2000, length-8000, compare"
+usage="usage: scripts/study_suites.sh SUITE [HOURS] | save SUITE | restore SUITE; SUITE: main-exact, ablation-tangent, ablation-published, split-qkv, lr-exact, length-500, length-2000, length-8000, length-8000-seed1, compare"
 suite=${1:?$usage}
 hours=${2:-2}
 GEOMTRAIN=${GEOMTRAIN:-geomtrain}
@@ -47,6 +48,11 @@ case "$suite" in
         "$GEOMTRAIN" prepare --dataset classics+austen --tokenizer bpe4k
         args=(--presets "$presets5" --seeds 1 --iters "$n" --data-dir data/classics+austen-bpe4k
               --set checkpoint_interval=50 --out "docs/results/length-$n" --runs-dir "runs/study-length-$n") ;;
+    length-8000-seed1)  # the pair that decides the 8,000-step ordering, with a second seed; run it at the commit of
+        # length-8000 (f96e7a6, one solver for both seeds: see study-state/README.md)
+        "$GEOMTRAIN" prepare --dataset classics+austen --tokenizer bpe4k
+        args=(--presets unconstrained,all-dgram --seeds 1, --iters 8000 --data-dir data/classics+austen-bpe4k
+              --set checkpoint_interval=50 --out docs/results/length-8000-seed1 --runs-dir runs/study-length-8000-seed1) ;;
     compare)
         cmp() { local out=$1; shift; for s in "$@"; do [ -f "${s#*=}/summary.json" ] || { echo "skip $out: ${s#*=} not run yet"; return 0; }; done
                 "$GEOMTRAIN" study compare --out "$out" "$@"; }
