@@ -50,9 +50,19 @@ def main() -> None:
         return A, stats
 
     muon_module.spectral_direction = timed_solve
-    config = make_config(dict(model="mini", data_dir=args.data_dir, preset=args.preset, seed=0,
-                              max_iters=args.last + 1, warmup_iters=1, progress=False,
-                              diagnostics=False, eval_iters=1))
+    config = make_config(
+        dict(
+            model="mini",
+            data_dir=args.data_dir,
+            preset=args.preset,
+            seed=0,
+            max_iters=args.last + 1,
+            warmup_iters=1,
+            progress=False,
+            diagnostics=False,
+            eval_iters=1,
+        )
+    )
     trainer = Trainer(config)
     step_seconds = 0.0
     for step in range(args.last + 1):
@@ -63,8 +73,10 @@ def main() -> None:
     steps = args.last + 1 - args.first
     print(f"{args.preset}: {step_seconds / steps * 1e3:.0f} ms/step over steps {args.first}-{args.last}")
     for (manifold, shape, start), (seconds, evaluations, matrices) in sorted(totals.items(), key=lambda kv: -kv[1][0]):
-        print(f"  {manifold} {shape} {start}: {seconds / steps * 1e3:.0f} ms/step, "
-              f"{evaluations / steps:.1f} evaluations/step over {matrices / steps:.0f} matrices")
+        print(
+            f"  {manifold} {shape} {start}: {seconds / steps * 1e3:.0f} ms/step, "
+            f"{evaluations / steps:.1f} evaluations/step over {matrices / steps:.0f} matrices"
+        )
 
 
 if __name__ == "__main__":
