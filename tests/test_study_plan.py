@@ -4,7 +4,7 @@ import pytest
 
 from geomtrain.study import StudyError, plan, sweep_variants
 from geomtrain.study import main as study_main
-from geomtrain.study.plan import parse_seeds, parse_sweep, preset_variants
+from geomtrain.study.plan import format_value, parse_seeds, parse_sweep, preset_variants
 
 
 def test_sweep_variants_and_dry_run(data_dir, tmp_path, capsys):
@@ -55,6 +55,17 @@ def test_sweep_keeps_the_plain_name_at_the_shared_value():
     assert [v.name for v in swept] == ["hetero", "hetero__muon_lr-0.1"]
     assert [v.overrides for v in swept] == [{"muon_lr": 0.02}, {"muon_lr": 0.1}] and swept[1].base == "hetero"
     assert swept[1].label == "hetero, muon_lr=0.1" and swept[1].sweep == {"key": "muon_lr", "value": 0.1}
+
+
+def test_a_swept_list_names_its_folder_without_brackets():
+    key, values = parse_sweep("muon_solver_options=max_iter=2,max_iter=4")
+    swept = sweep_variants(preset_variants(["all-dgram"]), key, values)
+    assert [v.name for v in swept] == [
+        "all-dgram__muon_solver_options-max_iter=2",
+        "all-dgram__muon_solver_options-max_iter=4",
+    ]
+    assert swept[0].overrides == {"muon_solver_options": ["max_iter=2"]}
+    assert format_value(["max_iter=2", "tol=1e-05"]) == "max_iter=2,tol=1e-05"
 
 
 def test_config_text_goes_through_the_one_parser():

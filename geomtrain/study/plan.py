@@ -78,7 +78,10 @@ class Variant:
 
 
 def format_value(value) -> str:
-    """A config value as it appears in folder names and labels (``0.1``, ``1e-05``, ``8``)."""
+    """A config value as it appears in folder names and labels (``0.1``, ``1e-05``, ``8``; a list
+    joined by commas, ``max_iter=2,tol=1e-05``: no brackets or quotes in a folder name)."""
+    if isinstance(value, (list, tuple)):
+        return ",".join(format_value(v) for v in value)
     return f"{value:g}" if isinstance(value, float) else str(value)
 
 
