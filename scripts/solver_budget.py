@@ -106,7 +106,7 @@ def report() -> None:
         "`mini`, context 64, `classics+austen-bpe4k`, 500 steps; one run at a time, one thread, beside "
         "another single-threaded job on the 2-core CPU (ratios are to `unconstrained` run the same way). "
         "Certified gap: the largest over the 16 matrices of a logged step (every 10th, after step 50); "
-        "median and worst over the run. Commands: `summary.json`.",
+        "median and worst over the run. Commands: `arms.json`.",
         "",
         "| arm | seed | final val loss | ms/step | x unconstrained | evaluations/step "
         "| certified gap, median / worst | polished steps |",
@@ -129,7 +129,7 @@ def report() -> None:
             for f in KEPT:
                 if (RUNS / r["arm"] / f).exists():
                     shutil.copyfile(RUNS / r["arm"] / f, dest / f)
-    (OUT / "summary.json").write_text(json.dumps(rows, indent=1) + "\n")
+    (OUT / "arms.json").write_text(json.dumps(rows, indent=1) + "\n")
     (OUT / "results.md").write_text("\n".join(lines) + "\n")
     print("\n".join(lines))
 

@@ -101,3 +101,14 @@ def test_a_committed_comparison_rebuilds_to_the_same_bytes(tmp_path, name, monke
 
 def test_the_committed_results_are_found():
     assert {"main", "main-exact", "ablation-tangent"} <= set(STUDIES) and "compare-solvers" in COMPARISONS
+
+
+def test_report_on_a_json_that_is_no_study_summary_is_one_line_and_exit_2(tmp_path, capsys):
+    # A results folder may hold other JSON (an experiment's own table): `report` names the problem
+    # instead of failing with a TypeError deep in the table code.
+    from geomtrain.cli import main as cli_main
+
+    (tmp_path / "summary.json").write_text('[{"arm": "k2", "final_val": 5.25}]\n')
+    assert cli_main(["report", str(tmp_path)]) == 2
+    err = capsys.readouterr().err.strip()
+    assert "is not a study summary" in err and len(err.splitlines()) == 1

@@ -331,4 +331,6 @@ def load_summary(path: str | Path) -> dict:
     data = read_json(path)
     if data is None:
         raise StudyError(f"{path} not found or not JSON (run `geomtrain report` on the study folder)")
+    if not isinstance(data, dict) or not {"variants", "runs"} <= set(data):
+        raise StudyError(f"{path} is not a study summary (it has no 'variants' and 'runs')")
     return data
