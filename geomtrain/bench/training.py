@@ -11,7 +11,8 @@ alike. ``geomtrain bench train`` prints the table.
 from __future__ import annotations
 
 import statistics
-from collections.abc import Mapping, Sequence
+import sys
+from collections.abc import Callable, Mapping, Sequence
 
 from .._io import atomic_write_json, environment_record
 from ..assign import PRESETS
@@ -21,13 +22,21 @@ from ..model import model_config
 __all__ = ["measure_step_times", "measure_training_speed", "format_speed_table", "add_parser"]
 
 
-def measure_step_times(configs: Mapping[str, TrainConfig], steps: int = 10, warmup: int = 2) -> dict[str, list[float]]:
+def measure_step_times(
+    configs: Mapping[str, TrainConfig],
+    steps: int = 10,
+    warmup: int = 2,
+    log: Callable[[str], None] | None = None,
+    evaluations: dict[str, list[int]] | None = None,
+) -> dict[str, list[float]]:
     """Seconds per full training step of each config, ``steps`` timed after ``warmup`` untimed ones.
 
     The one timing loop of the project (``bench train`` and the study's overhead suite): one
     trainer per config, stepped **interleaved** round-robin so a shared machine's slow drift hits
     them all alike; on CUDA the step time includes a ``torch.cuda.synchronize``. Nothing is
-    written (the trainers have no run folder)."""
+    written (the trainers have no run folder). ``log`` gets one line per step (a run cut short
+    still shows what it measured); ``evaluations``, if given, is filled with the Manifold Muon
+    polar evaluations (``msign_calls``) of each timed step."""
     from ..train import Trainer
 
     if steps < 1 or warmup < 0:
@@ -36,9 +45,15 @@ def measure_step_times(configs: Mapping[str, TrainConfig], steps: int = 10, warm
     times: dict[str, list[float]] = {label: [] for label in configs}
     for i in range(warmup + steps):
         for label, trainer in trainers.items():
-            seconds = trainer.step().seconds
+            result = trainer.step()
+            calls = int(result.muon.get("msign_calls", 0) or 0)
+            if log is not None:
+                kind = "warmup" if i < warmup else "timed"
+                log(f"  {label} step {i + 1} ({kind}): {1000 * result.seconds:.1f} ms, {calls} evaluations")
             if i >= warmup:
-                times[label].append(seconds)
+                times[label].append(result.seconds)
+                if evaluations is not None:
+                    evaluations.setdefault(label, []).append(calls)
     return times
 
 
@@ -51,8 +66,10 @@ def measure_training_speed(
     batch_size: int | None = None,
     device: str = "auto",
     seed: int = 0,
+    log: Callable[[str], None] | None = None,
 ) -> list[dict]:
-    """Median step time of each preset; rows with ``preset``, ``ms_per_step``, ``tokens_per_s`` and ratios."""
+    """Median step time of each preset; rows with ``preset``, ``ms_per_step``, ``tokens_per_s``,
+    ``evaluations_per_step`` (median polar evaluations of Manifold Muon) and ratios."""
     configs = {}
     for preset in presets:
         overrides = dict(
@@ -70,12 +87,15 @@ def measure_training_speed(
         if batch_size is not None:
             overrides["batch_size"] = batch_size
         configs[preset] = make_config(overrides)
-    times = measure_step_times(configs, steps, warmup)
+    evaluations: dict[str, list[int]] = {}
+    times = measure_step_times(configs, steps, warmup, log=log, evaluations=evaluations)
     rows = []
     for preset, cfg in configs.items():
         ms = 1000 * statistics.median(times[preset])
         tokens = cfg.batch_size * cfg.grad_accum * (cfg.block_size or model_config(cfg.model).block_size)
-        rows.append({"preset": preset, "ms_per_step": ms, "tokens_per_s": tokens / (ms / 1000)})
+        row = {"preset": preset, "ms_per_step": ms, "tokens_per_s": tokens / (ms / 1000)}
+        row["evaluations_per_step"] = statistics.median(evaluations.get(preset, [0]))
+        rows.append(row)
     base = {r["preset"]: r["ms_per_step"] for r in rows}
     for r in rows:
         r["vs_adamw"] = r["ms_per_step"] / base["adamw"] if "adamw" in base else None
@@ -85,13 +105,17 @@ def measure_training_speed(
 
 def format_speed_table(rows: list[dict]) -> str:
     """Markdown table of :func:`measure_training_speed` rows."""
-    lines = ["| preset | ms/step | tokens/s | x adamw | x unconstrained |", "|---|---|---|---|---|"]
+    lines = [
+        "| preset | ms/step | tokens/s | evaluations/step | x adamw | x unconstrained |",
+        "|---|---|---|---|---|---|",
+    ]
     for r in rows:
         fmt = lambda v: "-" if v is None else f"{v:.2f}"  # noqa: E731
         cells = [
             r["preset"],
             f"{r['ms_per_step']:.1f}",
             f"{r['tokens_per_s']:,.0f}",
+            f"{r.get('evaluations_per_step', 0):.0f}",
             fmt(r["vs_adamw"]),
             fmt(r["vs_unconstrained"]),
         ]
@@ -105,8 +129,9 @@ def _cmd_train(args) -> int:
     bad = [s for s in presets if s not in PRESETS]
     if bad:
         raise ValueError(f"unknown preset {bad[0]!r}; valid: {', '.join(PRESETS)}")
+    log = None if args.quiet else (lambda line: print(line, file=sys.stderr, flush=True))
     rows = measure_training_speed(
-        args.model, args.data_dir, presets, args.steps, args.warmup, args.batch_size, args.device
+        args.model, args.data_dir, presets, args.steps, args.warmup, args.batch_size, args.device, log=log
     )
     print(format_speed_table(rows))
     if args.out:
@@ -138,4 +163,5 @@ def add_parser(sub) -> None:
     p.add_argument("--batch-size", type=int, default=None)
     p.add_argument("--device", default="auto")
     p.add_argument("--out", default=None, help="write the rows as JSON here")
+    p.add_argument("--quiet", action="store_true", help="no line per step on stderr")
     p.set_defaults(handler=_cmd_train)
