@@ -27,6 +27,7 @@ __all__ = [
     "parse_value",
     "parse_scalar",
     "parse_assignments",
+    "parse_solver_options",
     "RUN_DEFINING_KEYS",
     "saved_config",
     "import_manifold_modules",
@@ -92,29 +93,8 @@ class TrainConfig:
 
     def solver_options(self) -> dict:
         """``muon_solver_options`` (``"KEY=VALUE"`` entries, e.g. ``msign_dtype=float32``, ``tol=1e-5``)
-        as the solver's typed options (`geomtrain.optim.SOLVER_OPTIONS`; dtypes by name)."""
-        import torch
-
-        from .optim import DEFAULT_SOLVER, SOLVER_OPTIONS
-
-        solver = self.muon_solver or DEFAULT_SOLVER
-        valid = {k: v for k, v in SOLVER_OPTIONS[solver].items() if k not in ("dual", "trace")}
-        out = {}
-        for entry in self.muon_solver_options:
-            key, sep, text = (part.strip() for part in entry.partition("="))
-            if key not in valid or not sep:
-                raise ValueError(
-                    f"bad muon_solver_options entry {entry!r} for solver {solver!r}; "
-                    f"give KEY=VALUE with KEY one of {', '.join(valid)}"
-                )
-            if key.endswith("dtype"):
-                if text not in _DTYPES:
-                    raise ValueError(f"bad {key} {text!r} in muon_solver_options; valid: {', '.join(_DTYPES)}")
-                out[key] = getattr(torch, text)
-            else:  # typed by the option's default (bool before int: a bool is an int)
-                kind = next((t for t in (bool, int, float) if isinstance(valid[key], t)), str)
-                out[key] = parse_scalar(kind, text, f"for {key} in muon_solver_options")
-        return out
+        as the solver's typed options (`parse_solver_options`)."""
+        return parse_solver_options(self.muon_solver_options, self.muon_solver, "muon_solver_options")
 
     def validate(self, custom_names: tuple[str, ...] = ()) -> TrainConfig:
         """Raise ``ValueError`` (one line, naming the valid choices) on a bad value; return self.
@@ -318,6 +298,33 @@ def parse_scalar(kind: type, text: str, where: str) -> Any:
         expects = "true/false" if kind is bool else ("an integer" if kind is int else "a number")
         raise ValueError(f"bad value {text!r} {where} (expects {expects})") from None
     return text
+
+
+def parse_solver_options(entries: Sequence[str], solver: str | None = None, what: str = "--solver-options") -> dict:
+    """``["compute_dtype=float64", "tol=1e-5"]`` -> the typed options of a direction solver
+    (`geomtrain.optim.SOLVER_OPTIONS`; ``solver`` None is the default one): dtypes by torch name, the
+    rest typed by the option's default. A bad entry is a one-line ``ValueError`` naming the valid keys."""
+    import torch
+
+    from .optim import DEFAULT_SOLVER, SOLVER_OPTIONS
+
+    solver = solver or DEFAULT_SOLVER
+    valid = {k: v for k, v in SOLVER_OPTIONS[solver].items() if k not in ("dual", "trace")}
+    out = {}
+    for entry in entries:
+        key, sep, text = (part.strip() for part in entry.partition("="))
+        if key not in valid or not sep:
+            raise ValueError(
+                f"bad {what} entry {entry!r} for solver {solver!r}; give KEY=VALUE with KEY one of {', '.join(valid)}"
+            )
+        if key.endswith("dtype"):
+            if text not in _DTYPES:
+                raise ValueError(f"bad {key} {text!r} in {what}; valid: {', '.join(_DTYPES)}")
+            out[key] = getattr(torch, text)
+        else:  # typed by the option's default (bool before int: a bool is an int)
+            kind = next((t for t in (bool, int, float) if isinstance(valid[key], t)), str)
+            out[key] = parse_scalar(kind, text, f"for {key} in {what}")
+    return out
 
 
 def parse_assignments(items: Sequence[str], what: str = "--set") -> dict[str, Any]:

@@ -113,3 +113,23 @@ def test_custom_mask_twin_takes_the_generic_path_and_solves_the_same_problem(tmp
     plain, _ = estimate_seconds(*args, reference=False, repeats=1, gflops=50.0)
     custom, _ = estimate_seconds(*args, reference=False, repeats=1, gflops=50.0, custom_mask=True)
     assert custom > plain
+
+
+def test_solver_options_reach_the_cold_and_warm_solves(tmp_path, capsys):
+    from geomtrain import bench
+
+    argv = ["optimizer", "--quick", "--shapes", "48x16", "--manifolds", "dgram", "--quiet"]
+    assert bench.main([*argv, "--solver-options", "max_iter=1", "--out", str(tmp_path / "one.json")]) == 0
+    result = json.loads((tmp_path / "one.json").read_text())
+    assert result["config"]["solver_options"] == {"max_iter": "1"}
+    solvers = result["matrices"][0]["solvers"]
+    # one evaluation, then the polish (one more eigenvalue problem, counted): never the full solve
+    assert solvers["cold"]["evaluations"] <= 2 and solvers["warm"]["evaluations"] <= 2
+    assert bench.main([*argv, "--solver-options", "compute_dtype=float64", "--out", str(tmp_path / "f64.json")]) == 0
+    f64 = json.loads((tmp_path / "f64.json").read_text())["matrices"][0]["solvers"]
+    assert f64["cold"]["residual"] <= 1e-4 and f64["cold"]["opnorm"] <= 1 + 1e-6  # float64: no rounding floor
+    capsys.readouterr()
+    for bad, says in (("bogus=1", "KEY one of tol"), ("compute_dtype=int8", "valid: float32, float64")):
+        assert bench.main([*argv, "--solver-options", bad]) == 2
+        err = capsys.readouterr().err
+        assert err.count("\n") == 1 and says in err and "estimated" not in err  # refused before any work

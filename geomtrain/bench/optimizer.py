@@ -36,6 +36,7 @@ from collections.abc import Callable
 import torch
 
 from .._io import atomic_write_json, environment_record
+from ..config import parse_solver_options
 
 __all__ = [
     "bench_optimizer",
@@ -174,6 +175,7 @@ def bench_optimizer(
     reference: bool = True,
     log: Callable[[str], None] = print,
     custom_mask: bool = False,
+    solver_options: dict | None = None,
 ) -> dict:
     """Run the optimizer benchmark; returns ``{"matrices": [...], "layers": [...], "config": {...}}``.
 
@@ -181,6 +183,8 @@ def bench_optimizer(
 
     ``shapes`` is a sequence of ``(name, (out, in))`` (default: one GPT-2-small layer).
     ``custom_mask``: time the solvers on `custom_mask_twin` of each manifold.
+    ``solver_options``: options of the default solver for ``cold`` and ``warm`` (e.g.
+    ``{"compute_dtype": torch.float64}``; `geomtrain.config.parse_solver_options` reads them from text).
     """
     from manifolds import get_manifold
 
@@ -206,7 +210,16 @@ def bench_optimizer(
                 ref = _reference(builtin, W, direction, log, f"{mname} {sname} layer {li}") if reference else None
                 for scale in scales:
                     rec = _bench_matrix(
-                        man, W, scale * direction, scale * fresh, solvers, muon_dtype, repeats, device, ref
+                        man,
+                        W,
+                        scale * direction,
+                        scale * fresh,
+                        solvers,
+                        muon_dtype,
+                        repeats,
+                        device,
+                        ref,
+                        solver_options,
                     )
                     rec.update(manifold=mname, layer=li, matrix=sname, shape=list(shape), scale=scale)
                     matrices.append(rec)
@@ -228,6 +241,7 @@ def bench_optimizer(
             "shapes": {k: list(v) for k, v in shapes},
             "reference": reference,
             "custom_mask": custom_mask,
+            "solver_options": {k: str(v) for k, v in (solver_options or {}).items()},
         },
         "matrices": matrices,
         "layers": _layer_rows(matrices, solvers),
@@ -251,13 +265,14 @@ def _reference(man, W, G, log, label) -> dict:
     }
 
 
-def _bench_matrix(man, W, G, fresh, solvers, muon_dtype, repeats, device, ref) -> dict:
+def _bench_matrix(man, W, G, fresh, solvers, muon_dtype, repeats, device, ref, options=None) -> dict:
     """Time and check every solver on one problem (and ``warm`` on the next step)."""
     from manifolds import msign
 
     from ..optim import spectral_direction, tangent_residual
 
     mopts = {"msign": "polar_express", "msign_steps": 5, "msign_dtype": muon_dtype}
+    opts = dict(options or {})
     out: dict = {"reference": ref, "solvers": {}}
 
     def record(name, seconds, A, st, W_, G_, ref_obj):
@@ -283,13 +298,13 @@ def _bench_matrix(man, W, G, fresh, solvers, muon_dtype, repeats, device, ref) -
             sec, (A, st) = _timed(lambda: spectral_direction(man, W, G, solver=name, **mopts), repeats, device)  # noqa: B023
             record(name, sec, A, st, W, G, ref_obj)
         elif name == "cold":
-            sec, cold = _timed(lambda: spectral_direction(man, W, G), repeats, device)
+            sec, cold = _timed(lambda: spectral_direction(man, W, G, **opts), repeats, device)
             record(name, sec, *cold, W, G, ref_obj)
         elif name == "warm":
-            A0, st0 = cold if cold is not None else spectral_direction(man, W, G)
+            A0, st0 = cold if cold is not None else spectral_direction(man, W, G, **opts)
             W2 = man.retr(W, -0.02 * A0)
             G2 = 0.95 * G + 0.05 * fresh
-            warm_opts = {"dual": st0.dual, "escalate": st0.escalated}  # what ManifoldMuon passes back
+            warm_opts = {**opts, "dual": st0.dual, "escalate": st0.escalated}  # what ManifoldMuon passes back
             sec, (A, st) = _timed(lambda: spectral_direction(man, W2, G2, **warm_opts), repeats, device)  # noqa: B023
             record(name, sec, A, st, W2, G2, None)
     muon_s = out["solvers"]["muon"]["seconds"]
@@ -433,6 +448,7 @@ def _cmd_optimizer(args: argparse.Namespace) -> int:
     scales = args.scales or ([1e-3] if args.quick else [1e-3, 1.0])
     reference = not (args.quick or args.no_reference)
     shapes = _parse_shapes(args.shapes) if args.shapes else GPT2_SHAPES
+    solver_options = parse_solver_options(args.solver_options)
     est, rate = estimate_seconds(
         args.manifolds,
         scales,
@@ -467,6 +483,7 @@ def _cmd_optimizer(args: argparse.Namespace) -> int:
         reference=reference,
         log=log,
         custom_mask=args.custom_mask,
+        solver_options=solver_options,
     )
     result["machine"] = environment_record(device)
     result["command"] = "geomtrain bench " + " ".join(argv)
@@ -532,6 +549,13 @@ def add_parser(sub) -> None:
         default=None,
         choices=list(_DTYPES),
         help="msign dtype of muon/published/tangent (default bfloat16 on GPU, float32 on CPU)",
+    )
+    p.add_argument(
+        "--solver-options",
+        nargs="+",
+        default=[],
+        metavar="KEY=VALUE",
+        help="options of the default solver for cold and warm (e.g. compute_dtype=float64 tol=1e-5)",
     )
     p.add_argument("--repeats", type=int, default=1, help="time each solve this many times, keep the best")
     p.add_argument("--threads", type=int, default=0, help="torch CPU threads (0: torch's default)")

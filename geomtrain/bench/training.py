@@ -16,8 +16,12 @@ from collections.abc import Callable, Mapping, Sequence
 
 from .._io import atomic_write_json, environment_record
 from ..assign import PRESETS
-from ..config import TrainConfig, make_config
+from ..config import TrainConfig, make_config, parse_assignments
 from ..model import model_config
+
+# Config keys that bench train sets for every preset (the timing protocol): not overridable by --set.
+_BENCH_KEYS = {"model", "data_dir", "preset", "seed", "max_iters", "warmup_iters", "progress", "diagnostics"}
+_BENCH_KEYS |= {"eval_iters", "device", "batch_size"}
 
 __all__ = ["measure_step_times", "measure_training_speed", "format_speed_table", "add_parser"]
 
@@ -67,9 +71,11 @@ def measure_training_speed(
     device: str = "auto",
     seed: int = 0,
     log: Callable[[str], None] | None = None,
+    sets: Mapping[str, object] | None = None,
 ) -> list[dict]:
     """Median step time of each preset; rows with ``preset``, ``ms_per_step``, ``tokens_per_s``,
-    ``evaluations_per_step`` (median polar evaluations of Manifold Muon) and ratios."""
+    ``evaluations_per_step`` (median polar evaluations of Manifold Muon) and ratios. ``sets``: config
+    overrides for every preset (``bench train --set``, e.g. ``muon_solver_options``)."""
     configs = {}
     for preset in presets:
         overrides = dict(
@@ -86,7 +92,7 @@ def measure_training_speed(
         )
         if batch_size is not None:
             overrides["batch_size"] = batch_size
-        configs[preset] = make_config(overrides)
+        configs[preset] = make_config({**(sets or {}), **overrides})
     evaluations: dict[str, list[int]] = {}
     times = measure_step_times(configs, steps, warmup, log=log, evaluations=evaluations)
     rows = []
@@ -129,9 +135,13 @@ def _cmd_train(args) -> int:
     bad = [s for s in presets if s not in PRESETS]
     if bad:
         raise ValueError(f"unknown preset {bad[0]!r}; valid: {', '.join(PRESETS)}")
+    sets = parse_assignments(args.sets)
+    fixed = sorted(set(sets) & _BENCH_KEYS)
+    if fixed:
+        raise ValueError(f"--set {fixed[0]} is set by bench train itself; settable: any other config key")
     log = None if args.quiet else (lambda line: print(line, file=sys.stderr, flush=True))
     rows = measure_training_speed(
-        args.model, args.data_dir, presets, args.steps, args.warmup, args.batch_size, args.device, log=log
+        args.model, args.data_dir, presets, args.steps, args.warmup, args.batch_size, args.device, log=log, sets=sets
     )
     print(format_speed_table(rows))
     if args.out:
@@ -139,6 +149,8 @@ def _cmd_train(args) -> int:
             "model": args.model,
             "data_dir": args.data_dir,
             "steps": args.steps,
+            "warmup": args.warmup,
+            "sets": args.sets,
             "rows": rows,
             "environment": environment_record(args.device),
         }
@@ -163,5 +175,13 @@ def add_parser(sub) -> None:
     p.add_argument("--batch-size", type=int, default=None)
     p.add_argument("--device", default="auto")
     p.add_argument("--out", default=None, help="write the rows as JSON here")
+    p.add_argument(
+        "--set",
+        dest="sets",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="config override for every preset, repeatable (e.g. muon_solver_options=compute_dtype=float64)",
+    )
     p.add_argument("--quiet", action="store_true", help="no line per step on stderr")
     p.set_defaults(handler=_cmd_train)
