@@ -7,7 +7,8 @@
 # 1. `geomtrain bench optimizer --quick` at 12 GPT-2-small layers: per-matrix and per-layer solver
 #    cost against plain Muon (bench_optimizer.json);
 # 2. `geomtrain bench train --model gpt2`, every preset side by side (bench_train.json);
-# 3. a study of the `gpt2` config, one seed, every preset, for as many steps as the rest of the
+# 3. (on CUDA) scripts/gpu_profile.py: the solver's kernels timed, and a profile of warm solves (kernels.json);
+# 4. a study of the `gpt2` config, one seed, every preset, for as many steps as the rest of the
 #    budget allows at the step times just measured (short runs, to be reported as such), packed
 #    with its report as gpt2_short.tar.gz (the device returns at most 8 files).
 # Each part runs under its share of MINUTES (20%, 20%, 50%) and is stopped (SIGINT: runs checkpoint)
@@ -42,6 +43,9 @@ gt() { timeout -s INT -k 30 "$1" python3 -m geomtrain "${@:2}" 2>&1 | tee -a "$l
 gt "$(seconds 0.2)" bench optimizer --device "$device" --layers "${LAYERS:-12}" --quick --repeats 2 --out "$out/bench_optimizer.json" ${BENCH_ARGS:-}
 # 3 + 1 steps: a gpt2 all-dgram step takes seconds on an H200 (docs/training.md)
 gt "$(seconds 0.2)" bench train --model "$model" --device "$device" --steps 3 --warmup 1 --out "$out/bench_train.json"
+
+# The solver's kernels (eigh with cuSOLVER and MAGMA, msign, products) and a profile of warm solves: about 30 s
+[ "$device" = cuda ] && timeout -k 10 90 python3 scripts/gpu_profile.py "$out/kernels.json" >>"$log" 2>&1
 
 # Steps per run: what 50% of the budget buys at the measured step times (an eval every 10%), at least 20.
 iters=$(python3 - "$out/bench_train.json" "$(seconds 0.5)" <<'EOF'
