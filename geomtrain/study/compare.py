@@ -12,7 +12,7 @@ published schedule's, `length_trend`).
 Per variant and study: final val loss (mean ± std over the finished seeds), final train loss
 (mean over seeds of the logged training losses in the last 10% of steps: single batches, so
 noisy), both as gaps to the same study's ``unconstrained`` mean, the status, the end-of-training
-$\sigma_{\max}(W_Q)\sigma_{\max}(W_K)$ and max |logit|, ms per step, and the cumulative Muon step
+largest $\sigma_{\max}$ of $W_Q$ and $W_K$ (over layers) and max |logit|, ms per step, and the cumulative Muon step
 $\sum_t \eta_t$ of the schedule (`geomtrain.train.lr_at` scaled to ``muon_lr``).
 """
 
@@ -263,7 +263,9 @@ def compare_markdown(rows: Sequence[dict], command: str) -> str:
                 std = f" ± {r['final_val_std']:.4f}" if r["final_val_std"] is not None else ""
                 cells.append(f"{r['final_val_mean']:.4f}{std} ({_fmt(r['val_gap'], '+.4f')})")
         lines.append("| " + " | ".join(cells) + " |")
-    lines += ["", "| study | variant | steps | cumulative step | status | train (gap) | σQ·σK | max logit | ms/step |"]
+    cols = ("study", "variant", "steps", "cumulative step", "status", "train (gap)", "max σ(W_Q), σ(W_K)", "max logit")
+    head = "| " + " | ".join((*cols, "ms/step")) + " |"
+    lines += ["", head]
     lines.append("|---|---|---|---|---|---|---|---|---|")
     for r in rows:
         lines.append(
