@@ -19,10 +19,6 @@ from ..assign import PRESETS
 from ..config import TrainConfig, make_config, parse_assignments
 from ..model import model_config
 
-# Config keys that bench train sets for every preset (the timing protocol): not overridable by --set.
-_BENCH_KEYS = {"model", "data_dir", "preset", "seed", "max_iters", "warmup_iters", "progress", "diagnostics"}
-_BENCH_KEYS |= {"eval_iters", "device", "batch_size"}
-
 __all__ = ["measure_step_times", "measure_training_speed", "format_speed_table", "add_parser"]
 
 
@@ -75,7 +71,8 @@ def measure_training_speed(
 ) -> list[dict]:
     """Median step time of each preset; rows with ``preset``, ``ms_per_step``, ``tokens_per_s``,
     ``evaluations_per_step`` (median polar evaluations of Manifold Muon) and ratios. ``sets``: config
-    overrides for every preset (``bench train --set``, e.g. ``muon_solver_options``)."""
+    overrides for every preset (``bench train --set``, e.g. ``muon_solver_options``); a key that the
+    timing protocol sets itself (below, and ``batch_size``, which has its own argument) is a ValueError."""
     configs = {}
     for preset in presets:
         overrides = dict(
@@ -90,6 +87,9 @@ def measure_training_speed(
             eval_iters=1,
             device=device,
         )
+        fixed = sorted(set(sets or {}) & {*overrides, "batch_size"})
+        if fixed:
+            raise ValueError(f"--set {fixed[0]} is set by bench train itself; settable: any other config key")
         if batch_size is not None:
             overrides["batch_size"] = batch_size
         configs[preset] = make_config({**(sets or {}), **overrides})
@@ -136,9 +136,6 @@ def _cmd_train(args) -> int:
     if bad:
         raise ValueError(f"unknown preset {bad[0]!r}; valid: {', '.join(PRESETS)}")
     sets = parse_assignments(args.sets)
-    fixed = sorted(set(sets) & _BENCH_KEYS)
-    if fixed:
-        raise ValueError(f"--set {fixed[0]} is set by bench train itself; settable: any other config key")
     log = None if args.quiet else (lambda line: print(line, file=sys.stderr, flush=True))
     rows = measure_training_speed(
         args.model, args.data_dir, presets, args.steps, args.warmup, args.batch_size, args.device, log=log, sets=sets

@@ -263,9 +263,18 @@ def compare_markdown(rows: Sequence[dict], command: str) -> str:
                 std = f" ± {r['final_val_std']:.4f}" if r["final_val_std"] is not None else ""
                 cells.append(f"{r['final_val_mean']:.4f}{std} ({_fmt(r['val_gap'], '+.4f')})")
         lines.append("| " + " | ".join(cells) + " |")
-    cols = ("study", "variant", "steps", "cumulative step", "status", "train (gap)", "max σ(W_Q), σ(W_K)", "max logit")
-    head = "| " + " | ".join((*cols, "ms/step")) + " |"
-    lines += ["", head]
+    cols = (
+        "study",
+        "variant",
+        "steps",
+        "cumulative step",
+        "status",
+        "train (gap)",
+        "max σ(W_Q), σ(W_K)",
+        "max logit",
+        "ms/step",
+    )
+    lines += ["", "| " + " | ".join(cols) + " |"]
     lines.append("|---|---|---|---|---|---|---|---|---|")
     for r in rows:
         lines.append(
