@@ -133,3 +133,37 @@ def test_solver_options_reach_the_cold_and_warm_solves(tmp_path, capsys):
         assert bench.main([*argv, "--solver-options", bad]) == 2
         err = capsys.readouterr().err
         assert err.count("\n") == 1 and says in err and "estimated" not in err  # refused before any work
+
+
+def test_init_points_are_gpt2_initial_weights_on_the_manifold(tmp_path, capsys):
+    # --points init: GPT-2's initial weight (std 0.02, c_proj 0.02 / sqrt(24)) projected onto the manifold,
+    # so DGram columns are orthogonal with nearly equal norms (the chi spread of n Gaussian entries), where
+    # --points random spreads them log-normally. A bad value is refused before any work.
+    import math
+
+    import torch
+
+    from geomtrain import bench
+    from geomtrain.bench.optimizer import benchmark_point
+    from manifolds import DGram
+
+    gen = torch.Generator().manual_seed(0)
+    for name, std in (("c_fc", 0.02), ("attn.c_proj", 0.02 / math.sqrt(24))):
+        W = benchmark_point(DGram(), name, (512, 128), "init", gen)
+        gram = W.double().mT @ W.double()
+        off = gram - torch.diag(gram.diagonal())
+        assert float(off.abs().max()) <= 1e-5 * float(gram.diagonal().max())  # on the manifold
+        s = W.norm(dim=0)
+        assert abs(float(s.mean()) / (std * math.sqrt(512)) - 1) < 0.05 and float(s.max() / s.min()) < 1.5
+    R = benchmark_point(DGram(), "c_fc", (512, 128), "random", gen).norm(dim=0)
+    assert float(R.max() / R.min()) > 3
+    out = tmp_path / "init.json"
+    argv = ["optimizer", "--quick", "--shapes", "16x16", "--manifolds", "dgram", "--quiet"]
+    assert bench.main([*argv, "--points", "init", "--out", str(out)]) == 0
+    result = json.loads(out.read_text())
+    assert result["config"]["points"] == "init"
+    assert result["layers"][-1]["residual"] <= 1e-4
+    capsys.readouterr()
+    assert bench.main([*argv, "--points", "trained"]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "invalid choice" in err and "init" in err

@@ -13,6 +13,12 @@ matrix it times, side by side in one process:
   ``lr = 0.02`` along the cold direction, momentum blended with a fresh gradient of the same
   distribution, 0.95/0.05), warm-started from the cold solve's dual variable and precision flag.
 
+The points $W$ (``--points``, `POINTS`): ``random`` (the manifold's ``random``: for DGram,
+log-normal column norms, a spread of about $e^{\pm 1}$) or ``init`` (where training starts: GPT-2's
+initialisation, $\mathcal N(0, 0.02^2)$ entries and $0.02/\sqrt{2 \cdot 12}$ for the two ``c_proj``
+matrices, projected onto the manifold as the trainer does). DGram points at ``init`` have nearly
+equal column norms, the hard case of the square DGram problem (docs/manifold-muon.md).
+
 With ``--custom-mask`` every manifold is replaced by its twin with its own ``project_gram``
 (`custom_mask_twin`: the same geometry), so the solver takes the code path of a user-defined mask
 (conjugate gradients instead of the closed forms); the reference solve keeps the built-in one.
@@ -47,7 +53,9 @@ __all__ = [
     "GPT2_SHAPES",
     "OPT_SOLVERS",
     "SPECTRA",
+    "POINTS",
     "synthetic_gradient",
+    "benchmark_point",
     "custom_mask_twin",
 ]
 
@@ -63,6 +71,22 @@ _SQUARE_DGRAM_COST = {"cold": 12.0, "warm": 12.0, "reference": 60.0}
 _CUSTOM_MASK_COST = 5.0
 _MSIGN_STEPS, _MSIGN_GRAMS = 5, 3  # Polar Express: per step X X^T, (X X^T)^2 and B X
 SPECTRA = ("gaussian", "powerlaw", "layernorm")  # of the benchmark gradients: see synthetic_gradient
+POINTS = ("random", "init")  # of the benchmark weights: see benchmark_point
+# GPT-2's initialisation (geomtrain.model.GPT.reset_parameters) at GPT-2 small's depth, 12 layers
+INIT_STD, INIT_LAYERS = 0.02, 12
+
+
+def benchmark_point(manifold, name: str, shape, points: str, gen: torch.Generator) -> torch.Tensor:
+    r"""A benchmark weight of ``shape`` on ``manifold`` (float32, CPU): ``manifold.random`` for
+    ``"random"``; for ``"init"``, GPT-2's initial weight projected onto the manifold (``projx``, as
+    training starts): $\mathcal N(0, 0.02^2)$ entries, $0.02/\sqrt{2\cdot 12}$ for a matrix named
+    ``*c_proj`` (the residual-stream projections)."""
+    if points == "random":
+        return manifold.random(*shape, dtype=torch.float32, generator=gen)
+    if points != "init":
+        raise ValueError(f"unknown points {points!r}; valid: {', '.join(POINTS)}")
+    std = INIT_STD / math.sqrt(2 * INIT_LAYERS) if name.endswith("c_proj") else INIT_STD
+    return manifold.projx(std * torch.randn(*shape, generator=gen, dtype=torch.float32))
 
 
 def synthetic_gradient(shape, spectrum: str, gen: torch.Generator, dtype, device) -> torch.Tensor:
@@ -176,6 +200,7 @@ def bench_optimizer(
     log: Callable[[str], None] = print,
     custom_mask: bool = False,
     solver_options: dict | None = None,
+    points: str = "random",
 ) -> dict:
     """Run the optimizer benchmark; returns ``{"matrices": [...], "layers": [...], "config": {...}}``.
 
@@ -185,6 +210,7 @@ def bench_optimizer(
     ``custom_mask``: time the solvers on `custom_mask_twin` of each manifold.
     ``solver_options``: options of the default solver for ``cold`` and ``warm`` (e.g.
     ``{"compute_dtype": torch.float64}``; `geomtrain.config.parse_solver_options` reads them from text).
+    ``points``: the weights, one of `POINTS` (see `benchmark_point`).
     """
     from manifolds import get_manifold
 
@@ -195,6 +221,8 @@ def bench_optimizer(
         raise ValueError("the solvers must include muon (every ratio is to plain Muon)")
     if spectrum not in SPECTRA:
         raise ValueError(f"unknown spectrum {spectrum!r}; valid: {', '.join(SPECTRA)}")
+    if points not in POINTS:
+        raise ValueError(f"unknown points {points!r}; valid: {', '.join(POINTS)}")
     if muon_dtype is None:
         muon_dtype = torch.bfloat16 if torch.device(device).type == "cuda" else torch.float32
     matrices = []
@@ -204,7 +232,7 @@ def bench_optimizer(
         for li in range(layers):
             for si, (sname, shape) in enumerate(shapes):
                 gen = torch.Generator().manual_seed(seed + 1000 * li + si)
-                W = man.random(*shape, dtype=torch.float32, generator=gen).to(device)
+                W = benchmark_point(man, sname, shape, points, gen).to(device)
                 direction = synthetic_gradient(shape, spectrum, gen, torch.float32, device)
                 fresh = synthetic_gradient(shape, spectrum, gen, torch.float32, device)
                 ref = _reference(builtin, W, direction, log, f"{mname} {sname} layer {li}") if reference else None
@@ -236,6 +264,7 @@ def bench_optimizer(
             "device": str(device),
             "muon_dtype": str(muon_dtype),
             "spectrum": spectrum,
+            "points": points,
             "repeats": repeats,
             "seed": seed,
             "shapes": {k: list(v) for k, v in shapes},
@@ -484,6 +513,7 @@ def _cmd_optimizer(args: argparse.Namespace) -> int:
         log=log,
         custom_mask=args.custom_mask,
         solver_options=solver_options,
+        points=args.points,
     )
     result["machine"] = environment_record(device)
     result["command"] = "geomtrain bench " + " ".join(argv)
@@ -542,6 +572,13 @@ def add_parser(sub) -> None:
         choices=list(SPECTRA),
         help="gradients: i.i.d. Gaussian entries, k^-1/2 singular-value decay, or that decay with the null "
         "direction LayerNorm gives training gradients (layernorm)",
+    )
+    p.add_argument(
+        "--points",
+        default="random",
+        choices=list(POINTS),
+        help="weights: the manifold's random points (DGram: log-normal column norms) or GPT-2's initialisation "
+        "projected onto the manifold (init: nearly equal column norms)",
     )
     p.add_argument("--device", default="auto", help="auto, cpu or cuda")
     p.add_argument(

@@ -1,0 +1,60 @@
+"""How the square DGram direction problem gets harder as the column norms of W become equal.
+
+For W = Q diag(s) (Q a random orthogonal matrix) with s_i = 1 + spread * u_i (u_i uniform in [-1, 1]),
+and a Gaussian gradient, solves the direction problem with the default solver (float32, the
+defaults of `spectral_direction`) and prints, per spread: evaluations, whether it converged (else
+max_iter was reached and the direction polished), the certified gap, the time against plain Muon
+(one 5-step Polar Express msign in float32) and how many singular values of the direction are 1
+(to 1e-3) or within 5% below 1. The problem is invariant to scaling s: only the spread matters
+(docs/manifold-muon.md, "Square DGram near equal column norms").
+
+    OMP_NUM_THREADS=1 python scripts/square_dgram_spread.py --n 256
+"""
+
+from __future__ import annotations
+
+import argparse
+import time
+
+import torch
+
+from geomtrain.optim import spectral_direction
+from manifolds import DGram, msign
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--n", type=int, default=256, help="matrix size n (W is n x n; default 256)")
+    parser.add_argument("--spreads", type=float, nargs="+", default=[0.0, 1e-3, 1e-2, 3e-2, 0.1, 0.3, 0.9])
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--threads", type=int, default=1)
+    args = parser.parse_args()
+    if args.n < 2 or not all(0 <= s < 1 for s in args.spreads):
+        parser.error("need --n >= 2 and every spread in [0, 1)")
+    torch.set_num_threads(args.threads)
+    gen = torch.Generator().manual_seed(args.seed)
+    n = args.n
+    Q = torch.linalg.qr(torch.randn(n, n, generator=gen, dtype=torch.float64))[0].float()
+    u = 2 * torch.rand(n, generator=gen) - 1
+    G = torch.randn(n, n, generator=gen)
+    msign(G, "polar_express", steps=5)  # warm-up
+    start = time.perf_counter()
+    msign(G, "polar_express", steps=5)
+    muon = time.perf_counter() - start
+    print(f"n = {n}, seed {args.seed}, plain Muon {muon * 1e3:.1f} ms")
+    print("spread   evaluations  converged  certified gap  x muon  sv = 1  sv in [0.95, 1)")
+    for spread in args.spreads:
+        W = Q * (1 + spread * u)
+        start = time.perf_counter()
+        A, st = spectral_direction(DGram(), W, G)
+        seconds = time.perf_counter() - start
+        sv = torch.linalg.svdvals(A.double())
+        unit, near = int((sv >= 1 - 1e-3).sum()), int(((sv >= 0.95) & (sv < 1 - 1e-3)).sum())
+        print(
+            f"{spread:<8g} {int(st.evaluations):>11d}  {str(bool(st.converged)):>9}  {float(st.dual_gap):>13.1e}  "
+            f"{seconds / muon:>6.1f}  {unit:>6d}  {near:>15d}"
+        )
+
+
+if __name__ == "__main__":
+    main()
