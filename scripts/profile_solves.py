@@ -1,4 +1,4 @@
-"""Where a preset's training step spends its direction solves.
+r"""Where a preset's training step spends its direction solves.
 
 Trains the `mini` model with one preset for steps 0..LAST and, over steps FIRST..LAST, times every
 call of `spectral_direction` made by ManifoldMuon, grouped by manifold, matrix shape and start
@@ -6,7 +6,14 @@ call of `spectral_direction` made by ManifoldMuon, grouped by manifold, matrix s
 time and the evaluations per step. One preset per process (not interleaved like `bench train`),
 so compare the groups within one run and the step times only on an otherwise idle machine.
 
+With ``--reference`` every profiled solve is also checked against a float64 reference solve of the
+same problem (untimed; ``tol`` 1e-9, at most 3,000 evaluations, smoothing 1e-6): per group, the
+largest and median relative objective gap $(\mathrm{OPT} - \langle \hat G, A\rangle)/\mathrm{OPT}$
+of the directions training used, next to the largest certified gap they reported (negative gaps:
+a direction tangent only to ``tol`` overshoots the optimum).
+
     OMP_NUM_THREADS=1 python scripts/profile_solves.py all-dgram --first 40 --last 44
+    OMP_NUM_THREADS=1 python scripts/profile_solves.py all-dgram --first 41 --last 41 --reference
 """
 
 from __future__ import annotations
@@ -19,6 +26,7 @@ import torch
 
 import geomtrain.optim.muon as muon_module
 from geomtrain.config import make_config
+from geomtrain.optim import spectral_direction
 from geomtrain.train import Trainer
 
 
@@ -29,12 +37,14 @@ def main() -> None:
     parser.add_argument("--last", type=int, default=44, help="last profiled step (default 44)")
     parser.add_argument("--data-dir", default="data/classics-bpe8k")
     parser.add_argument("--threads", type=int, default=1)
+    parser.add_argument("--reference", action="store_true", help="check each profiled direction against float64")
     args = parser.parse_args()
     if not 0 <= args.first <= args.last:
         parser.error(f"need 0 <= --first <= --last, got {args.first} and {args.last}")
     torch.set_num_threads(args.threads)
 
     totals: dict[tuple, list[float]] = collections.defaultdict(lambda: [0.0, 0, 0])  # seconds, evaluations, matrices
+    gaps: dict[tuple, list[tuple[float, float]]] = collections.defaultdict(list)  # (true gap, certified gap)
     profiling = False
     solve = muon_module.spectral_direction
 
@@ -47,6 +57,8 @@ def main() -> None:
             row[0] += time.perf_counter() - start
             row[1] += int(stats.evaluations.sum())
             row[2] += W.shape[0] if W.dim() == 3 else 1
+            if args.reference:
+                gaps[key].extend(zip(reference_gaps(manifold, W, U, A), stats.dual_gap.reshape(-1).tolist()))
         return A, stats
 
     muon_module.spectral_direction = timed_solve
@@ -71,12 +83,29 @@ def main() -> None:
         if profiling:
             step_seconds += seconds
     steps = args.last + 1 - args.first
-    print(f"{args.preset}: {step_seconds / steps * 1e3:.0f} ms/step over steps {args.first}-{args.last}")
+    note = " (including the untimed reference solves)" if args.reference else ""
+    print(f"{args.preset}: {step_seconds / steps * 1e3:.0f} ms/step over steps {args.first}-{args.last}{note}")
     for (manifold, shape, start), (seconds, evaluations, matrices) in sorted(totals.items(), key=lambda kv: -kv[1][0]):
         print(
             f"  {manifold} {shape} {start}: {seconds / steps * 1e3:.0f} ms/step, "
             f"{evaluations / steps:.1f} evaluations/step over {matrices / steps:.0f} matrices"
         )
+        if gaps[(manifold, shape, start)]:
+            true, certified = zip(*gaps[(manifold, shape, start)])
+            print(
+                f"    gap to the float64 optimum: largest {max(true):.1e}, median {sorted(true)[len(true) // 2]:.1e}; "
+                f"largest certified gap {max(certified):.1e}"
+            )
+
+
+def reference_gaps(manifold, W: torch.Tensor, U: torch.Tensor, A: torch.Tensor) -> list[float]:
+    """Relative objective gap of each direction of a batch against a float64 reference solve."""
+    W3, U3, A3 = (t.reshape(-1, *t.shape[-2:]).double() for t in (W, U, A))
+    ref, _ = spectral_direction(manifold, W3, U3, tol=1e-9, max_iter=3000, smoothing=1e-6)
+    norms = U3.norm(dim=(-2, -1))
+    opt = (ref * U3).sum(dim=(-2, -1)) / norms
+    got = (A3 * U3).sum(dim=(-2, -1)) / norms
+    return ((opt - got) / opt).tolist()
 
 
 if __name__ == "__main__":
