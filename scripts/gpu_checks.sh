@@ -16,7 +16,8 @@
 # Needs python3 with torch (the device image has it), geoopt (carry its wheel in .whl/, see
 # docs/results.md) and data/classics (carry it: prepared here with the GPT-2 tokenizer).
 # MODEL, DEVICE, LAYERS and BENCH_ARGS override the defaults (a CPU smoke test: MODEL=tiny
-# DEVICE=cpu LAYERS=1 BENCH_ARGS="--shapes 96x32 32x96").
+# DEVICE=cpu LAYERS=1 BENCH_ARGS="--shapes 96x32 32x96"; BENCH_ARGS="--points init" benchmarks the
+# weights training starts from instead of the manifolds' random points).
 set -uo pipefail
 cd "$(dirname "$0")/.."
 minutes=${1:-5}
