@@ -528,3 +528,40 @@ def test_eigendecompositions_run_in_float64_for_float32_on_cuda_only():
     lam, V = eigh_psd(M)
     assert lam.dtype == V.dtype == torch.float32 and eigvalsh_psd(M).dtype == torch.float32
     torch.testing.assert_close(V @ torch.diag_embed(lam) @ V.mT, M, atol=1e-4, rtol=1e-4)
+
+
+@pytest.mark.parametrize("failure", ["nan", "error"])
+def test_a_failed_float32_eigendecomposition_is_redone_in_float64(monkeypatch, failure):
+    # MKL's float32 solvers occasionally fail on clustered spectra (an error or NaN output): the batch is redone
+    # in float64 and returned in float32; a float64 failure is raised, not hidden.
+    from geomtrain.optim import numerics
+
+    X = torch.randn(2, 9, 4, generator=torch.Generator().manual_seed(1))
+    M = X.mT @ X
+    calls = []
+
+    def flaky(real):
+        def decompose(A):
+            calls.append(A.dtype)
+            if A.dtype == torch.float32:
+                if failure == "error":
+                    raise torch.linalg.LinAlgError("linalg.eigh: The algorithm failed to converge")
+                out = real(A)
+                nan = float("nan")
+                return tuple(torch.full_like(t, nan) for t in out) if isinstance(out, tuple) else out * nan
+            return real(A)
+
+        return decompose
+
+    for name, fn in (("eigh", numerics.eigh_psd), ("eigvalsh", numerics.eigvalsh_psd)):
+        real = getattr(torch.linalg, name)
+        monkeypatch.setattr(torch.linalg, name, flaky(real))
+        calls.clear()
+        out = fn(M)
+        lam = out[0] if isinstance(out, tuple) else out
+        assert calls == [torch.float32, torch.float64] and lam.dtype == torch.float32
+        torch.testing.assert_close(lam, real(M.double()).float() if name == "eigvalsh" else real(M.double())[0].float())
+        monkeypatch.setattr(torch.linalg, name, lambda A: (_ for _ in ()).throw(torch.linalg.LinAlgError("x")))
+        with pytest.raises(torch.linalg.LinAlgError):
+            fn(M)
+        monkeypatch.setattr(torch.linalg, name, real)

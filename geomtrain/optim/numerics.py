@@ -12,6 +12,7 @@ __all__ = [
     "frob",
     "normalise",
     "eigh_dtype",
+    "symmetric_eigen",
     "eigh_psd",
     "eigvalsh_psd",
     "Anderson",
@@ -55,35 +56,32 @@ def eigh_dtype(device: torch.device, dtype: torch.dtype) -> torch.dtype:
     return dtype
 
 
-def eigh_psd(M: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """``torch.linalg.eigh`` of a batch of symmetric matrices, computed in `eigh_dtype` and returned in
-    ``M.dtype``; a float32 batch that fails (LAPACK error or non-finite output, as MKL's float32
-    solvers occasionally give on clustered spectra) is redone in float64 and cast back. Eigenvalues
-    ascending, as torch returns them."""
+def symmetric_eigen(decompose, M: torch.Tensor):
+    """``decompose`` (``torch.linalg.eigh`` or ``eigvalsh``) of a batch of symmetric matrices, computed in
+    `eigh_dtype` and returned in ``M.dtype``. A float32 batch that fails (LAPACK error or non-finite
+    output, as MKL's float32 solvers occasionally give on clustered spectra) is redone in float64 and
+    cast back. Eigenvalues ascending, as torch returns them."""
     work = eigh_dtype(M.device, M.dtype)
     try:
-        lam, V = torch.linalg.eigh(M.to(work))
-        if work == torch.float64 or bool(torch.isfinite(V).all()):
-            return lam.to(M.dtype), V.to(M.dtype)
+        out = decompose(M.to(work))
+        parts = out if isinstance(out, tuple) else (out,)
+        if work == torch.float64 or all(bool(torch.isfinite(t).all()) for t in parts):
+            return tuple(t.to(M.dtype) for t in parts) if isinstance(out, tuple) else out.to(M.dtype)
     except torch.linalg.LinAlgError:
         if work == torch.float64:
             raise
-    lam, V = torch.linalg.eigh(M.double())
-    return lam.to(M.dtype), V.to(M.dtype)
+    out = decompose(M.double())
+    return tuple(t.to(M.dtype) for t in out) if isinstance(out, tuple) else out.to(M.dtype)
+
+
+def eigh_psd(M: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Eigenvalues (ascending) and eigenvectors of a batch of symmetric matrices (`symmetric_eigen`)."""
+    return symmetric_eigen(torch.linalg.eigh, M)
 
 
 def eigvalsh_psd(M: torch.Tensor) -> torch.Tensor:
-    """Eigenvalues only (ascending), in `eigh_dtype`, with the float64 redo of `eigh_psd` for a float32
-    batch that fails."""
-    work = eigh_dtype(M.device, M.dtype)
-    try:
-        lam = torch.linalg.eigvalsh(M.to(work))
-        if work == torch.float64 or bool(torch.isfinite(lam).all()):
-            return lam.to(M.dtype)
-    except torch.linalg.LinAlgError:
-        if work == torch.float64:
-            raise
-    return torch.linalg.eigvalsh(M.double()).to(M.dtype)
+    """Eigenvalues only (ascending) of a batch of symmetric matrices (`symmetric_eigen`)."""
+    return symmetric_eigen(torch.linalg.eigvalsh, M)
 
 
 class Anderson:
