@@ -117,7 +117,8 @@ def spectral_direction(
             ``"tangent"`` (one msign of the tangent-projected $G$) or ``"published"`` (the
             paper's dual ascent as published: not scale-invariant, 20 bf16 msign calls).
         **options: solver options; see ``SOLVER_OPTIONS[solver]`` for names and defaults.
-            ``gram_newton``: ``tol`` (RMS tangent residual to stop at), ``max_iter``
+            ``gram_newton``: ``tol`` (RMS tangent residual to stop at: absolute, in the units of $W$, so a
+            DGram matrix with column norms $c$ is solved to about ``tol``$/c$ relative), ``max_iter``
             (evaluations at most), ``anderson`` (mixing depth, 0 = off), ``smoothing``
             ($\tau / \sigma_{\mathrm{rms}}(G)$: singular values of the dual point below $\tau$ are
             smoothed, Huber form), ``compute_dtype`` (of the $n \times n$ work; default
