@@ -565,3 +565,28 @@ def test_a_failed_float32_eigendecomposition_is_redone_in_float64(monkeypatch, f
         with pytest.raises(torch.linalg.LinAlgError):
             fn(M)
         monkeypatch.setattr(torch.linalg, name, real)
+
+
+@pytest.mark.parametrize("shape", [(48, 16), (16, 16)], ids=["dgram-tall", "dgram-square"])
+def test_relative_tol_makes_the_solve_invariant_to_the_scale_of_w(shape):
+    # The DGram tangent space does not change when W is scaled, but L_W(A) does: with the default absolute tol a
+    # matrix with column norms c is solved to about tol / c relative. relative_tol measures RMS(L_W(A)) / c
+    # (c = RMS column norm): the same evaluations and the same direction (to the tolerance) at any scale, and the
+    # reported residual is the true one divided by c.
+    from geomtrain.config import parse_solver_options
+
+    W, G = problem(DGram(), shape, seed=70)
+    results = []
+    for scale in (1.0, 0.05, 20.0):
+        Ws = W * scale
+        A, st = spectral_direction(DGram(), Ws, G, relative_tol=True)
+        c = float(Ws.norm()) / min(shape) ** 0.5
+        assert abs(float(tangent_residual(DGram(), Ws.double(), A.double())) / c - float(st.residual)) <= 1e-6
+        assert bool(st.converged) and float(st.residual) <= 1e-4
+        results.append((A, int(st.evaluations)))
+    for A, evaluations in results[1:]:
+        assert abs(evaluations - results[0][1]) <= 1
+        assert float((A - results[0][0]).abs().max()) <= 1e-3
+    _, absolute = spectral_direction(DGram(), 0.05 * W, G)
+    assert int(absolute.evaluations) < results[1][1]  # the absolute test stops sooner on small weights
+    assert parse_solver_options(["relative_tol=true"]) == {"relative_tol": True}

@@ -60,7 +60,8 @@ class DirectionStats:
         solver: the solver's name.
         evaluations: polar evaluations (eigendecompositions for ``gram_newton``, msign calls for
             the others).
-        residual: RMS of $L_W(A)$ over the constrained Gram entries, of the returned $A$.
+        residual: RMS of $L_W(A)$ over the constrained Gram entries, of the returned $A$ (divided by the
+            RMS column norm of $W$ with ``relative_tol``).
         converged: residual at most ``tol`` (``tangent``: always True).
         dual_gap: ``gram_newton`` only: $(U - \langle \hat G, A\rangle)/U$ with $U \ge \mathrm{OPT}$ a dual
             value, $\hat G = G/\|G\|_F$: an upper bound on the relative suboptimality of $A$.
@@ -126,7 +127,8 @@ def spectral_direction(
             residual is above this restarts cold), ``cg_iters``/``cg_tol`` (inner CG for custom
             masks), ``dual`` (warm start: a previous ``stats.dual``), ``escalate`` (bool per matrix: a
             previous ``stats.escalated``; those float32 problems go to float64 without the float32
-            probe), ``trace`` (record residual
+            probe), ``relative_tol`` (residuals divided by the RMS column norm of $W$: the same accuracy
+            at any scale of $W$), ``trace`` (record residual
             and objective after every evaluation of the first matrix). ``msign``/``msign_steps``/
             ``msign_dtype`` set the matrix sign of ``tangent``, ``published`` and, for Euclidean,
             of every solver.

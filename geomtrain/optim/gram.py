@@ -181,7 +181,7 @@ class Evaluation:
 class GramDual:
     """The Gram-space dual of a batch of tall problems ``(B, m, n)``: data, evaluation, steps."""
 
-    _BATCHED = ("C", "K", "Gw", "d", "N", "Td", "Gd")
+    _BATCHED = ("C", "K", "Gw", "d", "N", "Td", "Gd", "res_scale")
 
     def __init__(
         self,
@@ -218,6 +218,7 @@ class GramDual:
         self.tau2 = float(smoothing) ** 2 / self.n  # tau = smoothing * sigma_rms(G_hat), sigma_rms^2 = 1/n
         self.floor = ROUNDING_FLOOR * torch.finfo(dtype).eps
         self.cg_iters, self.cg_tol = int(cg_iters), float(cg_tol)
+        self.res_scale: torch.Tensor | None = None  # per matrix, set for relative residuals (``relative_tol``)
 
     @property
     def batch(self) -> int:
@@ -240,7 +241,9 @@ class GramDual:
         return self.d.unsqueeze(-1) * X if self.Gw is None else self.Gw @ X
 
     def residual(self, H: torch.Tensor) -> torch.Tensor:
-        return (H.square().sum(dim=(-2, -1)) / self.count).sqrt()
+        """RMS of ``H`` over the constrained entries, times ``res_scale`` where set."""
+        rms = (H.square().sum(dim=(-2, -1)) / self.count).sqrt()
+        return rms if self.res_scale is None else rms * self.res_scale
 
     def normal_coords(self, H: torch.Tensor) -> torch.Tensor:
         r"""$S = P(S)$ symmetric with $P(\Gamma S + S \Gamma) = H$ (the solve inside ``proju``)."""

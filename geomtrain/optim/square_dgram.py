@@ -48,7 +48,7 @@ def _off(M: torch.Tensor) -> torch.Tensor:
 class _Frame:
     """The square problem in the frame $Q$: $K$, column norms $s$ and the two projections."""
 
-    def __init__(self, T: torch.Tensor, Gh: torch.Tensor):
+    def __init__(self, T: torch.Tensor, Gh: torch.Tensor, res_scale: torch.Tensor | None = None):
         s = T.norm(dim=-2)
         self.s = s.clamp_min(torch.finfo(T.dtype).tiny)
         self.Q = T / self.s.unsqueeze(-2)
@@ -56,12 +56,14 @@ class _Frame:
         d = self.s.square()
         self.den = d[..., :, None] + d[..., None, :]
         self.n = T.shape[-1]
+        self.res_scale = None if res_scale is None else res_scale.to(T)
 
     def sub(self, idx: torch.Tensor) -> _Frame:
         out = object.__new__(_Frame)
         out.__dict__.update(self.__dict__)
-        for k in ("s", "Q", "K", "den"):
-            setattr(out, k, getattr(self, k)[idx])
+        for k in ("s", "Q", "K", "den", "res_scale"):
+            v = getattr(self, k)
+            setattr(out, k, None if v is None else v[idx])
         return out
 
     def multiplier(self, F: torch.Tensor) -> torch.Tensor:
@@ -75,7 +77,8 @@ class _Frame:
     def residual(self, C: torch.Tensor) -> torch.Tensor:
         s = self.s
         H = _off(s[..., :, None] * C + C.mT * s[..., None, :])
-        return (H.square().sum(dim=(-2, -1)) / (self.n * self.n - self.n)).sqrt()
+        rms = (H.square().sum(dim=(-2, -1)) / (self.n * self.n - self.n)).sqrt()
+        return rms if self.res_scale is None else rms * self.res_scale
 
     def proj_ball(self, F: torch.Tensor) -> torch.Tensor:
         lam, V = eigh_psd(F.mT @ F)
@@ -105,12 +108,14 @@ def solve_square_dgram(
     max_iter: int,
     z0: torch.Tensor | None,
     trace: Trace | None,
+    res_scale: torch.Tensor | None = None,
 ):
     """Square DGram problems ``(B, n, n)`` (``Gh`` normalised); returns ``(A, raw statistics)`` with the
-    Douglas-Rachford state as ``dual``. (The iteration, its safeguard and the certificate share their
-    per-entry state: one function, longer than 60 lines on purpose.)"""
+    Douglas-Rachford state as ``dual``; ``res_scale`` (per matrix) scales the residuals
+    (``relative_tol``). (The iteration, its safeguard and the certificate share their per-entry state:
+    one function, longer than 60 lines on purpose.)"""
     B, n = T.shape[0], T.shape[-1]
-    fr = _Frame(T, Gh)
+    fr = _Frame(T, Gh, res_scale)
     rho = n**-0.5
     if z0 is None:  # the fixed point implied by the tangent projection: z = x - K/rho with x = Pi_T(K), scaled
         x = fr.proj_tangent(fr.K)
