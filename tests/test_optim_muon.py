@@ -367,6 +367,7 @@ def test_last_stats_are_json_ready_and_lr_schedulers_work():
     }
     assert keys <= set(opt.last_stats) and json.loads(json.dumps(opt.last_stats))
     assert opt.last_stats["n_matrices"] == 5 and opt.last_stats["n_unconverged"] == 0  # ob is a batch of 2
+    assert opt.last_stats["unconverged"] == []
     sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda k: 1.0 if k == 0 else 0.0)
     before = {k: v.detach().clone() for k, v in model.items()}
     _train(model, opt, 1, seed=7)
@@ -454,3 +455,18 @@ def test_torch_muon_conventions_reproduce_torch_optim_muon(adjust_lr_fn, shape_s
     # our defaults (Polar Express in float32) are another orthogonaliser: a visibly different trajectory
     gap_default, moved = _muon_pair(adjust_lr_fn, shape_scale=shape_scale)
     assert gap_default > 0.05 * moved
+
+
+def test_last_stats_name_the_matrices_whose_direction_was_polished():
+    # max_iter=1 on the DGram group: its direction cannot converge and is polished; the Stiefel one converges
+    model = _make_model()
+    opt = ManifoldMuon(
+        [
+            {"params": [model["st"]], "manifold": Stiefel(), "param_names": ["st"]},
+            {"params": [model["dg"]], "manifold": DGram(), "solver_options": {"max_iter": 1}, "param_names": ["dg"]},
+        ],
+        lr=0.03,
+    )
+    _train({k: model[k] for k in ("st", "dg")}, opt, 1, seed=8)
+    assert opt.last_stats["unconverged"] == ["dg"] and opt.last_stats["n_unconverged"] == 1
+    assert json.loads(json.dumps(opt.last_stats))["unconverged"] == ["dg"]

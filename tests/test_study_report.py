@@ -112,3 +112,32 @@ def test_report_on_a_json_that_is_no_study_summary_is_one_line_and_exit_2(tmp_pa
     assert cli_main(["report", str(tmp_path)]) == 2
     err = capsys.readouterr().err.strip()
     assert "is not a study summary" in err and len(err.splitlines()) == 1
+
+
+def test_run_record_counts_the_polished_directions_per_matrix(tmp_path):
+    # Manifold Muon names the matrices whose direction was polished (last_stats["unconverged"]); a run's record
+    # counts, per matrix, the logged steps where that happened (steps logged before the names existed count in
+    # unconverged_steps only).
+    import json
+
+    from geomtrain.study.collect import read_run
+
+    base = {"msign_calls": 40, "residual_max": 5e-5, "dual_gap_max": 1e-3}
+    rows = [
+        {"kind": "train", "step": 1, "muon": {**base, "n_unconverged": 1, "unconverged": ["h.0.attn.c_proj.weight"]}},
+        {"kind": "train", "step": 2, "muon": {**base, "n_unconverged": 0, "unconverged": []}},
+        {
+            "kind": "train",
+            "step": 3,
+            "muon": {
+                **base,
+                "n_unconverged": 2,
+                "unconverged": ["h.0.attn.c_proj.weight", "h.1.attn.c_proj.weight"],
+            },
+        },
+        {"kind": "train", "step": 4, "muon": {**base, "n_unconverged": 1}},  # an older log: a count, no names
+    ]
+    (tmp_path / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    solver = read_run(tmp_path)["solver"]
+    assert solver["unconverged_steps"] == 3
+    assert solver["unconverged_matrices"] == {"h.0.attn.c_proj.weight": 2, "h.1.attn.c_proj.weight": 1}

@@ -54,6 +54,9 @@ def test_smoke_study_report_and_resume(data_dir, tmp_path, capsys):
     solver = hetero["solver"]
     assert solver["logged_steps"] == 6 and solver["evals_per_step"] >= 8  # tiny: 8 hidden matrices, >= 1 each
     assert solver["residual_max"] <= 1e-4 * 1.01 or solver["unconverged_steps"] > 0
+    # and which matrices were polished, per matrix name: present exactly when some step had one
+    assert (solver["unconverged_steps"] > 0) == bool(solver["unconverged_matrices"])
+    assert all(name.endswith(".weight") for name in solver["unconverged_matrices"])
     assert rows["hetero"]["solver_logged_steps"] == 12 and rows["adamw"].get("solver_evals_per_step") is None
     assert "| hetero | " in (out / "results.md").read_text().split("Direction solver")[1]
 

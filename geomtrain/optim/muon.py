@@ -47,7 +47,8 @@ $$\text{manifold: } W \leftarrow R_W(-\eta A),\quad A = \texttt{spectral\_direct
 eigendecompositions of ``gram_newton``, msign calls of the others), ``iterations_max``
 (most polar evaluations of one matrix), ``residual_max``/``residual_mean`` (RMS tangent residual
 of the directions), ``dual_gap_max`` (relative, where the solver knows it, else ``None``),
-``n_unconverged``, ``off_manifold_max`` (largest `constraint_violation` after the retraction),
+``n_unconverged`` and ``unconverged`` (the names of the matrices whose direction was polished at
+``max_iter``), ``off_manifold_max`` (largest `constraint_violation` after the retraction),
 ``n_skipped_nonfinite`` (this step), ``n_skipped_nonfinite_total`` and ``skipped`` (this step's
 skipped matrices, ``[{"param": name, "reason": one of SKIP_REASONS}]``, where ``name`` is the group's
 ``param_names`` entry, as ``torch.optim`` keeps for named parameters, else ``"group G param I"``).
@@ -303,7 +304,8 @@ class ManifoldMuon(torch.optim.Optimizer):
                     RuntimeWarning,
                     stacklevel=2,
                 )
-        self.last_stats = self._aggregate(stats, skipped)
+        polished = stats[:, _STAT_FIELDS.index("converged")] < 1
+        self.last_stats = self._aggregate(stats, skipped, [it.name for it in items if polished[it.index]])
         return loss
 
     @staticmethod
@@ -444,7 +446,7 @@ class ManifoldMuon(torch.optim.Optimizer):
                 self.state[it.p].pop("dual", None)
                 self.state[it.p].pop("escalated", None)
 
-    def _aggregate(self, stats: torch.Tensor, skipped: list[dict]) -> dict:
+    def _aggregate(self, stats: torch.Tensor, skipped: list[dict], unconverged: list[str]) -> dict:
         c = {f: stats[:, i] for i, f in enumerate(_STAT_FIELDS)}
         n = stats.shape[0]
         gaps = c["dual_gap"][~torch.isnan(c["dual_gap"])]
@@ -456,6 +458,7 @@ class ManifoldMuon(torch.optim.Optimizer):
             "residual_mean": float(c["residual"].mean()) if n else 0.0,
             "dual_gap_max": float(gaps.max()) if gaps.numel() else None,
             "n_unconverged": int((c["converged"] < 1).sum()),
+            "unconverged": unconverged,
             "off_manifold_max": float(c["off_manifold"].max()) if n else 0.0,
             "n_skipped_nonfinite": len(skipped),
             "n_skipped_nonfinite_total": self.n_skipped_nonfinite_total,

@@ -10,6 +10,7 @@ the per-evaluation diagnostics as per-layer lists; ``table`` has one row per var
 from __future__ import annotations
 
 import math
+from collections import Counter
 from pathlib import Path
 
 import numpy as np
@@ -99,8 +100,9 @@ def _diag_series(diag_records: list[dict]) -> dict:
 def _solver_record(muon: list[dict]) -> dict | None:
     """The direction solver over a run's logged steps: Manifold Muon's polar evaluations per step
     (``msign_calls``, all matrices; plain Muon counts one per matrix), the largest RMS tangent
-    residual and certified dual gap, and the steps where some direction did not converge to
-    ``tol`` (it was polished instead). ``None`` for a run without Muon statistics."""
+    residual and certified dual gap, the steps where some direction did not converge to ``tol`` (it
+    was polished instead) and, per matrix, on how many logged steps that one was (``unconverged``
+    names, logged since they exist). ``None`` for a run without Muon statistics."""
     calls = [m["msign_calls"] for m in muon if m.get("msign_calls") is not None]
     if not calls:
         return None
@@ -117,6 +119,7 @@ def _solver_record(muon: list[dict]) -> dict | None:
         "residual_max": worst("residual_max"),
         "dual_gap_max": worst("dual_gap_max"),
         "unconverged_steps": sum(1 for m in muon if (m.get("n_unconverged") or 0) > 0),
+        "unconverged_matrices": dict(Counter(name for m in muon for name in m.get("unconverged") or [])),
     }
 
 
