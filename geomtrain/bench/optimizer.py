@@ -221,8 +221,6 @@ def bench_optimizer(
         raise ValueError("the solvers must include muon (every ratio is to plain Muon)")
     if spectrum not in SPECTRA:
         raise ValueError(f"unknown spectrum {spectrum!r}; valid: {', '.join(SPECTRA)}")
-    if points not in POINTS:
-        raise ValueError(f"unknown points {points!r}; valid: {', '.join(POINTS)}")
     if muon_dtype is None:
         muon_dtype = torch.bfloat16 if torch.device(device).type == "cuda" else torch.float32
     matrices = []

@@ -192,6 +192,7 @@ class GramDual:
         smoothing: float,
         cg_iters: int = 10,
         cg_tol: float = 1e-2,
+        res_scale: torch.Tensor | None = None,
     ):
         if dtype not in (torch.float32, torch.float64):
             raise ValueError(f"compute_dtype must be torch.float32 or torch.float64; got {dtype}")
@@ -218,7 +219,8 @@ class GramDual:
         self.tau2 = float(smoothing) ** 2 / self.n  # tau = smoothing * sigma_rms(G_hat), sigma_rms^2 = 1/n
         self.floor = ROUNDING_FLOOR * torch.finfo(dtype).eps
         self.cg_iters, self.cg_tol = int(cg_iters), float(cg_tol)
-        self.res_scale: torch.Tensor | None = None  # per matrix, set for relative residuals (``relative_tol``)
+        # per matrix: residuals are multiplied by it (``relative_tol``: 1 / the RMS column norm), else None
+        self.res_scale = None if res_scale is None else res_scale.to(dtype)
 
     @property
     def batch(self) -> int:

@@ -111,7 +111,7 @@ def solve_gram_newton(
             return _solve_apart(manifold, T, G, opts, hint, 0)
     stop = tol * STOP_MARGIN.get(dtype, 1.0)
     if square_dgram:
-        scale = residual_scale(T) if opts["relative_tol"] else None
+        scale = _residual_scale(T) if opts["relative_tol"] else None
         A, out = solve_square_dgram(T.to(dtype), Gh.to(dtype), live, tol, stop, max_iter, opts["dual"], trace, scale)
         return torch.where(zero, torch.zeros_like(A), A).to(T.dtype), out
     if mask_kind(manifold) == "stiefel" and m == n:
@@ -304,7 +304,7 @@ def _douglas_rachford_fallback(dual, best, stalled, stop, max_iter, opts, trace,
     A[j] = dual.sub(j).combine(Z[better])
 
 
-def residual_scale(T: torch.Tensor) -> torch.Tensor:
+def _residual_scale(T: torch.Tensor) -> torch.Tensor:
     r"""$1/c$ per matrix, $c = \|W\|_F/\sqrt n$ the RMS column norm of the tall ``T`` ``(B, m, n)``: with
     ``relative_tol`` residuals are measured as $\mathrm{RMS}(L_W(A))/c$, invariant to scaling $W$ (1 on
     Stiefel and Oblique points, whose columns have unit norm)."""
@@ -320,9 +320,8 @@ def _escalated(T: torch.Tensor, dtype: torch.dtype, B: int) -> torch.Tensor:
 def _setup(manifold, T, Gh, zero, dtype, opts) -> tuple[GramDual, torch.Tensor, torch.Tensor]:
     """The dual in ``dtype``, the tangent start $S_T$ and the (warm) start $S$."""
     B, n = T.shape[0], T.shape[-1]
-    dual = GramDual(manifold, T, Gh, dtype, opts["smoothing"], opts["cg_iters"], opts["cg_tol"])
-    if opts["relative_tol"]:
-        dual.res_scale = residual_scale(T).to(dtype)
+    scale = _residual_scale(T) if opts["relative_tol"] else None
+    dual = GramDual(manifold, T, Gh, dtype, opts["smoothing"], opts["cg_iters"], opts["cg_tol"], scale)
     S_T = dual.tangent_start()
     S = S_T.clone()
     if opts["dual"] is not None:

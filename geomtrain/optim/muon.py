@@ -304,8 +304,7 @@ class ManifoldMuon(torch.optim.Optimizer):
                     RuntimeWarning,
                     stacklevel=2,
                 )
-        polished = stats[:, _STAT_FIELDS.index("converged")] < 1
-        self.last_stats = self._aggregate(stats, skipped, [it.name for it in items if polished[it.index]])
+        self.last_stats = self._aggregate(stats, skipped, [it.name for it in items])
         return loss
 
     @staticmethod
@@ -446,9 +445,11 @@ class ManifoldMuon(torch.optim.Optimizer):
                 self.state[it.p].pop("dual", None)
                 self.state[it.p].pop("escalated", None)
 
-    def _aggregate(self, stats: torch.Tensor, skipped: list[dict], unconverged: list[str]) -> dict:
+    def _aggregate(self, stats: torch.Tensor, skipped: list[dict], names: list[str]) -> dict:
+        """``last_stats`` from the per-matrix rows of ``stats`` (row i is the item named ``names[i]``)."""
         c = {f: stats[:, i] for i, f in enumerate(_STAT_FIELDS)}
         n = stats.shape[0]
+        unconverged = [name for name, ok in zip(names, c["converged"].tolist()) if ok < 1]
         gaps = c["dual_gap"][~torch.isnan(c["dual_gap"])]
         return {
             "n_matrices": int(c["matrices"].sum()),
@@ -457,7 +458,7 @@ class ManifoldMuon(torch.optim.Optimizer):
             "residual_max": float(c["residual"].max()) if n else 0.0,
             "residual_mean": float(c["residual"].mean()) if n else 0.0,
             "dual_gap_max": float(gaps.max()) if gaps.numel() else None,
-            "n_unconverged": int((c["converged"] < 1).sum()),
+            "n_unconverged": len(unconverged),
             "unconverged": unconverged,
             "off_manifold_max": float(c["off_manifold"].max()) if n else 0.0,
             "n_skipped_nonfinite": len(skipped),

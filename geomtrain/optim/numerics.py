@@ -62,16 +62,19 @@ def symmetric_eigen(decompose, M: torch.Tensor):
     output, as MKL's float32 solvers occasionally give on clustered spectra) is redone in float64 and
     cast back. Eigenvalues ascending, as torch returns them."""
     work = eigh_dtype(M.device, M.dtype)
+
+    def back(out):  # eigh returns (eigenvalues, eigenvectors), eigvalsh a tensor: in M's dtype either way
+        return tuple(t.to(M.dtype) for t in out) if isinstance(out, tuple) else out.to(M.dtype)
+
     try:
         out = decompose(M.to(work))
         parts = out if isinstance(out, tuple) else (out,)
         if work == torch.float64 or all(bool(torch.isfinite(t).all()) for t in parts):
-            return tuple(t.to(M.dtype) for t in parts) if isinstance(out, tuple) else out.to(M.dtype)
+            return back(out)
     except torch.linalg.LinAlgError:
         if work == torch.float64:
             raise
-    out = decompose(M.double())
-    return tuple(t.to(M.dtype) for t in out) if isinstance(out, tuple) else out.to(M.dtype)
+    return back(decompose(M.double()))
 
 
 def eigh_psd(M: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
