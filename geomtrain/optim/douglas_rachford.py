@@ -19,7 +19,7 @@ import math
 import torch
 
 from .gram import GramDual
-from .numerics import Anderson, Trace
+from .numerics import Anderson, Trace, WorkingSet
 
 __all__ = ["douglas_rachford", "DR_RELAX", "DR_ANDERSON"]
 
@@ -46,36 +46,41 @@ def douglas_rachford(
     eye = torch.eye(n, dtype=S.dtype, device=S.device).expand(B, n, n)
     Z = torch.stack([R - eye / rho, S @ R - S / rho], 1)
     G_rho = torch.stack([eye / rho, torch.zeros_like(S)], 1)
-    best_res = torch.full((B,), math.inf, dtype=S.dtype, device=S.device)
-    best_Y = torch.zeros_like(Z)
-    best_f = torch.full_like(best_res, math.inf)  # safeguard of the mixing: |y - x|_F
-    best_Z, best_F = Z.clone(), torch.zeros_like(Z)
-    used = torch.zeros(B, dtype=torch.long, device=S.device)
-    mixer = Anderson(depth, Z)
-    active = (budget > 0).nonzero().squeeze(-1)
-    while active.numel():
-        sub = dual.sub(active)
-        Za = Z[active]
-        X = sub.proj_tangent(Za + G_rho[active])
+    out = {
+        "best_res": torch.full((B,), math.inf, dtype=S.dtype, device=S.device),
+        "best_Y": torch.zeros_like(Z),
+        "best_Z": Z.clone(),
+        "used": torch.zeros(B, dtype=torch.long, device=S.device),
+    }
+    idx = (budget > 0).nonzero().squeeze(-1)
+    ws = WorkingSet(idx, {name: value[idx] for name, value in out.items()}, out)
+    ws["Z"], ws["budget"], ws["best_F"] = Z[idx], budget[idx], torch.zeros_like(Z[idx])
+    ws["best_f"] = torch.full_like(ws["best_res"], math.inf)  # safeguard of the mixing: |y - x|_F
+    sub, G_sub, mixer = dual.sub(idx), G_rho[idx], Anderson(depth, ws["Z"])
+    while len(ws):
+        Za = ws["Z"]
+        X = sub.proj_tangent(Za + G_sub)
         Y, res, prim = sub.proj_ball(2 * X - Za)
         F = Y - X
         fn = sub.frobenius(F)
-        used[active] += 1
-        if trace is not None and int(active[0]) == 0:
+        ws["used"] = ws["used"] + 1
+        if trace is not None and int(ws.idx[0]) == 0:
             trace.add(res[0], prim[0])
-        imp = res < best_res[active]
-        j = active[imp]
-        best_res[j], best_Y[j] = res[imp], Y[imp]
-        ok = fn <= best_f[active]
-        j = active[ok]
-        best_f[j], best_Z[j], best_F[j] = fn[ok], Za[ok], F[ok]
-        go = (res > tol) & (used[active] < budget[active])
-        Znext = mixer.mix(active, Za, DR_RELAX * F)
-        if bool((~ok).any()):  # the mixed point did worse: forget the history, plain step from the best
-            jw = active[~ok]
-            mixer.reset(jw)
-            Znext[~ok] = best_Z[jw] + DR_RELAX * best_F[jw]
-        Z[active] = Znext
-        active = active[go]
+        imp = res < ws["best_res"]
+        ws["best_res"] = torch.where(imp, res, ws["best_res"])
+        ws["best_Y"] = torch.where(imp[:, None, None, None], Y, ws["best_Y"])
+        ok = fn <= ws["best_f"]
+        okm = ok[:, None, None, None]
+        ws["best_f"] = torch.where(ok, fn, ws["best_f"])
+        ws["best_Z"] = torch.where(okm, Za, ws["best_Z"])
+        ws["best_F"] = torch.where(okm, F, ws["best_F"])
+        Znext = mixer.mix(mixer.every, Za, DR_RELAX * F)
+        mixer.reset(mixer.every, where=~ok)  # the mixed point did worse: forget the history, plain step
+        ws["Z"] = torch.where(okm, Znext, ws["best_Z"] + DR_RELAX * ws["best_F"])  # from the best
+        keep = ws.shrink((res > tol) & (ws["used"] < ws["budget"]))  # the iteration's one host synchronisation
+        if keep is not None:
+            sub, G_sub = sub.sub(keep), G_sub[keep]
+            mixer.compact(keep)
+    best_res, best_Y, best_Z, used = out["best_res"], out["best_Y"], out["best_Z"], out["used"]
     S_dual = dual.implied_dual(best_Z + G_rho, rho)
     return best_Y, best_res, S_dual, used

@@ -61,22 +61,23 @@ __all__ = [
 
 
 def pivoted_cholesky(A: torch.Tensor, tol: float, max_rank: int) -> torch.Tensor:
-    """Low-rank factor ``L`` (B, n, k) with ``A ~ L L^T`` for a batch of PSD matrices (greedy pivoting)."""
+    """Low-rank factor ``L`` (B, n, k) with ``A ~ L L^T`` for a batch of PSD matrices (greedy pivoting).
+
+    An entry whose largest remaining pivot is at most ``tol`` times the mean diagonal gets zero columns
+    from then on (in place of stopping the loop, which would synchronise with the host at every rank)."""
     B, n, _ = A.shape
     d = A.diagonal(dim1=-2, dim2=-1).clone()
-    total = d.sum(-1, keepdim=True)
+    floor = tol * d.sum(-1) / n
     cols = []
     ar = torch.arange(B, device=A.device)
     for _ in range(min(max_rank, n)):
         piv = d.argmax(-1)
         dp = d[ar, piv]
-        if bool((dp <= tol * total.squeeze(-1) / n).all()):
-            break
         c = A[ar, :, piv].clone()
         for col in cols:
             c = c - col * col[ar, piv].unsqueeze(-1)
         c = c / dp.clamp_min(torch.finfo(A.dtype).tiny).sqrt().unsqueeze(-1)
-        c = torch.where((dp > 0).unsqueeze(-1), c, torch.zeros_like(c))
+        c = torch.where(((dp > 0) & (dp > floor)).unsqueeze(-1), c, torch.zeros_like(c))
         cols.append(c)
         d = (d - c.square()).clamp_min(0)
     if not cols:
@@ -403,7 +404,7 @@ class GramDual:
         N = N + 1e-6 * N.diagonal(dim1=-2, dim2=-1).mean(-1)[..., None, None] * eye  # keeps N invertible
         F = -self.P(H) * scale
         E0 = U @ ((U.mT @ F @ U) * Gam)
-        nu = torch.linalg.solve(N.double(), -(E0 * U).sum(-1).double()).to(N.dtype)
+        nu = torch.linalg.solve_ex(N.double(), -(E0 * U).sum(-1).double())[0].to(N.dtype)  # _ex: no host sync
         E = U @ ((U.mT @ (F + torch.diag_embed(nu)) @ U) * Gam) @ U.mT
         return self.P(sym(E)) * scale
 

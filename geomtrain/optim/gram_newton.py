@@ -42,7 +42,7 @@ from manifolds import GramManifold
 
 from .douglas_rachford import DR_ANDERSON, douglas_rachford
 from .gram import CERTIFICATE_SMOOTHING, ROUNDING_FLOOR, Evaluation, GramDual, inverse_sqrt_weights, mask_kind
-from .numerics import Anderson, Trace, eigh_psd, normalise, sym
+from .numerics import Anderson, Trace, WorkingSet, eigh_psd, normalise, sym
 from .square_dgram import solve_square_dgram
 
 __all__ = ["solve_gram_newton", "OPTIONS"]
@@ -248,7 +248,7 @@ def _probe(manifold, T, Gh, zero, live, dtype, stop, opts):
         return dual, S_T, S, None, spent, ill  # the precision is decided per entry: solve the two kinds apart
     if bool(ill.any()):
         return (*_setup(manifold, T, Gh, zero, torch.float64, opts), None, spent, None)
-    return dual, S_T, S, first.select(live), spent - 1, None
+    return dual, S_T, S, first.select(live.nonzero().squeeze(-1)), spent - 1, None
 
 
 def _solve_apart(manifold, T, G, opts, ill, spent: int) -> tuple[torch.Tensor, dict]:
@@ -293,15 +293,16 @@ def _douglas_rachford_fallback(dual, best, stalled, stop, max_iter, opts, trace,
         stop,
         max_iter - calls[idx.cpu()].to(idx.device),
         min(int(opts["anderson"]), DR_ANDERSON),
-        trace if int(idx[0]) == 0 else None,
+        trace if trace is not None and int(idx[0]) == 0 else None,
     )
     calls[idx.cpu()] += used.cpu() + 1  # + the evaluation that certifies the DR multiplier
     ev = sub.evaluate(S_dr)
     U[idx] = torch.minimum(U[idx], sub.certify(S_dr, ev.weights(), ev.r, ev.V, ev.lam)[2])
     better = res_dr < res[idx]
-    j = idx[better]
-    coef[j], res[j], S_out[j] = Z[better], res_dr[better], S_dr[better]
-    A[j] = dual.sub(j).combine(Z[better])
+    coef[idx] = torch.where(better[:, None, None, None], Z, coef[idx])
+    res[idx] = torch.where(better, res_dr, res[idx])
+    S_out[idx] = torch.where(better[:, None, None], S_dr, S_out[idx])
+    A[idx] = torch.where(better[:, None, None], sub.combine(Z), A[idx])
 
 
 def _residual_scale(T: torch.Tensor) -> torch.Tensor:
@@ -348,7 +349,6 @@ def _newton(
     when already done. (One loop over shared per-entry state: longer than 60 lines on purpose.)"""
     B, n = S.shape[0], S.shape[-1]
     dev, dt = S.device, S.dtype
-    calls = torch.zeros(B, dtype=torch.long)
     best = {
         "res": torch.full((B,), math.inf, dtype=dt, device=dev),
         "S": S.clone(),
@@ -356,46 +356,52 @@ def _newton(
         "V": torch.zeros_like(S),
         "lam": torch.zeros(B, n, dtype=dt, device=dev),
         "D": torch.zeros_like(S),
+        "calls": torch.zeros(B, dtype=torch.long, device=dev),
     }
-    active = live.nonzero().squeeze(-1)
-    mixer = Anderson(depth, S)
-    history: list[torch.Tensor] = []
+    idx = live.nonzero().squeeze(-1)
+    ws = WorkingSet(idx, {name: value[idx] for name, value in best.items()}, best)
+    ws["S_now"] = S[idx]
+    if S_reset is not None:
+        ws["S_reset"] = S_reset[idx]
+    # best residuals of the last STALL_WINDOW + 1 evaluations, oldest first (inf: not yet evaluated)
+    ws["history"] = torch.full((len(idx), STALL_WINDOW + 1), math.inf, dtype=dt, device=dev)
+    sub, mixer = dual.sub(idx), Anderson(depth, ws["S_now"])
     for it in range(budget):
-        if active.numel() == 0:
+        if len(ws) == 0:
             break
-        ev = first if it == 0 and first is not None else dual.sub(active).evaluate(S[active])
-        calls[active.cpu()] += 1
-        if trace is not None and int(active[0]) == 0:
-            trace.add(ev.res[0], dual.sub(active).objective(ev)[0])
-        improved = ev.res < best["res"][active]
-        worse = ev.res > 2 * best["res"][active]  # a bad (mixed) step: restart from the best point
-        upd = active[improved]
+        ev = first if it == 0 and first is not None else sub.evaluate(ws["S_now"])
+        ws["calls"] = ws["calls"] + 1
+        if trace is not None and int(ws.idx[0]) == 0:
+            trace.add(ev.res[0], sub.objective(ev)[0])
+        improved = ev.res < ws["res"]
+        worse = ev.res > 2 * ws["res"]  # a bad (mixed) step: restart from the best point
         for k in ("res", "S", "r", "V", "lam"):
-            best[k][upd] = getattr(ev, k)[improved]
-        history.append(best["res"].clone())
-        conv = ev.res <= tol
-        if len(history) > STALL_WINDOW:  # stop entries whose best residual stalls (degenerate duals)
-            conv = conv | (best["res"][active] > STALL_FACTOR * history[-1 - STALL_WINDOW][active])
-        if bool(conv.all()) or it == budget - 1:
+            mask = improved.view(-1, *([1] * (ws[k].dim() - 1)))
+            ws[k] = torch.where(mask, getattr(ev, k), ws[k])
+        # converged, or the best residual stalls (degenerate duals): it fell by less than STALL_FACTOR
+        # over the last STALL_WINDOW evaluations
+        ws["history"] = torch.cat([ws["history"][:, 1:], ws["res"][:, None]], 1)
+        conv = (ev.res <= tol) | (ws["res"] > STALL_FACTOR * ws["history"][:, 0])
+        if it == budget - 1:
             break
-        go = ~conv
-        idx, ev = active[go], ev.select(go)
-        worse, improved = worse[go], improved[go]
-        D = dual.sub(idx).step(ev)
-        best["D"][idx[improved]] = D[improved]
-        Snext = ev.S.clone()
-        if bool(worse.any()):
-            mixer.reset(idx[worse])
-            Snext[worse] = best["S"][idx[worse]] + best["D"][idx[worse]]
-        ok = ~worse
-        if bool(ok.any()):
-            Snext[ok] = dual.P(sym(mixer.mix(idx[ok], ev.S[ok], D[ok])))
-        if it == 0 and S_reset is not None:
+        keep = ws.shrink(~conv)  # the iteration's one host synchronisation
+        if keep is not None:
+            if len(ws) == 0:
+                break
+            ev, improved, worse = ev.select(keep), improved[keep], worse[keep]
+            sub = sub.sub(keep)
+            mixer.compact(keep)
+        D = sub.step(ev)
+        ws["D"] = torch.where(improved[:, None, None], D, ws["D"])
+        mixed = sub.P(sym(mixer.mix(mixer.every, ev.S, D)))
+        mixer.reset(mixer.every, where=worse)
+        S_next = torch.where(worse[:, None, None], ws["S"] + ws["D"], mixed)
+        if it == 0 and S_reset is not None:  # the residual monitor of warm starts
             cold = ev.res > warm_reset
-            if bool(cold.any()):
-                Snext[cold] = S_reset[idx[cold]]
-                mixer.reset(idx[cold])
-        S[idx] = Snext
-        active = idx
+            S_next = torch.where(cold[:, None, None], ws["S_reset"], S_next)
+            mixer.reset(mixer.every, where=cold)
+        ws["S_now"] = S_next
+    ws.flush()
+    calls = best.pop("calls").cpu()
     best["R"] = (best["V"] * best["r"].unsqueeze(-2)) @ best["V"].mT  # zero where never evaluated (V = 0)
     return best, calls

@@ -16,6 +16,7 @@ __all__ = [
     "eigh_psd",
     "eigvalsh_psd",
     "Anderson",
+    "WorkingSet",
     "pcg",
     "Trace",
     "first_objective",
@@ -69,7 +70,7 @@ def symmetric_eigen(decompose, M: torch.Tensor):
     try:
         out = decompose(M.to(work))
         parts = out if isinstance(out, tuple) else (out,)
-        if work == torch.float64 or all(bool(torch.isfinite(t).all()) for t in parts):
+        if work == torch.float64 or bool(torch.stack([torch.isfinite(t).all() for t in parts]).all()):
             return back(out)
     except torch.linalg.LinAlgError:
         if work == torch.float64:
@@ -106,41 +107,93 @@ class Anderson:
         self.prev_f = torch.zeros(B, N, **kw)
         self.has_prev = torch.zeros(B, dtype=torch.bool, device=like.device)
 
-    def reset(self, idx: torch.Tensor) -> None:
-        self.count[idx] = 0
-        self.has_prev[idx] = False
+    def reset(self, idx: torch.Tensor, where: torch.Tensor | None = None) -> None:
+        """Forget the history of entries ``idx`` (where ``where`` is True, if given: no synchronisation)."""
+        if where is None:
+            self.count[idx] = 0
+            self.has_prev[idx] = False
+        else:
+            self.count[idx] = torch.where(where, torch.zeros_like(self.count[idx]), self.count[idx])
+            self.has_prev[idx] = self.has_prev[idx] & ~where
+
+    @property
+    def every(self) -> torch.Tensor:
+        """The index of every entry (for callers that keep their batch compact)."""
+        return torch.arange(self.count.shape[0], device=self.count.device)
+
+    def compact(self, keep: torch.Tensor) -> None:
+        """Keep only the histories of entries ``keep`` (positions), renumbered ``0..len(keep)-1``."""
+        for name in ("dX", "dF", "count", "prev_x", "prev_f", "has_prev"):
+            setattr(self, name, getattr(self, name)[keep])
 
     def mix(self, idx: torch.Tensor, X: torch.Tensor, F: torch.Tensor) -> torch.Tensor:
-        """Next iterate for entries ``idx`` at points X with plain steps F (shapes (len(idx), ...))."""
+        """Next iterate for entries ``idx`` (an integer index) at points X with plain steps F (shapes
+        (len(idx), ...)). No host synchronisation: an entry without history gets the plain step $X + F$
+        from the same arithmetic (its empty history has zero weights)."""
         if self.depth == 0:
             return X + F
         b = len(idx)
         x, f = X.reshape(b, -1).to(self.dX.dtype), F.reshape(b, -1).to(self.dX.dtype)
         hp = self.has_prev[idx]
-        every = bool(hp.all())  # the usual case: no masked copies of (b, N) rows
-        if every or bool(hp.any()):
-            j = idx if every else idx[hp]
-            pos = self.count[j] % self.depth
-            self.dX[j, pos] = (x if every else x[hp]) - self.prev_x[j]
-            self.dF[j, pos] = (f if every else f[hp]) - self.prev_f[j]
-            self.count[j] += 1
+        pos = self.count[idx] % self.depth
+        keep = hp.unsqueeze(-1)
+        self.dX[idx, pos] = torch.where(keep, x - self.prev_x[idx], self.dX[idx, pos])
+        self.dF[idx, pos] = torch.where(keep, f - self.prev_f[idx], self.dF[idx, pos])
+        self.count[idx] += hp.long()
         self.prev_x[idx], self.prev_f[idx], self.has_prev[idx] = x, f, True
         k = self.count[idx].clamp(max=self.depth)
-        out = x + f
-        use = k > 0
-        if bool(use.any()):
-            # Products with the whole history, then the rows of j: the history is never copied. prev_f holds
-            # f for every entry of idx (just set), so the right-hand side needs no gather of f either.
-            j = idx[use]
-            valid = (torch.arange(self.depth, device=k.device)[None, :] < k[use][:, None]).double()
-            Gm = (self.dF @ self.dF.mT)[j].double() * (valid[:, :, None] * valid[:, None, :])
-            reg = 1e-10 * Gm.diagonal(dim1=-2, dim2=-1).amax(-1, keepdim=True) + 1e-300
-            Gm = Gm + torch.diag_embed(valid * reg + (1 - valid))
-            rhs = torch.linalg.vecdot(self.dF, self.prev_f.unsqueeze(1))[j].double() * valid  # 4x a bmm's speed (CPU)
-            g = torch.zeros(self.dX.shape[0], 1, self.depth, dtype=self.dX.dtype, device=self.dX.device)
-            g[j] = torch.linalg.solve(Gm, rhs).to(g.dtype).unsqueeze(1)
-            out[use] = out[use] - (g @ self.dX + g @ self.dF).squeeze(1)[j]
+        # Products with the whole history, then the rows of idx: the history is never copied. prev_f holds
+        # f for every entry of idx (just set), so the right-hand side needs no gather of f either. A slot
+        # not filled yet gets a unit diagonal and a zero right-hand side: its weight is 0.
+        valid = (torch.arange(self.depth, device=k.device)[None, :] < k[:, None]).double()
+        Gm = (self.dF @ self.dF.mT)[idx].double() * (valid[:, :, None] * valid[:, None, :])
+        reg = 1e-10 * Gm.diagonal(dim1=-2, dim2=-1).amax(-1, keepdim=True) + 1e-300
+        Gm = Gm + torch.diag_embed(valid * reg + (1 - valid))
+        rhs = torch.linalg.vecdot(self.dF, self.prev_f.unsqueeze(1))[idx].double() * valid  # 4x a bmm's speed (CPU)
+        w = torch.linalg.solve_ex(Gm, rhs)[0]  # solve_ex: no error check, which would synchronise
+        w = torch.where(torch.isfinite(w), w, torch.zeros_like(w))
+        g = torch.zeros(self.dX.shape[0], 1, self.depth, dtype=self.dX.dtype, device=self.dX.device)
+        g[idx] = w.to(g.dtype).unsqueeze(1)
+        out = x + f - (g @ self.dX + g @ self.dF).squeeze(1)[idx]
         return out.reshape(X.shape).to(X.dtype)
+
+
+class WorkingSet:
+    """The entries of a batch that are still iterating, their per-entry state kept compact.
+
+    ``idx`` holds their positions in the batch and ``state`` tensors whose first dimension runs over
+    them; ``out`` holds the full-batch tensors of the same names. An iteration works on the compact
+    state in place of gathering and scattering rows every time (on a GPU each boolean-mask index is
+    a host synchronisation): `shrink` is its only synchronisation, once per iteration."""
+
+    def __init__(self, idx: torch.Tensor, state: dict[str, torch.Tensor], out: dict[str, torch.Tensor]):
+        self.idx, self.state, self.out = idx, state, out
+
+    def __len__(self) -> int:
+        return self.idx.numel()
+
+    def __getitem__(self, name: str) -> torch.Tensor:
+        return self.state[name]
+
+    def __setitem__(self, name: str, value: torch.Tensor) -> None:
+        self.state[name] = value
+
+    def flush(self) -> None:
+        """Write every entry's state to ``out``."""
+        for name, value in self.state.items():
+            if name in self.out:
+                self.out[name][self.idx] = value.to(self.out[name].dtype)
+
+    def shrink(self, go: torch.Tensor) -> torch.Tensor | None:
+        """Keep the entries where ``go``: returns their positions in the working set (for the caller's
+        own per-entry objects), or None when every entry goes on. The leavers' state is in ``out``."""
+        keep = go.nonzero().squeeze(-1)
+        if keep.numel() == len(self):
+            return None
+        self.flush()
+        self.idx = self.idx[keep]
+        self.state = {name: value[keep] for name, value in self.state.items()}
+        return keep
 
 
 def pcg(op, b: torch.Tensor, pre, iters: int, rtol: float) -> torch.Tensor:

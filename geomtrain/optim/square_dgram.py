@@ -32,7 +32,7 @@ import math
 import torch
 
 from .gram import CERTIFICATE_SMOOTHING, ROUNDING_FLOOR, inverse_sqrt_weights
-from .numerics import Anderson, Trace, eigh_psd
+from .numerics import Anderson, Trace, WorkingSet, eigh_psd
 
 __all__ = ["solve_square_dgram", "SQUARE_RELAX", "SQUARE_ANDERSON"]
 
@@ -123,55 +123,63 @@ def solve_square_dgram(
         z = x / top[:, None, None] - fr.K / rho
     else:
         z = z0.reshape(B, n, n).to(fr.K, copy=True)  # the iteration writes into z: never into the caller's tensor
-    best_res = torch.full((B,), math.inf, dtype=z.dtype, device=z.device)
-    best_y, best_z = torch.zeros_like(z), z.clone()
-    best_f, anchor_z, anchor_F = torch.full_like(best_res, math.inf), z.clone(), torch.zeros_like(z)
-    used = torch.zeros(B, dtype=torch.long)
-    mixer = Anderson(SQUARE_ANDERSON, z)
-    active = live.nonzero().squeeze(-1)
-    while active.numel():
-        sub = fr.sub(active)
-        za = z[active]
+    out = {
+        "best_res": torch.full((B,), math.inf, dtype=z.dtype, device=z.device),
+        "best_y": torch.zeros_like(z),
+        "best_z": z.clone(),
+        "used": torch.zeros(B, dtype=torch.long, device=z.device),
+    }
+    idx = live.nonzero().squeeze(-1)
+    ws = WorkingSet(idx, {name: value[idx] for name, value in out.items()}, out)
+    ws["z"], ws["anchor_z"], ws["anchor_F"] = z[idx], z[idx], torch.zeros_like(z[idx])
+    ws["best_f"] = torch.full_like(ws["best_res"], math.inf)
+    sub, mixer = fr.sub(idx), Anderson(SQUARE_ANDERSON, ws["z"])
+    while len(ws):
+        za = ws["z"]
         x = sub.proj_tangent(za + sub.K / rho)
         y = sub.proj_ball(2 * x - za)
         F = y - x
         res = sub.residual(y)
-        used[active.cpu()] += 1
-        if trace is not None and int(active[0]) == 0:
+        ws["used"] = ws["used"] + 1
+        if trace is not None and int(ws.idx[0]) == 0:
             trace.add(res[0], (sub.K[0] * y[0]).sum())
-        imp = res < best_res[active]
-        j = active[imp]
-        best_res[j], best_y[j], best_z[j] = res[imp], y[imp], za[imp]
+        imp = res < ws["best_res"]
+        ws["best_res"] = torch.where(imp, res, ws["best_res"])
+        ws["best_y"] = torch.where(imp[:, None, None], y, ws["best_y"])
+        ws["best_z"] = torch.where(imp[:, None, None], za, ws["best_z"])
         fn = F.norm(dim=(-2, -1))
-        ok = fn <= best_f[active]  # safeguard of the mixing on the fixed-point residual |y - x|_F
-        j = active[ok]
-        best_f[j], anchor_z[j], anchor_F[j] = fn[ok], za[ok], F[ok]
-        znext = mixer.mix(active, za, SQUARE_RELAX * F)
-        if bool((~ok).any()):  # the mixed point did worse: forget the history, plain step from the anchor
-            jw = active[~ok]
-            mixer.reset(jw)
-            znext[~ok] = anchor_z[jw] + SQUARE_RELAX * anchor_F[jw]
-        z[active] = znext
-        active = active[(res > stop) & (used[active.cpu()].to(res.device) < max_iter)]
+        ok = fn <= ws["best_f"]  # safeguard of the mixing on the fixed-point residual |y - x|_F
+        okm = ok[:, None, None]
+        ws["best_f"] = torch.where(ok, fn, ws["best_f"])
+        ws["anchor_z"] = torch.where(okm, za, ws["anchor_z"])
+        ws["anchor_F"] = torch.where(okm, F, ws["anchor_F"])
+        znext = mixer.mix(mixer.every, za, SQUARE_RELAX * F)
+        mixer.reset(mixer.every, where=~ok)  # the mixed point did worse: forget the history, plain step
+        ws["z"] = torch.where(okm, znext, ws["anchor_z"] + SQUARE_RELAX * ws["anchor_F"])  # from the anchor
+        keep = ws.shrink((res > stop) & (ws["used"] < max_iter))  # the iteration's one host synchronisation
+        if keep is not None:
+            sub = sub.sub(keep)
+            mixer.compact(keep)
+    best_res, best_y, best_z, used = out["best_res"], out["best_y"], out["best_z"], out["used"]
     S = -rho * fr.multiplier(best_z + fr.K / rho)
     U = fr.upper_bound(S)
     used += 1  # the certificate's eigendecomposition
     C, res = best_y, best_res
     converged = res <= tol
     polish = ~converged & live
-    if bool(polish.any()):  # not converged in max_iter: onto the tangent space, then into the ball
-        j = polish.nonzero().squeeze(-1)
+    j = polish.nonzero().squeeze(-1)
+    if j.numel():  # not converged in max_iter: onto the tangent space, then into the ball
         Cj = fr.sub(j).proj_tangent(C[j])
         top = torch.linalg.matrix_norm(Cj.double(), ord=2).clamp_min(1.0).to(Cj.dtype)
         C[j] = Cj / top[:, None, None]
         res[j] = fr.sub(j).residual(C[j])
-        used[j.cpu()] += 1
+        used[j] += 1
     A = fr.Q @ C
     prim = (A.double() * Gh.double()).sum(dim=(-2, -1))
     gap = (U - prim) / U.clamp_min(torch.finfo(torch.float64).tiny)
     zero = ~live
     return A, {
-        "evaluations": torch.where(zero.cpu(), torch.zeros_like(used), used),
+        "evaluations": torch.where(zero, torch.zeros_like(used), used).cpu(),
         "residual": torch.where(zero, torch.zeros_like(res), res).double().cpu(),
         "converged": (converged | zero).cpu(),
         "dual_gap": torch.where(zero, torch.zeros_like(gap), gap).cpu(),
