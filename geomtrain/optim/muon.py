@@ -56,6 +56,7 @@ skipped matrices, ``[{"param": name, "reason": one of SKIP_REASONS}]``, where ``
 
 from __future__ import annotations
 
+import itertools
 import math
 import warnings
 from collections.abc import Iterable
@@ -69,6 +70,7 @@ from manifolds import Euclidean, GramManifold, msign
 from manifolds.base import from_tall, to_tall
 
 from .direction import DEFAULT_SOLVER, SOLVER_OPTIONS, SOLVERS, mask_kind, spectral_direction
+from .numerics import host_values
 
 __all__ = ["ManifoldMuon", "SHAPE_SCALES", "SKIP_REASONS", "shape_factor"]
 
@@ -260,26 +262,30 @@ class ManifoldMuon(torch.optim.Optimizer):
             with torch.enable_grad():
                 loss = closure()
         items, skipped = [], []
-        for gi, group in enumerate(self.param_groups):
+        with_grad = [
+            (gi, group, pi, p)
+            for gi, group in enumerate(self.param_groups)
+            for pi, p in enumerate(group["params"])
+            if p.grad is not None
+        ]
+        finite = host_values([torch.isfinite(p.grad).all() for _, _, _, p in with_grad])  # one host read
+        for (gi, group, pi, p), ok in zip(with_grad, finite):
+            if not ok:
+                skipped.append(_skip_record(_param_name(group, gi, pi), _SKIP_GRADIENT))
+                continue
             beta = group["momentum"]
-            for pi, p in enumerate(group["params"]):
-                if p.grad is None:
-                    continue
-                if not bool(torch.isfinite(p.grad).all()):
-                    skipped.append(_skip_record(_param_name(group, gi, pi), _SKIP_GRADIENT))
-                    continue
-                state = self.state[p]
-                buf = state.get("momentum_buffer")
-                if buf is None:
-                    buf = state["momentum_buffer"] = torch.zeros(p.shape, dtype=p.dtype, device=p.device)
-                buf.lerp_(p.grad, 1 - beta)
-                u = p.grad.lerp(buf, beta) if group["nesterov"] else buf.clone()
-                if group["lr"] == 0:  # e.g. a warmup schedule at 0: momentum moves, weights do not
-                    continue
-                m = self._manifold_of[id(p)]
-                if mask_kind(m) == "euclidean":
-                    u = u.reshape(p.shape[0], -1)
-                items.append(_Item(len(items), p, group, m, u, _param_name(group, gi, pi)))
+            state = self.state[p]
+            buf = state.get("momentum_buffer")
+            if buf is None:
+                buf = state["momentum_buffer"] = torch.zeros(p.shape, dtype=p.dtype, device=p.device)
+            buf.lerp_(p.grad, 1 - beta)
+            u = p.grad.lerp(buf, beta) if group["nesterov"] else buf.clone()
+            if group["lr"] == 0:  # e.g. a warmup schedule at 0: momentum moves, weights do not
+                continue
+            m = self._manifold_of[id(p)]
+            if mask_kind(m) == "euclidean":
+                u = u.reshape(p.shape[0], -1)
+            items.append(_Item(len(items), p, group, m, u, _param_name(group, gi, pi)))
 
         stats = torch.zeros(len(items), len(_STAT_FIELDS), dtype=torch.float64)
         stats[:, _STAT_FIELDS.index("dual_gap")] = float("nan")
@@ -292,6 +298,7 @@ class ManifoldMuon(torch.optim.Optimizer):
         if world > 1:
             self._share(items, stats, world)
         codes = stats[:, _STAT_FIELDS.index("skipped")]
+        codes = codes.tolist()
         skipped += [_skip_record(it.name, int(codes[it.index])) for it in items if codes[it.index]]
         if skipped:
             self.n_skipped_nonfinite_total += len(skipped)
@@ -371,49 +378,79 @@ class ManifoldMuon(torch.optim.Optimizer):
                 "dual": ds.dual,
                 "escalated": ds.escalated,
             }
-        start = 0
-        for it, k in zip(batch, sizes):
-            sl = slice(start, start + k)
-            start += k
+        bounds = [0, *itertools.accumulate(sizes)]
+        directions = [
+            from_tall(A[lo:hi].reshape(to_tall(it.update).shape), like=it.update)
+            for it, lo, hi in zip(batch, bounds, bounds[1:])
+        ]
+        # every guard reads the whole batch on the host at once (on a GPU each read waits for the queue)
+        skips = [0 if ok else _SKIP_DIRECTION for ok in host_values([torch.isfinite(a).all() for a in directions])]
+        updates = self._updates(batch, directions, skips, m, euclid)
+        computed = [i for i, new in enumerate(updates) if new is not None]
+        for i, ok in zip(computed, host_values([torch.isfinite(updates[i]).all() for i in computed])):
+            if not ok:
+                skips[i] = _SKIP_DIRECTION if euclid else _SKIP_RETRACTION
+        applied = [i for i in computed if not skips[i]]
+        for i in applied:
+            batch[i].p.copy_(updates[i])
+        off = [] if euclid else host_values([m.constraint_violation(_plain(batch[i].p)).max() for i in applied])
+        off_of = dict(zip(applied, off))
+        for i, it in enumerate(batch):
+            sl = slice(bounds[i], bounds[i + 1])
             row = stats[it.index]
-            row[col["matrices"]] = k
-            row[col["msign_calls"]] = float(st["msign_calls"][sl].double().sum())
-            row[col["calls_max"]] = float(st["msign_calls"][sl].double().max())
+            row[col["matrices"]] = sizes[i]
+            # tensor to tensor, no Python numbers read (the solver's statistics are on the CPU)
+            row[col["msign_calls"]] = st["msign_calls"][sl].double().sum()
+            row[col["calls_max"]] = st["msign_calls"][sl].double().max()
             for f in ("residual", "dual_gap", "converged"):
                 if st.get(f) is not None:
-                    row[col[f]] = (
-                        float(st[f][sl].double().max()) if f != "converged" else float(st[f][sl].double().min())
-                    )
-            a = from_tall(A[sl].reshape(to_tall(it.update).shape), like=it.update)
-            lr = it.group["lr"]
-            skip, new = 0, None
-            if not bool(torch.isfinite(a).all()):
-                skip = _SKIP_DIRECTION
-            elif euclid:
-                rows, cols = it.update.shape[-2:]
-                scale = shape_factor(it.group["shape_scale"], rows, cols)
-                new = it.p.reshape(it.update.shape) * (1 - lr * it.group["weight_decay"]) - (lr * scale) * a.to(
-                    it.p.dtype
-                )
-                new = new.reshape(it.p.shape)
-            else:
-                try:
-                    new = m.retr(_plain(it.p), -lr * a.to(it.p.dtype))
-                except ValueError:  # DGram refusing a (near-)zero column: a skipped update; other errors surface
-                    skip = _SKIP_REFUSED
-            if not skip and not bool(torch.isfinite(new).all()):
-                skip = _SKIP_DIRECTION if euclid else _SKIP_RETRACTION
-            row[col["skipped"]] = skip
-            if not skip:
-                it.p.copy_(new)
-                if not euclid:
-                    row[col["off_manifold"]] = float(m.constraint_violation(_plain(it.p)).max())
-                    if it.group["solver"] == "gram_newton" and it.group["warm_start"] and st.get("dual") is not None:
-                        d = st["dual"][sl]
-                        self.state[it.p]["dual"] = d.reshape(*to_tall(it.p).shape[:-2], *d.shape[-2:]).to(it.p.dtype)
-                        if st.get("escalated") is not None:  # one flag per matrix, uint8 (broadcast by DDP)
-                            self.state[it.p]["escalated"] = st["escalated"][sl].reshape(-1).to(torch.uint8)
+                    row[col[f]] = st[f][sl].double().max() if f != "converged" else st[f][sl].double().min()
+            row[col["skipped"]] = skips[i]
+            if i in off_of:
+                row[col["off_manifold"]] = off_of[i]
+                if it.group["solver"] == "gram_newton" and it.group["warm_start"] and st.get("dual") is not None:
+                    d = st["dual"][sl]
+                    self.state[it.p]["dual"] = d.reshape(*to_tall(it.p).shape[:-2], *d.shape[-2:]).to(it.p.dtype)
+                    if st.get("escalated") is not None:  # one flag per matrix, uint8 (broadcast by DDP)
+                        self.state[it.p]["escalated"] = st["escalated"][sl].reshape(-1).to(torch.uint8)
             row[col["has_dual"]] = float("dual" in self.state[it.p])
+
+    @staticmethod
+    def _updates(batch: list[_Item], directions: list[torch.Tensor], skips: list[int], m, euclid: bool) -> list:
+        """The new weights of each matrix (None where ``skips`` is set; sets ``_SKIP_REFUSED`` in ``skips``
+        where the retraction raises ``ValueError``). The manifold matrices of a batch are retracted in one
+        call (its input checks read the host once, not once per matrix); if that call refuses, each
+        matrix is retracted alone to find the one refused."""
+        go = [i for i in range(len(batch)) if not skips[i]]
+        updates: list[torch.Tensor | None] = [None] * len(batch)
+        if euclid:
+            for i in go:
+                it, a = batch[i], directions[i]
+                rows, cols = it.update.shape[-2:]
+                lr, scale = it.group["lr"], shape_factor(it.group["shape_scale"], rows, cols)
+                new = it.p.reshape(it.update.shape) * (1 - lr * it.group["weight_decay"])
+                updates[i] = (new - (lr * scale) * a.to(it.p.dtype)).reshape(it.p.shape)
+            return updates
+        if not go:
+            return updates
+        tall = [to_tall(_plain(batch[i].p)) for i in go]
+        flat = [t.reshape(-1, *t.shape[-2:]) for t in tall]
+        steps = [
+            (-batch[i].group["lr"] * to_tall(directions[i], like=batch[i].p).to(batch[i].p.dtype)).reshape(f.shape)
+            for i, f in zip(go, flat)
+        ]
+        try:
+            moved = m.retr(torch.cat(flat), torch.cat(steps))
+        except ValueError:  # a refused point in the batch: retract one by one to find it
+            for i in go:
+                try:
+                    updates[i] = m.retr(_plain(batch[i].p), -batch[i].group["lr"] * directions[i].to(batch[i].p.dtype))
+                except ValueError:  # DGram refusing a (near-)zero column: a skipped update; other errors surface
+                    skips[i] = _SKIP_REFUSED
+            return updates
+        for i, t, part in zip(go, tall, torch.split(moved, [f.shape[0] for f in flat])):
+            updates[i] = from_tall(part.reshape(t.shape), like=batch[i].p).reshape(batch[i].p.shape)
+        return updates
 
     def _share(self, items: list[_Item], stats: torch.Tensor, world: int) -> None:
         """Broadcast each matrix's new weights and dual variable from its owner; sum the stats."""

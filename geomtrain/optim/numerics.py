@@ -17,6 +17,7 @@ __all__ = [
     "eigvalsh_psd",
     "Anderson",
     "WorkingSet",
+    "host_values",
     "pcg",
     "Trace",
     "first_objective",
@@ -194,6 +195,19 @@ class WorkingSet:
         self.idx = self.idx[keep]
         self.state = {name: value[keep] for name, value in self.state.items()}
         return keep
+
+
+def host_values(scalars: list[torch.Tensor]) -> list:
+    """Python numbers of a list of 0-dim tensors, read with one host transfer per device (on a GPU, one
+    synchronisation in place of one per tensor); bool tensors give bools. An empty list gives []."""
+    out: list = [None] * len(scalars)
+    by_device: dict[tuple, list[int]] = {}
+    for i, t in enumerate(scalars):
+        by_device.setdefault((t.device, t.dtype), []).append(i)
+    for (_, _), where in by_device.items():
+        for i, value in zip(where, torch.stack([scalars[i] for i in where]).tolist()):
+            out[i] = value
+    return out
 
 
 def pcg(op, b: torch.Tensor, pre, iters: int, rtol: float) -> torch.Tensor:
