@@ -20,6 +20,7 @@ import time
 
 import torch
 
+from geomtrain._io import atomic_write_json
 from geomtrain.optim import spectral_direction
 from manifolds import DGram, Stiefel, msign
 
@@ -114,11 +115,9 @@ def main() -> int:
     path = sys.argv[1]
     result = {"device": torch.cuda.get_device_name(), "torch": torch.__version__}
     result["kernels"] = kernels()
-    with open(path, "w") as f:
-        json.dump(result, f, indent=1)
+    atomic_write_json(path, result)  # the kernels survive a failed profile
     result["profiles"] = profile_solves()
-    with open(path, "w") as f:
-        json.dump(result, f, indent=1)
+    atomic_write_json(path, result)
     return 0
 
 

@@ -7,13 +7,15 @@ so a products-only iteration could be cheaper there. This script counts the iter
 Newton-Schulz iteration ($T = \tfrac12(3I - ZY)$, $Y \leftarrow YT$, $Z \leftarrow TZ$, from $Y = M/c$,
 $Z = I$; three products each) until $\|Z/\sqrt c - R\|_{\mathrm{op}} \le 10^{-3}\|R\|_{\mathrm{op}}$ against
 a float64 eigendecomposition, with $\tau = 10^{-3} n^{-1/2}$, at the tangent start $S_T$ of Stiefel
-problems: Gaussian and `layernorm` gradients at 2304x768 and a `mini` training momentum (the
-test fixture, 384x128), in float32 and float64.
+problems: Gaussian and `layernorm` gradients at 2304x768 (``--shape M N``) and a `mini` training
+momentum (the test fixture, 384x128), in float32 and float64.
 
     OMP_NUM_THREADS=1 python scripts/inverse_sqrt_iterations.py
 """
 
 from __future__ import annotations
+
+import argparse
 
 import numpy as np
 import torch
@@ -45,13 +47,26 @@ def newton_schulz_iterations(M: torch.Tensor, tau2: float, dtype: torch.dtype, t
 
 
 def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument(
+        "--shape",
+        type=int,
+        nargs=2,
+        default=[2304, 768],
+        metavar=("M", "N"),
+        help="of the Gaussian and layernorm problems (default 2304 768)",
+    )
+    args = parser.parse_args()
+    m, n = args.shape
+    if not m >= n >= 2:
+        parser.error(f"need M >= N >= 2 (a tall Stiefel matrix), got {m} {n}")
     torch.set_num_threads(1)
     gen = torch.Generator().manual_seed(0)
     problems = []
     for spectrum in ("gaussian", "layernorm"):
-        W = Stiefel().random(2304, 768, dtype=torch.float64, generator=gen)
-        G = synthetic_gradient((2304, 768), spectrum, gen, torch.float64, "cpu")
-        problems.append((f"2304x768 {spectrum}", W, G))
+        W = Stiefel().random(m, n, dtype=torch.float64, generator=gen)
+        G = synthetic_gradient((m, n), spectrum, gen, torch.float64, "cpu")
+        problems.append((f"{m}x{n} {spectrum}", W, G))
     data = np.load(FIXTURE)
     problems.append(("mini momentum 384x128", torch.tensor(data["W0"]).double(), torch.tensor(data["G0"]).double()))
     print("problem                  dtype    kappa     iterations  products  error")

@@ -1,8 +1,8 @@
 r"""Where a preset's training step spends its direction solves.
 
-Trains the `mini` model with one preset for steps 0..LAST and, over steps FIRST..LAST, times every
-call of `spectral_direction` made by ManifoldMuon, grouped by manifold, matrix shape and start
-(cold, or warm from the previous step's multiplier). Prints the step time and, per group, the solve
+Trains the `mini` model (``--model``) with one preset for steps 0..LAST and, over steps FIRST..LAST,
+times every call of `spectral_direction` made by ManifoldMuon, grouped by manifold, matrix shape and
+start (cold, or warm from the previous step's multiplier). Prints the step time and, per group, the solve
 time and the evaluations per step. One preset per process (not interleaved like `bench train`),
 so compare the groups within one run and the step times only on an otherwise idle machine.
 
@@ -25,8 +25,8 @@ import time
 import torch
 
 import geomtrain.optim.muon as muon_module
+from geomtrain.bench.optimizer import reference_solve
 from geomtrain.config import make_config
-from geomtrain.optim import spectral_direction
 from geomtrain.train import Trainer
 
 
@@ -35,6 +35,7 @@ def main() -> None:
     parser.add_argument("preset")
     parser.add_argument("--first", type=int, default=40, help="first profiled step (default 40)")
     parser.add_argument("--last", type=int, default=44, help="last profiled step (default 44)")
+    parser.add_argument("--model", default="mini", help="a model of geomtrain.model.MODEL_CONFIGS (default mini)")
     parser.add_argument("--data-dir", default="data/classics-bpe8k")
     parser.add_argument("--threads", type=int, default=1)
     parser.add_argument("--reference", action="store_true", help="check each profiled direction against float64")
@@ -58,13 +59,14 @@ def main() -> None:
             row[1] += int(stats.evaluations.sum())
             row[2] += W.shape[0] if W.dim() == 3 else 1
             if args.reference:
-                gaps[key].extend(zip(reference_gaps(manifold, W, U, A), stats.dual_gap.reshape(-1).tolist()))
+                _, _, (true,) = reference_solve(manifold, W, U, [A], tol=1e-9, max_iter=3000, smoothing=1e-6)
+                gaps[key].extend(zip(true.reshape(-1).tolist(), stats.dual_gap.reshape(-1).tolist()))
         return A, stats
 
     muon_module.spectral_direction = timed_solve
     config = make_config(
         dict(
-            model="mini",
+            model=args.model,
             data_dir=args.data_dir,
             preset=args.preset,
             seed=0,
@@ -96,14 +98,6 @@ def main() -> None:
                 f"    gap to the float64 optimum: largest {max(true):.1e}, median {sorted(true)[len(true) // 2]:.1e}; "
                 f"largest certified gap {max(certified):.1e}"
             )
-
-
-def reference_gaps(manifold, W: torch.Tensor, U: torch.Tensor, A: torch.Tensor) -> list[float]:
-    """Relative objective gap of each direction of a batch against a float64 reference solve."""
-    W3, U3, A3 = (t.reshape(-1, *t.shape[-2:]).double() for t in (W, U, A))
-    ref, _ = spectral_direction(manifold, W3, U3, tol=1e-9, max_iter=3000, smoothing=1e-6)
-    opt, got = (ref * U3).sum(dim=(-2, -1)), (A3 * U3).sum(dim=(-2, -1))  # <G, A>: the scale of G cancels
-    return ((opt - got) / opt).tolist()
 
 
 if __name__ == "__main__":

@@ -167,3 +167,30 @@ def test_init_points_are_gpt2_initial_weights_on_the_manifold(tmp_path, capsys):
     assert bench.main([*argv, "--points", "trained"]) == 2
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and "invalid choice" in err and "init" in err
+
+
+def test_reference_solve_finds_the_square_stiefel_optimum_and_measures_gaps_against_it():
+    # At an orthogonal W the tangent directions are A = W Omega (Omega skew, ||A||_op = ||Omega||_op), so the
+    # optimum of <G, A> is A* = W msign(skew(W^T G)) (msign of a skew matrix is skew), from an SVD in float64.
+    # Gaps of A*, A*/2 and 1.1 A* (infeasible: overshoots) are 0, 1/2 and -1/10 up to 1e-9: float64 rounding
+    # (~1e-13 here) and the smoothing 1e-6 * RMS, far below the smallest singular value of skew(W^T G) (~1e-2).
+    import torch
+
+    from geomtrain.bench.optimizer import reference_solve
+    from manifolds import Stiefel
+
+    gen = torch.Generator().manual_seed(0)
+    W = torch.linalg.qr(torch.randn(2, 8, 8, generator=gen, dtype=torch.float64))[0]  # a batch of two
+    G = torch.randn(2, 8, 8, generator=gen)  # float32: solved in float64
+    S = W.mT @ G.double()
+    U, s, Vh = torch.linalg.svd((S - S.mT) / 2)
+    assert float(s.min()) > 1e-3
+    best = W @ U @ Vh
+    for scale in (1.0, 1024.0):  # the scale of G cancels (a power of 2: exact in float32)
+        ref, stats, gaps = reference_solve(
+            Stiefel(), W, scale * G, [best, 0.5 * best, 1.1 * best], tol=1e-10, max_iter=50, smoothing=1e-6
+        )
+        assert ref.dtype == torch.float64 and float((ref - best).abs().max()) < 1e-9
+        assert stats.residual.shape == (2,) and bool(stats.converged.all())
+        for gap, expected in zip(gaps, (0.0, 0.5, -0.1)):
+            assert gap.shape == (2,) and float((gap - expected).abs().max()) < 1e-9

@@ -26,9 +26,10 @@ With ``--custom-mask`` every manifold is replaced by its twin with its own ``pro
 Accuracy of every direction $A$, computed in float64 from the returned $A$: ``residual`` (RMS
 tangent residual $L_W(A)$), ``opnorm`` ($\|A\|_{\mathrm{op}}$), ``gap`` (relative objective gap
 $(\mathrm{OPT} - \langle \hat G, A\rangle)/\mathrm{OPT}$ against a float64 reference solve of the
-same problem, skipped by ``--quick``; negative when an infeasible $A$ overshoots) and, for the
-default solver, its own certified ``dual_gap``. Tables: per matrix (ratios to ``muon`` and
-evaluations) and per layer (summed times). The run prints its estimated duration first.
+same problem, `reference_solve` to tol 1e-6, skipped by ``--quick``; negative when an infeasible
+$A$ overshoots) and, for the default solver, its own certified ``dual_gap``. Tables: per matrix
+(ratios to ``muon`` and evaluations) and per layer (summed times). The run prints its estimated
+duration first.
 """
 
 from __future__ import annotations
@@ -38,11 +39,15 @@ import math
 import sys
 import time
 from collections.abc import Callable
+from typing import TYPE_CHECKING
 
 import torch
 
 from .._io import atomic_write_json, environment_record
 from ..config import parse_solver_options
+
+if TYPE_CHECKING:
+    from ..optim import DirectionStats
 
 __all__ = [
     "bench_optimizer",
@@ -57,6 +62,7 @@ __all__ = [
     "synthetic_gradient",
     "benchmark_point",
     "custom_mask_twin",
+    "reference_solve",
 ]
 
 GPT2_SHAPES = (("c_attn", (2304, 768)), ("attn.c_proj", (768, 768)), ("c_fc", (3072, 768)), ("mlp.c_proj", (768, 3072)))
@@ -233,26 +239,21 @@ def bench_optimizer(
                 W = benchmark_point(man, sname, shape, points, gen).to(device)
                 direction = synthetic_gradient(shape, spectrum, gen, torch.float32, device)
                 fresh = synthetic_gradient(shape, spectrum, gen, torch.float32, device)
-                ref = _reference(builtin, W, direction, log, f"{mname} {sname} layer {li}") if reference else None
+                recs, directions = [], []
                 for scale in scales:
-                    rec = _bench_matrix(
-                        man,
-                        W,
-                        scale * direction,
-                        scale * fresh,
-                        solvers,
-                        muon_dtype,
-                        repeats,
-                        device,
-                        ref,
-                        solver_options,
+                    rec, As = _bench_matrix(
+                        man, W, scale * direction, scale * fresh, solvers, muon_dtype, repeats, device, solver_options
                     )
                     rec.update(manifold=mname, layer=li, matrix=sname, shape=list(shape), scale=scale)
-                    matrices.append(rec)
+                    recs.append(rec)
+                    directions.append(As)
                     log(
                         f"  {mname} {sname} layer {li} scale {scale:g}: "
                         + ", ".join(f"{k} {v['seconds']:.2f}s" for k, v in rec["solvers"].items())
                     )
+                if reference:
+                    _add_reference(builtin, W, direction, recs, directions, log, f"{mname} {sname} layer {li}")
+                matrices.extend(recs)
     return {
         "config": {
             "manifolds": list(manifolds),
@@ -275,69 +276,92 @@ def bench_optimizer(
     }
 
 
-def _reference(man, W, G, log, label) -> dict:
+def reference_solve(
+    manifold, W: torch.Tensor, G: torch.Tensor, directions=(), *, tol: float, max_iter: int, smoothing: float
+) -> tuple[torch.Tensor, DirectionStats, list[torch.Tensor]]:
+    r"""The float64 reference solve of the direction problem at ``(W, G)`` (batches too) and the
+    relative objective gap $(\mathrm{OPT} - \langle G, A\rangle)/\mathrm{OPT}$ of each ``A`` in
+    ``directions`` against it (the scale of $G$ cancels; negative when an infeasible $A$ overshoots).
+
+    ``tol``, ``max_iter`` and ``smoothing`` are the default solver's options: the caller's accuracy.
+    Returns ``(reference, stats, gaps)``: the float64 direction, its `DirectionStats` and, per
+    direction, a float64 tensor of the batch shape."""
     from ..optim import spectral_direction
 
+    W, G = W.double(), G.double()
+    ref, stats = spectral_direction(manifold, W, G, tol=tol, max_iter=max_iter, smoothing=smoothing)
+    opt = (ref * G).sum(dim=(-2, -1))
+    return ref, stats, [(opt - (A.double() * G).sum(dim=(-2, -1))) / opt for A in directions]
+
+
+def _add_reference(man, W, G, recs, directions, log, label) -> None:
+    """Solve ``(W, G)`` in float64 (tol 1e-6, at most 150 evaluations, smoothing 1e-5), record it in
+    each of ``recs`` and each direction's gap in its solver's entry."""
     t0 = time.perf_counter()
-    A, st = spectral_direction(man, W.double(), G.double(), tol=1e-6, max_iter=150, smoothing=1e-5)
+    pairs = [(rec["solvers"][name], A) for rec, As in zip(recs, directions) for name, A in As.items()]
+    R, st, gaps = reference_solve(man, W, G, [A for _, A in pairs], tol=1e-6, max_iter=150, smoothing=1e-5)
     log(
         f"  reference {label}: {int(st.evaluations)} evaluations, residual {float(st.residual):.1e}, "
         f"certified gap {float(st.dual_gap):.1e} ({time.perf_counter() - t0:.1f} s)"
     )
-    return {
-        "objective": _objective(G, A),
+    ref = {
+        "objective": _objective(G, R),
         "residual": float(st.residual),
         "dual_gap": float(st.dual_gap),
         "evaluations": int(st.evaluations),
     }
+    for rec in recs:
+        rec["reference"] = ref
+    for (entry, _), gap in zip(pairs, gaps):
+        entry["gap"] = float(gap)
 
 
-def _bench_matrix(man, W, G, fresh, solvers, muon_dtype, repeats, device, ref, options=None) -> dict:
-    """Time and check every solver on one problem (and ``warm`` on the next step)."""
+def _bench_matrix(man, W, G, fresh, solvers, muon_dtype, repeats, device, options=None) -> tuple[dict, dict]:
+    """Time and check every solver on one problem (and ``warm`` on the next step); returns the record
+    and the directions of the problem ``(W, G)`` (all but ``warm``) by solver, for the reference gaps."""
     from manifolds import msign
 
     from ..optim import spectral_direction, tangent_residual
 
     mopts = {"msign": "polar_express", "msign_steps": 5, "msign_dtype": muon_dtype}
     opts = dict(options or {})
-    out: dict = {"reference": ref, "solvers": {}}
+    out: dict = {"reference": None, "solvers": {}}
+    directions: dict = {}
 
-    def record(name, seconds, A, st, W_, G_, ref_obj):
-        entry = {
+    def record(name, seconds, A, st, W_):
+        out["solvers"][name] = entry = {
             "seconds": seconds,
             "residual": float(tangent_residual(man, W_.double(), A.double())),
             "opnorm": _opnorm(A),
             "evaluations": int(st.evaluations) if st is not None else 1,
         }
-        if ref_obj is not None:
-            entry["gap"] = (ref_obj - _objective(G_, A)) / ref_obj
         if st is not None and st.dual_gap is not None:
             entry["dual_gap"] = float(st.dual_gap)
-        out["solvers"][name] = entry
+        if W_ is W:
+            directions[name] = A
 
-    ref_obj = None if ref is None else ref["objective"]
     cold = None
     for name in solvers:
         if name == "muon":
             sec, A = _timed(lambda: msign(G, "polar_express", steps=5, compute_dtype=muon_dtype), repeats, device)
-            record(name, sec, A, None, W, G, ref_obj)
+            record(name, sec, A, None, W)
         elif name in ("published", "tangent"):
             sec, (A, st) = _timed(lambda: spectral_direction(man, W, G, solver=name, **mopts), repeats, device)  # noqa: B023
-            record(name, sec, A, st, W, G, ref_obj)
+            record(name, sec, A, st, W)
         elif name == "cold":
             sec, cold = _timed(lambda: spectral_direction(man, W, G, **opts), repeats, device)
-            record(name, sec, *cold, W, G, ref_obj)
+            record(name, sec, *cold, W)
         elif name == "warm":
             A0, st0 = cold if cold is not None else spectral_direction(man, W, G, **opts)
             W2 = man.retr(W, -0.02 * A0)
             G2 = 0.95 * G + 0.05 * fresh
             warm_opts = {**opts, "dual": st0.dual, "escalate": st0.escalated}  # what ManifoldMuon passes back
             sec, (A, st) = _timed(lambda: spectral_direction(man, W2, G2, **warm_opts), repeats, device)  # noqa: B023
-            record(name, sec, A, st, W2, G2, None)
+            record(name, sec, A, st, W2)
     muon_s = out["solvers"]["muon"]["seconds"]
     for entry in out["solvers"].values():
         entry["x_muon"] = entry["seconds"] / muon_s
-    return out
+    return out, directions
 
 
 def _layer_rows(matrices: list[dict], solvers) -> list[dict]:

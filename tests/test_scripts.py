@@ -1,0 +1,111 @@
+"""The measurement scripts of scripts/, each run in this process at a tiny size, with checks of what they print."""
+
+import re
+import runpy
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+@pytest.fixture
+def run_script(monkeypatch, capsys):
+    """``run_script(NAME, *ARGV)``: ``python scripts/NAME ARGV`` from the repository root, in this process;
+    returns the lines it printed. The scripts set torch's thread count: it is restored."""
+    threads = torch.get_num_threads()
+
+    def run(name: str, *argv: str) -> list[str]:
+        monkeypatch.setattr(sys, "argv", [name, *argv])
+        monkeypatch.chdir(ROOT)
+        capsys.readouterr()
+        runpy.run_path(str(ROOT / "scripts" / name), run_name="__main__")
+        return capsys.readouterr().out.splitlines()
+
+    yield run
+    torch.set_num_threads(threads)
+
+
+def test_square_dgram_spread_prints_a_row_per_spread_with_true_gaps(run_script):
+    # True gap bounds: at most the certified gap (an upper bound on the suboptimality) plus 1e-6 for the
+    # reference's own error (solved to tol 1e-10); at least -1e-3: a direction tangent only to the default tol
+    # 1e-4 may overshoot the optimum by about that relative amount, not more.
+    lines = run_script("square_dgram_spread.py", "--n", "16", "--spreads", "0", "0.3", "--reference")
+    assert lines[0].startswith("n = 16, seed 0, plain Muon") and lines[1].split()[-2:] == ["true", "gap"]
+    rows = [line.split() for line in lines[2:]]
+    assert [row[0] for row in rows] == ["0", "0.3"] and all(len(row) == 8 for row in rows)
+    for _, evaluations, converged, certified, x_muon, unit, near, true in rows:
+        assert int(evaluations) >= 1 and converged in ("True", "False") and float(x_muon) > 0
+        assert 0 <= int(unit) + int(near) <= 16
+        assert -1e-3 <= float(true) <= float(certified) + 1e-6 and float(certified) < 1e-2
+
+
+def test_inverse_sqrt_iterations_counts_newton_schulz_iterations(run_script):
+    # Float64 reaches the 1e-3 tolerance on every problem, in more iterations the worse M is conditioned;
+    # float32 may stop at the cap of 200 instead (the momentum problem has kappa ~3e5).
+    lines = run_script("inverse_sqrt_iterations.py", "--shape", "96", "32")
+    assert lines[0].split() == ["problem", "dtype", "kappa", "iterations", "products", "error"]
+    rows = [
+        re.match(r"(.+?)\s+(float32|float64)\s+(\S+)\s+(\d+)\s+(\d+)\s+(\S+)$", line).groups() for line in lines[1:]
+    ]
+    names = ["96x32 gaussian", "96x32 layernorm", "mini momentum 384x128"]
+    assert [(name, dtype) for name, dtype, *_ in rows] == [(n, d) for n in names for d in ("float32", "float64")]
+    float64 = []
+    for _, dtype, kappa, iterations, products, error in rows:
+        assert int(products) == 3 * int(iterations) and float(kappa) >= 1
+        assert float(error) <= 1e-3 or (dtype == "float32" and int(iterations) == 200)
+        if dtype == "float64":
+            float64.append((float(kappa), int(iterations)))
+    assert all(k < 200 for _, k in float64)
+    assert [k for _, k in sorted(float64)] == sorted(k for _, k in float64)  # more iterations at larger kappa
+
+
+def test_newton_schulz_iterations_against_a_known_spectrum():
+    # M = diag(1, ..., 100): kappa of M + tau^2 I is (100 + tau^2) / (1 + tau^2); one iteration is too few.
+    ns = runpy.run_path(str(ROOT / "scripts" / "inverse_sqrt_iterations.py"))["newton_schulz_iterations"]
+    M = torch.diag(torch.linspace(1, 100, 16, dtype=torch.float64))
+    k, kappa, err = ns(M, 1e-2, torch.float64)
+    assert 1 < k < 200 and abs(kappa - 100.01 / 1.01) < 1e-9 and err <= 1e-3
+    assert ns(M, 1e-2, torch.float64, cap=1)[0] == 1 and ns(M, 1e-2, torch.float64, cap=1)[2] > 1e-3
+
+
+@pytest.mark.slow
+def test_profile_solves_groups_the_solves_and_checks_them_against_float64(run_script, data_dir, monkeypatch):
+    # The hetero preset on the tiny model (2 layers): Stiefel attention (c_attn 192x64, attn.c_proj 64x64),
+    # DGram MLP (c_fc 256x64, mlp.c_proj 64x256 solved in its tall form), all warm at step 1. The script's
+    # reference solves (tol 1e-9, at most 3,000 evaluations) run to their cap on these momenta (~25 s): here
+    # they are capped at 300 evaluations, still far more accurate than the float32 directions they check.
+    import geomtrain.bench.optimizer as bench_optimizer
+    import geomtrain.optim.muon as muon
+
+    monkeypatch.setattr(muon, "spectral_direction", muon.spectral_direction)  # the script replaces it: restore
+    solve = bench_optimizer.reference_solve
+    settings = []
+
+    def capped(manifold, W, G, directions=(), **options):
+        settings.append(options)
+        return solve(manifold, W, G, directions, **{**options, "max_iter": 300})
+
+    monkeypatch.setattr(bench_optimizer, "reference_solve", capped)
+    argv = ["hetero", "--model", "tiny", "--data-dir", data_dir, "--first", "1", "--last", "1", "--reference"]
+    lines = run_script("profile_solves.py", *argv)
+    assert settings and all(s == {"tol": 1e-9, "max_iter": 3000, "smoothing": 1e-6} for s in settings)
+    assert re.fullmatch(r"hetero: \d+ ms/step over steps 1-1 \(including the untimed reference solves\)", lines[0])
+    groups, i = {}, 1
+    while i < len(lines):
+        group = re.fullmatch(
+            r"  (\w+) (\d+x\d+) (cold|warm): \d+ ms/step, ([\d.]+) evaluations/step over (\d+) matrices", lines[i]
+        )
+        gaps = re.fullmatch(
+            r"    gap to the float64 optimum: largest (\S+), median (\S+); largest certified gap (\S+)", lines[i + 1]
+        )
+        assert group and gaps, lines[i : i + 2]
+        manifold, shape, start, evaluations, matrices = group.groups()
+        groups[manifold, shape, start] = int(matrices)
+        largest, median, certified = map(float, gaps.groups())
+        # the certificate bounds every true gap (1e-6: the reference's own error); an overshoot stays small
+        assert float(evaluations) >= 1 and -1e-4 <= median <= largest <= certified + 1e-6
+        i += 2
+    assert groups == {("Stiefel", "192x64", "warm"): 2, ("Stiefel", "64x64", "warm"): 2, ("DGram", "256x64", "warm"): 4}
