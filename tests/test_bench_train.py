@@ -43,6 +43,10 @@ def test_bench_train_logs_each_step_and_counts_evaluations(data_dir, tmp_path, c
     assert rows["all-stiefel"]["evaluations_per_step"] > muon  # the exact solver iterates
     assert rows["all-stiefel"]["tokens_per_s"] == 2 * 16 / (rows["all-stiefel"]["ms_per_step"] / 1000)
     assert record["sets"] == ["block_size=16"] and record["warmup"] == 1
+    # host synchronisations of the warmup step, counted: the exact solver's loops add to Muon's guards
+    syncs = {p: r["host_syncs_per_step"] for p, r in rows.items()}
+    assert all(isinstance(v, int) and v > 0 for v in syncs.values())
+    assert syncs["all-stiefel"] > syncs["unconstrained"]
 
 
 def test_bench_train_set_reaches_every_preset(data_dir, tmp_path, capsys):

@@ -18,6 +18,7 @@ from .._io import atomic_write_json, environment_record
 from ..assign import PRESETS
 from ..config import TrainConfig, make_config, parse_assignments
 from ..model import model_config
+from .syncs import count_host_syncs
 
 __all__ = ["measure_step_times", "measure_training_speed", "format_speed_table", "add_parser"]
 
@@ -28,6 +29,7 @@ def measure_step_times(
     warmup: int = 2,
     log: Callable[[str], None] | None = None,
     evaluations: dict[str, list[int]] | None = None,
+    syncs: dict[str, int] | None = None,
 ) -> dict[str, list[float]]:
     """Seconds per full training step of each config, ``steps`` timed after ``warmup`` untimed ones.
 
@@ -36,7 +38,9 @@ def measure_step_times(
     them all alike; on CUDA the step time includes a ``torch.cuda.synchronize``. Nothing is
     written (the trainers have no run folder). ``log`` gets one line per step (a run cut short
     still shows what it measured); ``evaluations``, if given, is filled with the Manifold Muon
-    polar evaluations (``msign_calls``) of each timed step."""
+    polar evaluations (``msign_calls``) of each timed step; ``syncs``, if given, with the host
+    synchronisations of each config's last warmup step (`geomtrain.bench.syncs`: what a GPU step would
+    wait for; counted untimed, since counting slows the step)."""
     from ..train import Trainer
 
     if steps < 1 or warmup < 0:
@@ -45,7 +49,12 @@ def measure_step_times(
     times: dict[str, list[float]] = {label: [] for label in configs}
     for i in range(warmup + steps):
         for label, trainer in trainers.items():
-            result = trainer.step()
+            if syncs is not None and i == warmup - 1:
+                with count_host_syncs() as counts:
+                    result = trainer.step()
+                syncs[label] = sum(counts.values())
+            else:
+                result = trainer.step()
             calls = int(result.muon.get("msign_calls", 0) or 0)
             if log is not None:
                 kind = "warmup" if i < warmup else "timed"
@@ -94,13 +103,15 @@ def measure_training_speed(
             overrides["batch_size"] = batch_size
         configs[preset] = make_config({**(sets or {}), **overrides})
     evaluations: dict[str, list[int]] = {}
-    times = measure_step_times(configs, steps, warmup, log=log, evaluations=evaluations)
+    syncs: dict[str, int] = {}
+    times = measure_step_times(configs, steps, warmup, log=log, evaluations=evaluations, syncs=syncs)
     rows = []
     for preset, cfg in configs.items():
         ms = 1000 * statistics.median(times[preset])
         tokens = cfg.batch_size * cfg.grad_accum * (cfg.block_size or model_config(cfg.model).block_size)
         row = {"preset": preset, "ms_per_step": ms, "tokens_per_s": tokens / (ms / 1000)}
         row["evaluations_per_step"] = statistics.median(evaluations.get(preset, [0]))
+        row["host_syncs_per_step"] = syncs.get(preset)  # None without a warmup step
         rows.append(row)
     base = {r["preset"]: r["ms_per_step"] for r in rows}
     for r in rows:
@@ -112,8 +123,8 @@ def measure_training_speed(
 def format_speed_table(rows: list[dict]) -> str:
     """Markdown table of :func:`measure_training_speed` rows."""
     lines = [
-        "| preset | ms/step | tokens/s | evaluations/step | x adamw | x unconstrained |",
-        "|---|---|---|---|---|---|",
+        "| preset | ms/step | tokens/s | evaluations/step | host syncs/step | x adamw | x unconstrained |",
+        "|---|---|---|---|---|---|---|",
     ]
     for r in rows:
         fmt = lambda v: "-" if v is None else f"{v:.2f}"  # noqa: E731
@@ -122,6 +133,7 @@ def format_speed_table(rows: list[dict]) -> str:
             f"{r['ms_per_step']:.1f}",
             f"{r['tokens_per_s']:,.0f}",
             f"{r.get('evaluations_per_step', 0):.0f}",
+            "-" if r.get("host_syncs_per_step") is None else str(r["host_syncs_per_step"]),
             fmt(r["vs_adamw"]),
             fmt(r["vs_unconstrained"]),
         ]
