@@ -6,7 +6,9 @@
 #
 # 1. `geomtrain bench optimizer --quick` at 12 GPT-2-small layers: per-matrix and per-layer solver
 #    cost against plain Muon (bench_optimizer.json);
-# 2. `geomtrain bench train --model gpt2`, every preset side by side (bench_train.json);
+# 2. `geomtrain bench train --model gpt2`, every preset side by side (bench_train.json; with the host
+#    synchronisations per step, which the compact solver loops cut 5-8x on the CPU count: compare the
+#    step times with docs/training.md, measured before them);
 # 3. (on CUDA) scripts/gpu_profile.py: the solver's kernels timed, and a profile of warm solves (kernels.json);
 # 4. a study of the `gpt2` config, one seed, every preset, for as many steps as the rest of the
 #    budget allows at the step times just measured (short runs, to be reported as such), packed
