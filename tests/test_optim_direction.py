@@ -502,6 +502,19 @@ def test_working_set_shrinks_to_the_entries_that_go_on_and_writes_back_the_other
 
 
 # ============================================================================ host synchronisations
+def test_host_values_reads_a_list_of_scalars_in_order_with_one_read_per_dtype():
+    from geomtrain.bench.syncs import count_host_syncs
+    from geomtrain.optim.numerics import host_values
+
+    x = torch.tensor([1.0, float("nan"), 3.0])
+    scalars = [torch.isfinite(x).all(), x[0] * 2, torch.isfinite(x[0]), x[2]]
+    with count_host_syncs() as counts:
+        values = host_values(scalars)
+    assert values == [False, 2.0, True, 3.0] and [type(v) for v in values] == [bool, float, bool, float]
+    assert dict(counts) == {"copy to host": 2}  # one stacked copy per dtype (bool, float), not one per scalar
+    assert host_values([]) == []
+
+
 def _training_like_gradient(shape, gen):
     # the power-law spectrum and the centred rows of training momenta (see bench optimizer --spectrum layernorm)
     B, m, n = shape

@@ -12,7 +12,7 @@ import torch
 from optim_cases import CONSTRAINED, MANIFOLDS, opnorm, problem, seeded
 
 from geomtrain.optim import SOLVERS, ManifoldMuon
-from manifolds import BoundedDGram, DGram, Euclidean, Oblique, Stiefel, msign
+from manifolds import BoundedDGram, DGram, Euclidean, Oblique, Stiefel, msign, to_tall
 
 
 # ============================================================================ ManifoldMuon
@@ -470,3 +470,68 @@ def test_last_stats_name_the_matrices_whose_direction_was_polished():
     _train({k: model[k] for k in ("st", "dg")}, opt, 1, seed=8)
     assert opt.last_stats["unconverged"] == ["dg"] and opt.last_stats["n_unconverged"] == 1
     assert json.loads(json.dumps(opt.last_stats))["unconverged"] == ["dg"]
+
+
+class _RefusingMarkedDGram(DGram):
+    """DGram refusing a batch that holds a matrix whose first entry is exactly 0 (a stand-in for a zero column)."""
+
+    def retr(self, x, u):
+        if bool((to_tall(x)[..., 0, 0] == 0).any()):
+            raise ValueError("a zero column")
+        return super().retr(x, u)
+
+
+def test_one_refused_matrix_of_a_batch_is_skipped_and_the_others_move():
+    # A batch's matrices are retracted in one call; when that call refuses, each is retracted alone, so only
+    # the refused one is skipped, and the others get exactly the per-matrix retraction.
+    gen = seeded(13)
+    points = [DGram().random(12, 6, generator=gen) for _ in range(3)]
+    points[1][0, 0] = 0.0
+    grads = [torch.randn(12, 6, generator=gen) for _ in range(3)]
+    params = [torch.nn.Parameter(p.clone()) for p in points]
+    opt = ManifoldMuon(
+        [{"params": params, "param_names": ["a", "b", "c"], "manifold": _RefusingMarkedDGram()}], lr=0.01
+    )
+    for p, g in zip(params, grads):
+        p.grad = g.clone()
+    with pytest.warns(RuntimeWarning, match="b: retraction refused the point"):
+        opt.step()
+    assert opt.last_stats["skipped"] == [{"param": "b", "reason": "retraction refused the point"}]
+    assert torch.equal(params[1].detach(), points[1])
+    alone = [torch.nn.Parameter(p.clone()) for p in points]
+    for i in (0, 2):  # each matrix in its own optimizer: a batch of one, retracted alone
+        single = ManifoldMuon([{"params": [alone[i]], "manifold": DGram()}], lr=0.01)
+        alone[i].grad = grads[i].clone()
+        single.step()
+        assert torch.equal(params[i].detach(), alone[i].detach())
+
+
+def test_batched_retraction_matches_one_matrix_at_a_time():
+    # Same-shape matrices of one group share a solve and a retraction; with different solver settings they
+    # are solved and retracted apart. The weights agree to float32 rounding (the Stiefel polar step count is
+    # set per batch, one more Newton-Schulz step past convergence changes the last bits).
+    gen = seeded(14)
+    for manifold in (Stiefel(), DGram()):
+        points = [manifold.random(24, 8, generator=gen) for _ in range(2)]
+        grads = [torch.randn(24, 8, generator=gen) for _ in range(2)]
+        together = [torch.nn.Parameter(p.clone()) for p in points]
+        apart = [torch.nn.Parameter(p.clone()) for p in points]
+        opt_together = ManifoldMuon([{"params": together, "manifold": manifold}], lr=0.02)
+        opt_apart = ManifoldMuon(
+            [
+                {"params": [apart[0]], "manifold": manifold, "solver_options": {"tol": 1e-4}},
+                {"params": [apart[1]], "manifold": manifold, "solver_options": {"tol": 1.0000001e-4}},
+            ],
+            lr=0.02,
+        )
+        for step in range(3):
+            for ps in (together, apart):
+                for p, g in zip(ps, grads):
+                    p.grad = g * (1 + step)
+            opt_together.step()
+            opt_apart.step()
+        for t, a in zip(together, apart):
+            assert float((t.detach() - a.detach()).abs().max()) <= 1e-5
+            assert (
+                not torch.equal(t.detach(), points[0]) and float(manifold.constraint_violation(t.detach()).max()) < 1e-5
+            )

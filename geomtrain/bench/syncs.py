@@ -8,7 +8,8 @@ the dispatcher, so the count is the same on a CPU, where they cost nothing, and 
 
 Not seen at this level: the error checks inside a few linear-algebra kernels on CUDA
 (``torch.linalg.eigh``, ``solve``, ``cholesky``: one synchronisation per call; the ``_ex`` variants
-skip it) and copies to the CPU of tensors already there (``.cpu()`` of a CPU tensor is free).
+skip it) and ``.cpu()`` of a tensor already on the CPU (free there, so a CPU run cannot tell it from
+a copy). ``tolist()`` and ``numpy()`` are counted as copies to the host whatever the device.
 """
 
 from __future__ import annotations
@@ -18,6 +19,7 @@ import contextlib
 from collections.abc import Iterator
 
 import torch
+from torch.overrides import TorchFunctionMode
 from torch.utils._python_dispatch import TorchDispatchMode
 
 __all__ = ["count_host_syncs", "SYNC_KINDS"]
@@ -58,10 +60,23 @@ class _SyncCounter(TorchDispatchMode):
         return func(*args, **kwargs)
 
 
+class _HostReadCounter(TorchFunctionMode):
+    """``tolist()`` and ``numpy()`` read a tensor's memory on the host without a dispatched operation."""
+
+    def __init__(self, counts: collections.Counter):
+        super().__init__()
+        self.counts = counts
+
+    def __torch_function__(self, func, types, args=(), kwargs=None):
+        if func in (torch.Tensor.tolist, torch.Tensor.numpy):
+            self.counts["copy to host"] += 1
+        return func(*args, **(kwargs or {}))
+
+
 @contextlib.contextmanager
 def count_host_syncs() -> Iterator[collections.Counter]:
     """Context manager: a `collections.Counter` of the host synchronisations (by kind, `SYNC_KINDS`)
     made by the torch operations run inside it; ``sum(counts.values())`` is the total."""
     counts: collections.Counter = collections.Counter()
-    with _SyncCounter(counts):
+    with _HostReadCounter(counts), _SyncCounter(counts):
         yield counts
