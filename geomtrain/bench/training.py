@@ -40,7 +40,7 @@ def measure_step_times(
     still shows what it measured); ``evaluations``, if given, is filled with the Manifold Muon
     polar evaluations (``msign_calls``) of each timed step; ``syncs``, if given, with the host
     synchronisations of each config's last warmup step (`geomtrain.bench.syncs`: what a GPU step would
-    wait for; counted untimed, since counting slows the step)."""
+    wait for; counted untimed, since counting slows the step; not counted for compiled models)."""
     from ..train import Trainer
 
     if steps < 1 or warmup < 0:
@@ -49,7 +49,7 @@ def measure_step_times(
     times: dict[str, list[float]] = {label: [] for label in configs}
     for i in range(warmup + steps):
         for label, trainer in trainers.items():
-            if syncs is not None and i == warmup - 1:
+            if syncs is not None and i == warmup - 1 and not configs[label].compile:  # no modes in compiled code
                 with count_host_syncs() as counts:
                     result = trainer.step()
                 syncs[label] = sum(counts.values())
