@@ -543,8 +543,8 @@ def test_solver_loops_synchronise_with_the_host_about_once_per_evaluation(manifo
     # (evaluations, plus the certificate's and the polish's). A batch whose precision differs per entry is
     # solved in two parts, each with its own loop, so the bound counts the evaluations of the whole batch:
     # 2 per evaluation plus 24 once-per-solve decisions (input check, precision probe, fallback, polish).
-    # Before the compact loops these problems took 191-903 (8-17 per evaluation of the slowest entry: a
-    # boolean index per update of each piece of state).
+    # Before the compact loops these twelve solves took 18-913 (6-30 per evaluation of the batch: a boolean
+    # index per update of each piece of state); now 5-118.
     from geomtrain.bench.syncs import count_host_syncs
 
     gen = seeded(7)
