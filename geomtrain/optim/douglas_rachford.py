@@ -19,7 +19,7 @@ import math
 import torch
 
 from .gram import GramDual
-from .numerics import Anderson, Trace, WorkingSet
+from .numerics import Anderson, Trace, WorkingSet, safeguarded_mix
 
 __all__ = ["douglas_rachford", "DR_RELAX", "DR_ANDERSON"]
 
@@ -49,12 +49,12 @@ def douglas_rachford(
     out = {
         "best_res": torch.full((B,), math.inf, dtype=S.dtype, device=S.device),
         "best_Y": torch.zeros_like(Z),
-        "best_Z": Z.clone(),
+        "anchor_x": Z.clone(),  # the point with the lowest |y - x|_F: its implied multiplier is returned
         "used": torch.zeros(B, dtype=torch.long, device=S.device),
     }
     idx = (budget > 0).nonzero().squeeze(-1)
     ws = WorkingSet(idx, {name: value[idx] for name, value in out.items()}, out)
-    ws["Z"], ws["budget"], ws["best_F"] = Z[idx], budget[idx], torch.zeros_like(Z[idx])
+    ws["Z"], ws["budget"], ws["anchor_F"] = Z[idx], budget[idx], torch.zeros_like(Z[idx])
     ws["best_f"] = torch.full_like(ws["best_res"], math.inf)  # safeguard of the mixing: |y - x|_F
     sub, G_sub, mixer = dual.sub(idx), G_rho[idx], Anderson(depth, ws["Z"])
     while len(ws):
@@ -69,18 +69,11 @@ def douglas_rachford(
         imp = res < ws["best_res"]
         ws["best_res"] = torch.where(imp, res, ws["best_res"])
         ws["best_Y"] = torch.where(imp[:, None, None, None], Y, ws["best_Y"])
-        ok = fn <= ws["best_f"]
-        okm = ok[:, None, None, None]
-        ws["best_f"] = torch.where(ok, fn, ws["best_f"])
-        ws["best_Z"] = torch.where(okm, Za, ws["best_Z"])
-        ws["best_F"] = torch.where(okm, F, ws["best_F"])
-        Znext = mixer.mix(mixer.every, Za, DR_RELAX * F)
-        mixer.reset(mixer.every, where=~ok)  # the mixed point did worse: forget the history, plain step
-        ws["Z"] = torch.where(okm, Znext, ws["best_Z"] + DR_RELAX * ws["best_F"])  # from the best
+        ws["Z"] = safeguarded_mix(mixer, ws, Za, F, fn, DR_RELAX)
         keep = ws.shrink((res > tol) & (ws["used"] < ws["budget"]))  # the iteration's one host synchronisation
         if keep is not None:
             sub, G_sub = sub.sub(keep), G_sub[keep]
             mixer.compact(keep)
-    best_res, best_Y, best_Z, used = out["best_res"], out["best_Y"], out["best_Z"], out["used"]
+    best_res, best_Y, best_Z, used = out["best_res"], out["best_Y"], out["anchor_x"], out["used"]
     S_dual = dual.implied_dual(best_Z + G_rho, rho)
     return best_Y, best_res, S_dual, used

@@ -77,7 +77,7 @@ def pivoted_cholesky(A: torch.Tensor, tol: float, max_rank: int) -> torch.Tensor
         for col in cols:
             c = c - col * col[ar, piv].unsqueeze(-1)
         c = c / dp.clamp_min(torch.finfo(A.dtype).tiny).sqrt().unsqueeze(-1)
-        c = torch.where(((dp > 0) & (dp > floor)).unsqueeze(-1), c, torch.zeros_like(c))
+        c = torch.where((dp > floor).unsqueeze(-1), c, torch.zeros_like(c))  # floor >= 0: also dp > 0
         cols.append(c)
         d = (d - c.square()).clamp_min(0)
     if not cols:

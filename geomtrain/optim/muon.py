@@ -385,7 +385,8 @@ class ManifoldMuon(torch.optim.Optimizer):
         ]
         # every guard reads the whole batch on the host at once (on a GPU each read waits for the queue)
         skips = [0 if ok else _SKIP_DIRECTION for ok in host_values([torch.isfinite(a).all() for a in directions])]
-        updates = self._updates(batch, directions, skips, m, euclid)
+        tall = None if euclid else (W, A, bounds)  # the batch as solved: tall and stacked
+        updates = self._updates(batch, directions, skips, m, tall)
         computed = [i for i, new in enumerate(updates) if new is not None]
         for i, ok in zip(computed, host_values([torch.isfinite(updates[i]).all() for i in computed])):
             if not ok:
@@ -416,14 +417,15 @@ class ManifoldMuon(torch.optim.Optimizer):
             row[col["has_dual"]] = float("dual" in self.state[it.p])
 
     @staticmethod
-    def _updates(batch: list[_Item], directions: list[torch.Tensor], skips: list[int], m, euclid: bool) -> list:
+    def _updates(batch: list[_Item], directions: list[torch.Tensor], skips: list[int], m, tall) -> list:
         """The new weights of each matrix (None where ``skips`` is set; sets ``_SKIP_REFUSED`` in ``skips``
-        where the retraction raises ``ValueError``). The manifold matrices of a batch are retracted in one
-        call (its input checks read the host once, not once per matrix); if that call refuses, each
-        matrix is retracted alone to find the one refused."""
+        where the retraction raises ``ValueError``). ``tall``: None for Euclidean batches, else the solve's
+        stacked tall weights and directions with the row bounds of each matrix. The manifold matrices of a
+        batch are retracted in one call (its input checks read the host once, not once per matrix); if
+        that call refuses, each matrix is retracted alone to find the one refused."""
         go = [i for i in range(len(batch)) if not skips[i]]
         updates: list[torch.Tensor | None] = [None] * len(batch)
-        if euclid:
+        if tall is None:
             for i in go:
                 it, a = batch[i], directions[i]
                 rows, cols = it.update.shape[-2:]
@@ -433,14 +435,12 @@ class ManifoldMuon(torch.optim.Optimizer):
             return updates
         if not go:
             return updates
-        tall = [to_tall(_plain(batch[i].p)) for i in go]
-        flat = [t.reshape(-1, *t.shape[-2:]) for t in tall]
-        steps = [
-            (-batch[i].group["lr"] * to_tall(directions[i], like=batch[i].p).to(batch[i].p.dtype)).reshape(f.shape)
-            for i, f in zip(go, flat)
-        ]
+        W, A, bounds = tall
+        rows = [slice(bounds[i], bounds[i + 1]) for i in go]
+        points = W if len(go) == len(batch) else torch.cat([W[r] for r in rows])
+        steps = torch.cat([-batch[i].group["lr"] * A[r].to(W.dtype) for i, r in zip(go, rows)])
         try:
-            moved = m.retr(torch.cat(flat), torch.cat(steps))
+            moved = m.retr(points, steps)
         except ValueError:  # a refused point in the batch: retract one by one to find it
             for i in go:
                 try:
@@ -448,8 +448,9 @@ class ManifoldMuon(torch.optim.Optimizer):
                 except ValueError:  # DGram refusing a (near-)zero column: a skipped update; other errors surface
                     skips[i] = _SKIP_REFUSED
             return updates
-        for i, t, part in zip(go, tall, torch.split(moved, [f.shape[0] for f in flat])):
-            updates[i] = from_tall(part.reshape(t.shape), like=batch[i].p).reshape(batch[i].p.shape)
+        for i, part in zip(go, torch.split(moved, [r.stop - r.start for r in rows])):
+            p = batch[i].p
+            updates[i] = from_tall(part.reshape(to_tall(p).shape), like=p).reshape(p.shape)
         return updates
 
     def _share(self, items: list[_Item], stats: torch.Tensor, world: int) -> None:

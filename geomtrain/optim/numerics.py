@@ -17,6 +17,7 @@ __all__ = [
     "eigvalsh_psd",
     "Anderson",
     "WorkingSet",
+    "safeguarded_mix",
     "host_values",
     "pcg",
     "Trace",
@@ -197,14 +198,33 @@ class WorkingSet:
         return keep
 
 
+def safeguarded_mix(
+    mixer: Anderson, ws: WorkingSet, X: torch.Tensor, F: torch.Tensor, fn: torch.Tensor, relax: float
+) -> torch.Tensor:
+    r"""The next iterate of a fixed-point iteration $X \to X + \lambda F$ (``relax`` $= \lambda$) with
+    Anderson mixing and its safeguard, for every entry of the compact batch ``ws``: where ``fn`` (the
+    norm of the fixed-point residual $F$) is at most the best so far (``ws["best_f"]``) the point becomes
+    the anchor (``ws["anchor_x"]``, ``ws["anchor_F"]``) and the mixed step is taken; elsewhere the mixing
+    did worse, so the entry's history is forgotten and a plain step is taken from the anchor. No host
+    synchronisation."""
+    ok = fn <= ws["best_f"]
+    okm = ok.view(-1, *([1] * (X.dim() - 1)))
+    ws["best_f"] = torch.where(ok, fn, ws["best_f"])
+    ws["anchor_x"] = torch.where(okm, X, ws["anchor_x"])
+    ws["anchor_F"] = torch.where(okm, F, ws["anchor_F"])
+    mixed = mixer.mix(mixer.every, X, relax * F)
+    mixer.reset(mixer.every, where=~ok)
+    return torch.where(okm, mixed, ws["anchor_x"] + relax * ws["anchor_F"])
+
+
 def host_values(scalars: list[torch.Tensor]) -> list:
-    """Python numbers of a list of 0-dim tensors, read with one host transfer per device (on a GPU, one
-    synchronisation in place of one per tensor); bool tensors give bools. An empty list gives []."""
+    """Python numbers of a list of 0-dim tensors, read with one host transfer per device and dtype (on a
+    GPU, one synchronisation in place of one per tensor); bool tensors give bools. An empty list gives []."""
     out: list = [None] * len(scalars)
-    by_device: dict[tuple, list[int]] = {}
+    groups: dict[tuple, list[int]] = {}
     for i, t in enumerate(scalars):
-        by_device.setdefault((t.device, t.dtype), []).append(i)
-    for (_, _), where in by_device.items():
+        groups.setdefault((t.device, t.dtype), []).append(i)
+    for where in groups.values():
         for i, value in zip(where, torch.stack([scalars[i] for i in where]).tolist()):
             out[i] = value
     return out

@@ -32,7 +32,7 @@ import math
 import torch
 
 from .gram import CERTIFICATE_SMOOTHING, ROUNDING_FLOOR, inverse_sqrt_weights
-from .numerics import Anderson, Trace, WorkingSet, eigh_psd
+from .numerics import Anderson, Trace, WorkingSet, eigh_psd, safeguarded_mix
 
 __all__ = ["solve_square_dgram", "SQUARE_RELAX", "SQUARE_ANDERSON"]
 
@@ -131,7 +131,7 @@ def solve_square_dgram(
     }
     idx = live.nonzero().squeeze(-1)
     ws = WorkingSet(idx, {name: value[idx] for name, value in out.items()}, out)
-    ws["z"], ws["anchor_z"], ws["anchor_F"] = z[idx], z[idx], torch.zeros_like(z[idx])
+    ws["z"], ws["anchor_x"], ws["anchor_F"] = z[idx], z[idx], torch.zeros_like(z[idx])
     ws["best_f"] = torch.full_like(ws["best_res"], math.inf)
     sub, mixer = fr.sub(idx), Anderson(SQUARE_ANDERSON, ws["z"])
     while len(ws):
@@ -147,15 +147,8 @@ def solve_square_dgram(
         ws["best_res"] = torch.where(imp, res, ws["best_res"])
         ws["best_y"] = torch.where(imp[:, None, None], y, ws["best_y"])
         ws["best_z"] = torch.where(imp[:, None, None], za, ws["best_z"])
-        fn = F.norm(dim=(-2, -1))
-        ok = fn <= ws["best_f"]  # safeguard of the mixing on the fixed-point residual |y - x|_F
-        okm = ok[:, None, None]
-        ws["best_f"] = torch.where(ok, fn, ws["best_f"])
-        ws["anchor_z"] = torch.where(okm, za, ws["anchor_z"])
-        ws["anchor_F"] = torch.where(okm, F, ws["anchor_F"])
-        znext = mixer.mix(mixer.every, za, SQUARE_RELAX * F)
-        mixer.reset(mixer.every, where=~ok)  # the mixed point did worse: forget the history, plain step
-        ws["z"] = torch.where(okm, znext, ws["anchor_z"] + SQUARE_RELAX * ws["anchor_F"])  # from the anchor
+        # safeguard of the mixing on the fixed-point residual |y - x|_F
+        ws["z"] = safeguarded_mix(mixer, ws, za, F, F.norm(dim=(-2, -1)), SQUARE_RELAX)
         keep = ws.shrink((res > stop) & (ws["used"] < max_iter))  # the iteration's one host synchronisation
         if keep is not None:
             sub = sub.sub(keep)
