@@ -1,4 +1,4 @@
-r"""Where a preset's training step spends its direction solves.
+r"""Where a preset's training step spends its direction solves, and what other solver settings would cost.
 
 Trains the `mini` model (``--model``) with one preset for steps 0..LAST and, over steps FIRST..LAST,
 times every call of `spectral_direction` made by ManifoldMuon, grouped by manifold, matrix shape and
@@ -12,14 +12,22 @@ largest and median relative objective gap $(\mathrm{OPT} - \langle \hat G, A\ran
 of the directions training used, next to the largest certified gap they reported (negative gaps:
 a direction tangent only to ``tol`` overshoots the optimum).
 
+With ``--variants NAME ...`` every profiled problem is solved again under each variant (`VARIANTS`), timed
+side by side with the run's own solve, and each group gets a line per variant (with ``--reference``, its
+true gaps too) and, for warm groups, how far the warm-start state moved between consecutive steps
+($\|S_k - S_{k-1}\|_F / \|S_k\|_F$ per matrix: for tall matrices the multiplier, for square DGram the
+Douglas-Rachford iterate). Training itself always uses the run's own directions.
+
     OMP_NUM_THREADS=1 python scripts/profile_solves.py all-dgram --first 40 --last 44
     OMP_NUM_THREADS=1 python scripts/profile_solves.py all-dgram --first 41 --last 41 --reference
+    OMP_NUM_THREADS=1 python scripts/profile_solves.py hetero --first 40 --last 41 --variants cold extrapolated float32
 """
 
 from __future__ import annotations
 
 import argparse
 import collections
+import statistics
 import time
 
 import torch
@@ -27,7 +35,44 @@ import torch
 import geomtrain.optim.muon as muon_module
 from geomtrain.bench.optimizer import reference_solve
 from geomtrain.config import make_config
+from geomtrain.optim import mask_kind
 from geomtrain.train import Trainer
+from manifolds import Stiefel
+
+VARIANTS = {
+    "cold": "no warm start (neither the previous multiplier nor the float64 hint)",
+    "extrapolated": "warm start from 2 S_(k-1) - S_(k-2), the states of the two previous steps, linearly extrapolated",
+    "anderson=0": "plain Gauss-Newton steps, no Anderson mixing",
+    "anderson=10": "Anderson depth 10 (default 5)",
+    "float32": "compute_dtype=float32: no escalation to float64",
+    "stiefel": "DGram only: the Stiefel problem at the column-normalised W, cold (the cost of the mask itself)",
+}
+
+
+def variant_options(name: str, manifold, W: torch.Tensor, options: dict, history: list) -> tuple | None:
+    """``(manifold, W, options)`` of variant ``name`` for one solve call, or None where it does not apply
+    (``history``: the warm-start states this call returned at earlier steps, oldest first)."""
+    cold = {k: v for k, v in options.items() if k not in ("dual", "escalate")}
+    if name == "cold":
+        return manifold, W, cold
+    if name == "extrapolated":
+        if "dual" not in options or len(history) < 2:
+            return None
+        return manifold, W, {**options, "dual": 2 * history[-1] - history[-2]}
+    if name.startswith("anderson="):
+        return manifold, W, {**options, "anderson": int(name.split("=")[1])}
+    if name == "float32":
+        return manifold, W, {**options, "compute_dtype": torch.float32, "escalate": None}
+    if name == "stiefel":
+        if mask_kind(manifold) != "dgram" or W.shape[-2] < W.shape[-1]:
+            return None
+        Q = W / W.norm(dim=-2, keepdim=True).clamp_min(torch.finfo(W.dtype).tiny)
+        return Stiefel(), Q, cold
+    raise ValueError(f"unknown variant {name!r}; valid: {', '.join(VARIANTS)}")
+
+
+def _range(values: list[float]) -> str:
+    return f"{min(values):.2f}-{max(values):.2f} (median {statistics.median(values):.2f})"
 
 
 def main() -> None:
@@ -39,28 +84,49 @@ def main() -> None:
     parser.add_argument("--data-dir", default="data/classics-bpe8k")
     parser.add_argument("--threads", type=int, default=1)
     parser.add_argument("--reference", action="store_true", help="check each profiled direction against float64")
+    parser.add_argument("--variants", nargs="+", default=[], choices=list(VARIANTS), help="solve again with these")
     args = parser.parse_args()
     if not 0 <= args.first <= args.last:
         parser.error(f"need 0 <= --first <= --last, got {args.first} and {args.last}")
     torch.set_num_threads(args.threads)
 
-    totals: dict[tuple, list[float]] = collections.defaultdict(lambda: [0.0, 0, 0])  # seconds, evaluations, matrices
+    # per (group, variant): seconds, evaluations, matrices; variant "" is the run's own solve
+    totals: dict[tuple, list[float]] = collections.defaultdict(lambda: [0.0, 0, 0])
     gaps: dict[tuple, list[tuple[float, float]]] = collections.defaultdict(list)  # (true gap, certified gap)
-    profiling = False
+    moves: dict[tuple, list[float]] = collections.defaultdict(list)  # warm-start state moves, per matrix
+    history: dict[int, collections.deque] = collections.defaultdict(lambda: collections.deque(maxlen=2))
+    now = {"profiling": False, "call": 0}
     solve = muon_module.spectral_direction
 
+    def record(key, variant, seconds, stats, W, manifold, U, A):
+        row = totals[key, variant]
+        row[0] += seconds
+        row[1] += int(stats.evaluations.sum())
+        row[2] += W.shape[0] if W.dim() == 3 else 1
+        if args.reference and variant != "stiefel":  # the stiefel variant solves another problem
+            _, _, (true,) = reference_solve(manifold, W, U, [A], tol=1e-9, max_iter=3000, smoothing=1e-6)
+            gaps[key, variant].extend(zip(true.reshape(-1).tolist(), stats.dual_gap.reshape(-1).tolist()))
+
     def timed_solve(manifold, W, U, **options):
+        call = now["call"]
+        now["call"] += 1
         start = time.perf_counter()
         A, stats = solve(manifold, W, U, **options)
-        if profiling:
+        seconds = time.perf_counter() - start
+        if now["profiling"]:
             key = (type(manifold).__name__, "x".join(map(str, W.shape[-2:])), "warm" if "dual" in options else "cold")
-            row = totals[key]
-            row[0] += time.perf_counter() - start
-            row[1] += int(stats.evaluations.sum())
-            row[2] += W.shape[0] if W.dim() == 3 else 1
-            if args.reference:
-                _, _, (true,) = reference_solve(manifold, W, U, [A], tol=1e-9, max_iter=3000, smoothing=1e-6)
-                gaps[key].extend(zip(true.reshape(-1).tolist(), stats.dual_gap.reshape(-1).tolist()))
+            record(key, "", seconds, stats, W, manifold, U, A)
+            if args.variants and "dual" in options and stats.dual is not None:
+                before, after = options["dual"].double(), stats.dual.double()
+                moves[key].extend(((after - before).norm(dim=(-2, -1)) / after.norm(dim=(-2, -1))).reshape(-1).tolist())
+            for name in args.variants:
+                setting = variant_options(name, manifold, W, options, list(history[call]))
+                if setting is not None:
+                    start = time.perf_counter()
+                    A_v, stats_v = solve(setting[0], setting[1], U, **setting[2])
+                    record(key, name, time.perf_counter() - start, stats_v, W, manifold, U, A_v)
+        if stats.dual is not None:
+            history[call].append(stats.dual.clone())
         return A, stats
 
     muon_module.spectral_direction = timed_solve
@@ -80,24 +146,40 @@ def main() -> None:
     trainer = Trainer(config)
     step_seconds = 0.0
     for step in range(args.last + 1):
-        profiling = step >= args.first
+        now["profiling"], now["call"] = step >= args.first, 0
         seconds = trainer.step().seconds
-        if profiling:
+        if now["profiling"]:
             step_seconds += seconds
     steps = args.last + 1 - args.first
-    note = " (including the untimed reference solves)" if args.reference else ""
+    extra = [w for w, on in (("reference", args.reference), ("variant", args.variants)) if on]
+    note = f" (including the untimed {' and '.join(extra)} solves)" if extra else ""
     print(f"{args.preset}: {step_seconds / steps * 1e3:.0f} ms/step over steps {args.first}-{args.last}{note}")
-    for (manifold, shape, start), (seconds, evaluations, matrices) in sorted(totals.items(), key=lambda kv: -kv[1][0]):
+    own = sorted(((k, v) for k, v in totals.items() if k[1] == ""), key=lambda kv: -kv[1][0])
+    for (key, _), (seconds, evaluations, matrices) in own:
+        manifold, shape, start = key
         print(
             f"  {manifold} {shape} {start}: {seconds / steps * 1e3:.0f} ms/step, "
             f"{evaluations / steps:.1f} evaluations/step over {matrices / steps:.0f} matrices"
         )
-        if gaps[(manifold, shape, start)]:
-            true, certified = zip(*gaps[(manifold, shape, start)])
+        if gaps[key, ""]:
+            true, certified = zip(*gaps[key, ""])
             print(
                 f"    gap to the float64 optimum: largest {max(true):.1e}, median {sorted(true)[len(true) // 2]:.1e}; "
                 f"largest certified gap {max(certified):.1e}"
             )
+        for name in args.variants:
+            if (key, name) not in totals:
+                continue
+            seconds_v, evaluations_v, _ = totals[key, name]
+            line = f"    variant {name}: {seconds_v / steps * 1e3:.0f} ms/step, "
+            line += f"{evaluations_v / steps:.1f} evaluations/step"
+            if gaps[key, name]:
+                true, certified = zip(*gaps[key, name])
+                line += f"; gap largest {max(true):.1e}, median {sorted(true)[len(true) // 2]:.1e}"
+                line += f", largest certified {max(certified):.1e}"
+            print(line)
+        if moves[key]:
+            print(f"    warm-start state moved {_range(moves[key])} between steps")
 
 
 if __name__ == "__main__":

@@ -109,3 +109,56 @@ def test_profile_solves_groups_the_solves_and_checks_them_against_float64(run_sc
         assert float(evaluations) >= 1 and -1e-4 <= median <= largest <= certified + 1e-6
         i += 2
     assert groups == {("Stiefel", "192x64", "warm"): 2, ("Stiefel", "64x64", "warm"): 2, ("DGram", "256x64", "warm"): 4}
+
+
+def test_profile_solves_variants_solve_each_problem_again_beside_the_run(run_script, data_dir, monkeypatch):
+    # hetero on the tiny model, steps 2-3 warm: every warm group gets a line per variant that applies to it
+    # (stiefel: DGram groups only; extrapolated: from step 2 on, two earlier states exist) and the moves of
+    # its warm-start state, which are relative changes (>= 0; 2 would be a sign flip, far beyond training's).
+    import geomtrain.optim.muon as muon
+
+    monkeypatch.setattr(muon, "spectral_direction", muon.spectral_direction)  # the script replaces it: restore
+    argv = ["hetero", "--model", "tiny", "--data-dir", data_dir, "--first", "2", "--last", "3"]
+    lines = run_script("profile_solves.py", *argv, "--variants", "cold", "extrapolated", "anderson=0", "stiefel")
+    assert re.fullmatch(r"hetero: \d+ ms/step over steps 2-3 \(including the untimed variant solves\)", lines[0])
+    group_line = r"  (\w+) (\d+x\d+) (cold|warm): \d+ ms/step, [\d.]+ evaluations/step over \d+ matrices"
+    moved_line = r"    warm-start state moved ([\d.]+)-([\d.]+) \(median ([\d.]+)\) between steps"
+    groups, current = {}, None
+    for line in lines[1:]:
+        if group := re.fullmatch(group_line, line):
+            current = group.groups()
+            groups[current] = {}
+        elif variant := re.fullmatch(r"    variant (\S+): \d+ ms/step, ([\d.]+) evaluations/step", line):
+            groups[current][variant.group(1)] = float(variant.group(2))
+        else:
+            moved = re.fullmatch(moved_line, line)
+            assert moved, line
+            low, high, median = map(float, moved.groups())
+            assert 0 <= low <= median <= high < 2
+            groups[current]["moved"] = median
+    assert set(groups) == {("Stiefel", "192x64", "warm"), ("Stiefel", "64x64", "warm"), ("DGram", "256x64", "warm")}
+    for (manifold, _, _), row in groups.items():
+        expected = {"cold", "extrapolated", "anderson=0", "moved"} | ({"stiefel"} if manifold == "DGram" else set())
+        assert set(row) == expected and all(row[v] >= 1 for v in expected - {"moved"}), row
+
+
+def test_profile_solves_variant_options():
+    # What each variant changes in one solve call; the script's own helper, run on a DGram point.
+    from manifolds import DGram
+
+    variant_options = runpy.run_path(str(ROOT / "scripts" / "profile_solves.py"))["variant_options"]
+    gen = torch.Generator().manual_seed(3)
+    W = DGram().random(2, 12, 5, generator=gen)
+    S1, S2 = torch.randn(2, 5, 5, generator=gen), torch.randn(2, 5, 5, generator=gen)
+    warm = {"dual": S2, "escalate": torch.tensor([True, False])}
+    assert variant_options("cold", DGram(), W, warm, [S1, S2])[2] == {}
+    assert variant_options("extrapolated", DGram(), W, warm, [S2]) is None  # one earlier state: nothing to extrapolate
+    assert variant_options("extrapolated", DGram(), W, {}, [S1, S2]) is None  # a cold call stays cold
+    assert torch.equal(variant_options("extrapolated", DGram(), W, warm, [S1, S2])[2]["dual"], 2 * S2 - S1)
+    assert variant_options("float32", DGram(), W, warm, [])[2]["escalate"] is None
+    manifold, Q, options = variant_options("stiefel", DGram(), W, warm, [])
+    assert type(manifold).__name__ == "Stiefel" and options == {}
+    assert torch.allclose(Q.mT @ Q, torch.eye(5).expand(2, 5, 5), atol=1e-5)  # float32: orthonormal to rounding
+    assert variant_options("stiefel", DGram(), W.mT, warm, []) is None  # wide: not the tall form
+    with pytest.raises(ValueError, match="unknown variant 'newton'; valid: cold, extrapolated"):
+        variant_options("newton", DGram(), W, warm, [])
