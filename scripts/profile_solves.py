@@ -16,7 +16,8 @@ With ``--variants NAME ...`` every profiled problem is solved again under each v
 side by side with the run's own solve, and each group gets a line per variant (with ``--reference``, its
 true gaps too) and, for warm groups, how far the warm-start state moved between consecutive steps
 ($\|S_k - S_{k-1}\|_F / \|S_k\|_F$ per matrix: for tall matrices the multiplier, for square DGram the
-Douglas-Rachford iterate). Training itself always uses the run's own directions.
+Douglas-Rachford iterate) next to the cosine between consecutive momenta. Training itself always
+uses the run's own directions.
 
     OMP_NUM_THREADS=1 python scripts/profile_solves.py all-dgram --first 40 --last 44
     OMP_NUM_THREADS=1 python scripts/profile_solves.py all-dgram --first 41 --last 41 --reference
@@ -95,6 +96,8 @@ def main() -> None:
     gaps: dict[tuple, list[tuple[float, float]]] = collections.defaultdict(list)  # (true gap, certified gap)
     moves: dict[tuple, list[float]] = collections.defaultdict(list)  # warm-start state moves, per matrix
     history: dict[int, collections.deque] = collections.defaultdict(lambda: collections.deque(maxlen=2))
+    momenta: dict[int, torch.Tensor] = {}  # the momentum of each call at the previous step
+    cosines: dict[tuple, list[float]] = collections.defaultdict(list)  # with the previous step's, per matrix
     now = {"profiling": False, "call": 0}
     solve = muon_module.spectral_direction
 
@@ -119,6 +122,10 @@ def main() -> None:
             if args.variants and "dual" in options and stats.dual is not None:
                 before, after = options["dual"].double(), stats.dual.double()
                 moves[key].extend(((after - before).norm(dim=(-2, -1)) / after.norm(dim=(-2, -1))).reshape(-1).tolist())
+            if args.variants and momenta.get(call) is not None and momenta[call].shape == U.shape:
+                a, b = U.double(), momenta[call].double()
+                cos = (a * b).sum(dim=(-2, -1)) / (a.norm(dim=(-2, -1)) * b.norm(dim=(-2, -1))).clamp_min(1e-300)
+                cosines[key].extend(cos.reshape(-1).tolist())
             for name in args.variants:
                 setting = variant_options(name, manifold, W, options, list(history[call]))
                 if setting is not None:
@@ -127,6 +134,8 @@ def main() -> None:
                     record(key, name, time.perf_counter() - start, stats_v, W, manifold, U, A_v)
         if stats.dual is not None:
             history[call].append(stats.dual.clone())
+        if args.variants:
+            momenta[call] = U.detach().clone()
         return A, stats
 
     muon_module.spectral_direction = timed_solve
@@ -180,6 +189,8 @@ def main() -> None:
             print(line)
         if moves[key]:
             print(f"    warm-start state moved {_range(moves[key])} between steps")
+        if cosines[key]:
+            print(f"    momentum cosine with the previous step {_range(cosines[key])}")
 
 
 if __name__ == "__main__":

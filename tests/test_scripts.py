@@ -131,6 +131,11 @@ def test_profile_solves_variants_solve_each_problem_again_beside_the_run(run_scr
         elif variant := re.fullmatch(r"    variant (\S+): \d+ ms/step, ([\d.]+) evaluations/step", line):
             groups[current][variant.group(1)] = float(variant.group(2))
         else:
+            if cosine := re.fullmatch(r"    momentum cosine with the previous step (\S+)-(\S+) \(median (\S+)\)", line):
+                low, high, median = map(float, cosine.groups())
+                assert -1 <= low <= median <= high <= 1 + 1e-12
+                groups[current]["cosine"] = median
+                continue
             moved = re.fullmatch(moved_line, line)
             assert moved, line
             low, high, median = map(float, moved.groups())
@@ -138,8 +143,10 @@ def test_profile_solves_variants_solve_each_problem_again_beside_the_run(run_scr
             groups[current]["moved"] = median
     assert set(groups) == {("Stiefel", "192x64", "warm"), ("Stiefel", "64x64", "warm"), ("DGram", "256x64", "warm")}
     for (manifold, _, _), row in groups.items():
-        expected = {"cold", "extrapolated", "anderson=0", "moved"} | ({"stiefel"} if manifold == "DGram" else set())
-        assert set(row) == expected and all(row[v] >= 1 for v in expected - {"moved"}), row
+        expected = {"cold", "extrapolated", "anderson=0", "moved", "cosine"} | (
+            {"stiefel"} if manifold == "DGram" else set()
+        )
+        assert set(row) == expected and all(row[v] >= 1 for v in expected - {"moved", "cosine"}), row
 
 
 def test_profile_solves_variant_options():
