@@ -57,7 +57,7 @@ def variant_options(name: str, manifold, W: torch.Tensor, options: dict, history
     if name == "cold":
         return manifold, W, cold
     if name == "extrapolated":
-        if "dual" not in options or len(history) < 2:
+        if "dual" not in options or len(history) < 2 or history[-1].shape != history[-2].shape:
             return None
         return manifold, W, {**options, "dual": 2 * history[-1] - history[-2]}
     if name.startswith("anderson="):
