@@ -123,8 +123,7 @@ def main() -> None:
                 before, after = options["dual"].double(), stats.dual.double()
                 moves[key].extend(((after - before).norm(dim=(-2, -1)) / after.norm(dim=(-2, -1))).reshape(-1).tolist())
             if args.variants and momenta.get(call) is not None and momenta[call].shape == U.shape:
-                a, b = U.double(), momenta[call].double()
-                cos = (a * b).sum(dim=(-2, -1)) / (a.norm(dim=(-2, -1)) * b.norm(dim=(-2, -1))).clamp_min(1e-300)
+                cos = torch.nn.functional.cosine_similarity(U.double().flatten(-2), momenta[call].flatten(-2), dim=-1)
                 cosines[key].extend(cos.reshape(-1).tolist())
             for name in args.variants:
                 setting = variant_options(name, manifold, W, options, list(history[call]))
@@ -132,10 +131,10 @@ def main() -> None:
                     start = time.perf_counter()
                     A_v, stats_v = solve(setting[0], setting[1], U, **setting[2])
                     record(key, name, time.perf_counter() - start, stats_v, W, manifold, U, A_v)
-        if stats.dual is not None:
-            history[call].append(stats.dual.clone())
-        if args.variants:
-            momenta[call] = U.detach().clone()
+        if args.variants:  # what the next step's variants compare with
+            if stats.dual is not None:
+                history[call].append(stats.dual.clone())
+            momenta[call] = U.detach().to(torch.float64, copy=True)
         return A, stats
 
     muon_module.spectral_direction = timed_solve

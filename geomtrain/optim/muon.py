@@ -297,8 +297,7 @@ class ManifoldMuon(torch.optim.Optimizer):
             self._solve_and_apply(batch, stats)
         if world > 1:
             self._share(items, stats, world)
-        codes = stats[:, _STAT_FIELDS.index("skipped")]
-        codes = codes.tolist()
+        codes = stats[:, _STAT_FIELDS.index("skipped")].tolist()
         skipped += [_skip_record(it.name, int(codes[it.index])) for it in items if codes[it.index]]
         if skipped:
             self.n_skipped_nonfinite_total += len(skipped)
