@@ -1,5 +1,6 @@
 """spectral_direction: every solver, the default solver's accuracy, certificate, warm starts and errors."""
 
+import math
 import pathlib
 
 import geoopt
@@ -171,6 +172,22 @@ def test_warm_start_from_the_returned_dual(manifold):
     _, warm = spectral_direction(manifold, W2, G2, dual=st.dual)
     assert float(warm.residual) <= 1e-4
     assert int(warm.evaluations) <= int(cold.evaluations)
+
+
+@pytest.mark.parametrize("shape", [(48, 32), (96, 64)])
+def test_near_square_dgram_warm_started_from_its_own_state_converges(shape):
+    # Near-square DGram goes to the Douglas-Rachford fallback, started from the warm multiplier. Near that
+    # degenerate optimum R has eigenvalues up to 1/tau; before the start's condition number was capped
+    # (douglas_rachford.start_weights) the float32 iteration floored at a residual of about 2.5e-4 and ran to
+    # max_iter (52 evaluations, polished, certified gaps 4e-3 to 9e-3) where a cold solve took 18-30.
+    W = DGram().random(4, *shape, generator=seeded(0), dtype=torch.float32)
+    G = torch.randn(4, *shape, generator=seeded(1))
+    _, cold = spectral_direction(DGram(), W, G)
+    assert bool(cold.converged.all()) and not bool(cold.escalated.any())
+    for G2 in (G, G + 1e-3 * torch.randn(4, *shape, generator=seeded(2))):  # the same and an almost unchanged problem
+        _, warm = spectral_direction(DGram(), W, G2, dual=cold.dual, escalate=cold.escalated)
+        assert bool(warm.converged.all()) and float(warm.residual.max()) <= 1e-4
+        assert int(warm.evaluations.sum()) <= int(cold.evaluations.sum())
 
 
 def test_warm_start_from_the_multiplier_on_consecutive_training_momenta():
@@ -499,6 +516,27 @@ def test_working_set_shrinks_to_the_entries_that_go_on_and_writes_back_the_other
     ws.flush()
     assert out["x"].tolist() == [1.0, 0.0, 20.0, 3.0, 40.0]
     assert ws.shrink(torch.zeros(2, dtype=torch.bool)).numel() == 0 and len(ws) == 0
+
+
+def test_safeguard_accepts_its_own_plain_step_so_a_rejected_point_is_not_repeated():
+    # A rejected (mixed) point is followed by the plain step from the anchor. Where that step is rejected too
+    # (its residual norm rose by rounding, at the iteration's floor) it used to be retried: the same point
+    # again and again until the budget ran out.
+    from geomtrain.optim.numerics import Anderson, WorkingSet, safeguarded_mix
+
+    X0, F0, F1 = torch.zeros(1, 2, 2), torch.ones(1, 2, 2), torch.full((1, 2, 2), -2.0)
+    ws = WorkingSet(torch.arange(1), {}, {})
+    ws["best_f"], ws["from_anchor"] = torch.full((1,), math.inf), torch.zeros(1, dtype=torch.bool)
+    ws["anchor_x"], ws["anchor_F"] = X0.clone(), torch.zeros_like(X0)
+    mixer = Anderson(2, X0)
+    X1 = safeguarded_mix(mixer, ws, X0, F0, F0.norm(dim=(-2, -1)), 1.0)  # accepted: the anchor, then X0 + F0
+    assert torch.equal(X1, X0 + F0) and not bool(ws["from_anchor"])
+    # at X1 the residual norm is larger: rejected, the plain step from the anchor is X1 itself
+    X2 = safeguarded_mix(mixer, ws, X1, F1, F1.norm(dim=(-2, -1)), 1.0)
+    assert torch.equal(X2, X1) and bool(ws["from_anchor"])
+    # the same point and residual again: now accepted as the anchor, and the iteration moves on
+    X3 = safeguarded_mix(mixer, ws, X2, F1, F1.norm(dim=(-2, -1)), 1.0)
+    assert torch.equal(X3, X2 + F1) and torch.equal(ws["anchor_x"], X2) and float(ws["best_f"]) == 4.0
 
 
 # ============================================================================ host synchronisations

@@ -205,15 +205,18 @@ def safeguarded_mix(
     Anderson mixing and its safeguard, for every entry of the compact batch ``ws``: where ``fn`` (the
     norm of the fixed-point residual $F$) is at most the best so far (``ws["best_f"]``) the point becomes
     the anchor (``ws["anchor_x"]``, ``ws["anchor_F"]``) and the mixed step is taken; elsewhere the mixing
-    did worse, so the entry's history is forgotten and a plain step is taken from the anchor. No host
-    synchronisation."""
-    ok = fn <= ws["best_f"]
+    did worse, so the entry's history is forgotten and a plain step is taken from the anchor. A point
+    that is itself that plain step (``ws["from_anchor"]``) is always accepted: retrying it would repeat
+    the same point until the budget ran out (a plain step can raise ``fn`` by rounding at the iteration's
+    floor). No host synchronisation."""
+    ok = (fn <= ws["best_f"]) | ws["from_anchor"]
     okm = ok.view(-1, *([1] * (X.dim() - 1)))
     ws["best_f"] = torch.where(ok, fn, ws["best_f"])
     ws["anchor_x"] = torch.where(okm, X, ws["anchor_x"])
     ws["anchor_F"] = torch.where(okm, F, ws["anchor_F"])
     mixed = mixer.mix(mixer.every, X, relax * F)
     mixer.reset(mixer.every, where=~ok)
+    ws["from_anchor"] = ~ok
     return torch.where(okm, mixed, ws["anchor_x"] + relax * ws["anchor_F"])
 
 

@@ -133,6 +133,7 @@ def solve_square_dgram(
     ws = WorkingSet(idx, {name: value[idx] for name, value in out.items()}, out)
     ws["z"], ws["anchor_x"], ws["anchor_F"] = z[idx], z[idx], torch.zeros_like(z[idx])
     ws["best_f"] = torch.full_like(ws["best_res"], math.inf)
+    ws["from_anchor"] = torch.zeros_like(ws["best_res"], dtype=torch.bool)
     sub, mixer = fr.sub(idx), Anderson(SQUARE_ANDERSON, ws["z"])
     while len(ws):
         za = ws["z"]
