@@ -303,10 +303,11 @@ def parse_scalar(kind: type, text: str, where: str) -> Any:
 def parse_solver_options(entries: Sequence[str], solver: str | None = None, what: str = "--solver-options") -> dict:
     """``["compute_dtype=float64", "tol=1e-5"]`` -> the typed options of a direction solver
     (`geomtrain.optim.SOLVER_OPTIONS`; ``solver`` None is the default one): dtypes by torch name, the
-    rest typed by the option's default. A bad entry is a one-line ``ValueError`` naming the valid keys."""
+    rest typed by the option's default. A bad entry or value (`geomtrain.optim.check_solver_options`) is a
+    one-line ``ValueError`` naming the valid keys or values."""
     import torch
 
-    from .optim import DEFAULT_SOLVER, SOLVER_OPTIONS
+    from .optim import DEFAULT_SOLVER, SOLVER_OPTIONS, check_solver_options
 
     solver = solver or DEFAULT_SOLVER
     valid = {k: v for k, v in SOLVER_OPTIONS[solver].items() if k not in ("dual", "trace")}
@@ -324,6 +325,7 @@ def parse_solver_options(entries: Sequence[str], solver: str | None = None, what
         else:  # typed by the option's default (bool before int: a bool is an int)
             kind = next((t for t in (bool, int, float) if isinstance(valid[key], t)), str)
             out[key] = parse_scalar(kind, text, f"for {key} in {what}")
+    check_solver_options(solver, out)  # the values: tol=0, anderson=-1, msign=foo, ...
     return out
 
 

@@ -102,7 +102,12 @@ def test_bad_flag_value_is_one_line(data_dir, tmp_path, capsys):
 
 @pytest.mark.parametrize(
     "entry, needles",
-    [("max_iters=x", ["max_iters=x", "tol", "max_iter"]), ("compute_dtype=f8", ["f8", "float32", "float64"])],
+    [
+        ("max_iters=x", ["max_iters=x", "tol", "max_iter"]),
+        ("compute_dtype=f8", ["f8", "float32", "float64"]),
+        ("tol=0", ["tol=0", "> 0"]),
+        ("anderson=-1", ["anderson=-1", ">= 0"]),
+    ],
 )
 def test_bad_solver_option_is_one_line_naming_the_valid_ones(entry, needles, data_dir, tmp_path, capsys):
     code, _, err = cli(_short(data_dir, tmp_path / "run", "--muon-solver-options", entry), capsys)

@@ -2,6 +2,7 @@
 
 import math
 import pathlib
+import re
 
 import geoopt
 import pytest
@@ -248,6 +249,49 @@ def test_spectral_direction_errors_name_the_choices():
         spectral_direction(Stiefel(), W, G.T)
     with pytest.raises(TypeError, match="GramManifold"):
         spectral_direction(geoopt.Sphere(), W, G)
+
+
+@pytest.mark.parametrize(
+    "solver, option, value, must",
+    [
+        ("gram_newton", "tol", 0.0, "> 0"),
+        ("gram_newton", "tol", float("nan"), "finite"),
+        ("gram_newton", "max_iter", 0, ">= 1"),
+        ("gram_newton", "anderson", -1, ">= 0"),
+        ("gram_newton", "anderson", 2.5, "integer"),
+        ("gram_newton", "smoothing", -1e-3, ">= 0"),
+        ("gram_newton", "compute_dtype", torch.float16, "torch.float32 or torch.float64"),
+        ("gram_newton", "warm_reset", -1.0, "> 0"),
+        ("gram_newton", "cg_iters", 0, ">= 1"),
+        ("gram_newton", "relative_tol", "yes", "True or False"),
+        ("gram_newton", "msign", "foo", "polar_express"),  # also checked where only Euclidean would use it
+        ("tangent", "msign_steps", 0, ">= 1"),
+        ("published", "alpha", 0.0, "> 0"),
+        ("published", "tol", -1.0, ">= 0"),
+    ],
+)
+def test_bad_option_values_are_one_line_errors_before_any_work(solver, option, value, must):
+    # before: tol <= 0 or NaN ran to max_iter and polished every direction, anderson=-1 raised from deep inside
+    # torch, msign="foo" and smoothing < 0 were taken without a word
+    W, G = problem(DGram(), (8, 4))
+    with pytest.raises(ValueError, match=rf"{option}=.*{solver}.*must be .*{re.escape(must)}") as err:
+        spectral_direction(DGram(), W, G, solver=solver, **{option: value})
+    assert "\n" not in str(err.value)
+
+
+def test_warm_start_state_of_another_problem_or_non_finite_is_refused():
+    W, G = problem(DGram(), (3, 8, 4))
+    _, st = spectral_direction(DGram(), W, G)
+    with pytest.raises(ValueError, match=r"dual must be a float tensor of shape \(3, 4, 4\).*got \(2, 4, 4\)"):
+        spectral_direction(DGram(), W, G, dual=st.dual[:2])
+    with pytest.raises(ValueError, match=r"escalate must be a bool tensor of shape \(3,\)"):
+        spectral_direction(DGram(), W, G, dual=st.dual, escalate=st.escalated.float())
+    bad = st.dual.clone()
+    bad[1, 0, 1] = float("nan")
+    with pytest.raises(ValueError, match="dual has non-finite entries.*dual=None"):
+        spectral_direction(DGram(), W, G, dual=bad)
+    A, st2 = spectral_direction(DGram(), W, G, dual=st.dual, escalate=st.escalated)  # its own state is fine
+    assert bool(st2.converged.all())
 
 
 def _dual_value_exact(W, G, S):

@@ -386,6 +386,8 @@ def test_optimizer_errors_name_the_choices():
         ManifoldMuon([W], shape_scale="moonlight")
     with pytest.raises(ValueError, match="valid: tol"):
         ManifoldMuon([W], solver_options={"tolerance": 1})
+    with pytest.raises(ValueError, match=r"tol=0.*must be a finite number > 0"):  # at construction, not at a step
+        ManifoldMuon([W], solver_options={"tol": 0})
     with pytest.raises(ValueError, match="AdamW"):
         ManifoldMuon([torch.nn.Parameter(torch.randn(4))])
     with pytest.raises(TypeError, match="GramManifold"):

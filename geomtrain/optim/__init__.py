@@ -13,6 +13,7 @@ from .direction import (
     SOLVER_OPTIONS,
     SOLVERS,
     DirectionStats,
+    check_solver_options,
     mask_kind,
     spectral_direction,
     tangent_residual,
@@ -30,4 +31,5 @@ __all__ = [
     "SOLVERS",
     "SOLVER_OPTIONS",
     "DEFAULT_SOLVER",
+    "check_solver_options",
 ]

@@ -21,12 +21,14 @@ $\|G\|_F = 1$ first by every solver except ``"published"``: the argmax does not 
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 import torch
 
 from manifolds import GramManifold
 from manifolds.base import from_tall, to_tall
+from manifolds.matrix_sign import MSIGN_METHODS
 
 from . import gram_newton
 from .baselines import MSIGN_OPTIONS, PUBLISHED_OPTIONS, TANGENT_OPTIONS, msign_with, solve_published, solve_tangent
@@ -38,6 +40,7 @@ __all__ = [
     "SOLVERS",
     "DEFAULT_SOLVER",
     "SOLVER_OPTIONS",
+    "check_solver_options",
     "tangent_residual",
     "mask_kind",
 ]
@@ -87,21 +90,85 @@ class DirectionStats:
     escalated: torch.Tensor | None = None
 
 
-def _check(manifold, W: torch.Tensor, G: torch.Tensor, solver: str, options: dict) -> dict:
+# What each scalar option may be: (test, what the error says it must be). Tensor options (dual, escalate) are
+# checked against the problem's shape in spectral_direction.
+def _finite_above(low: float, inclusive: bool):
+    return lambda v: _is_real(v) and math.isfinite(v) and (v >= low if inclusive else v > low)
+
+
+def _is_real(v) -> bool:
+    return isinstance(v, (int, float)) and not isinstance(v, bool)
+
+
+def _is_int(v) -> bool:
+    return isinstance(v, int) and not isinstance(v, bool)
+
+
+_OPTION_RULES = {
+    "tol": (_finite_above(0.0, False), "a finite number > 0"),
+    "max_iter": (lambda v: _is_int(v) and v >= 1, "an integer >= 1"),
+    "anderson": (lambda v: _is_int(v) and v >= 0, "an integer >= 0 (0: no mixing)"),
+    "smoothing": (_finite_above(0.0, True), "a finite number >= 0"),
+    "compute_dtype": (lambda v: v in (None, torch.float32, torch.float64), "None, torch.float32 or torch.float64"),
+    "warm_reset": (lambda v: _is_real(v) and v > 0, "a number > 0 (inf: never restart cold)"),
+    "cg_iters": (lambda v: _is_int(v) and v >= 1, "an integer >= 1"),
+    "cg_tol": (_finite_above(0.0, False), "a finite number > 0"),
+    "relative_tol": (lambda v: isinstance(v, bool), "True or False"),
+    "trace": (lambda v: isinstance(v, bool), "True or False"),
+    "msign": (lambda v: v in MSIGN_METHODS, f"one of {', '.join(MSIGN_METHODS)}"),
+    "msign_steps": (lambda v: _is_int(v) and v >= 1, "an integer >= 1"),
+    "msign_dtype": (
+        lambda v: v is None or (isinstance(v, torch.dtype) and v.is_floating_point),
+        "None or a floating torch dtype",
+    ),
+    "steps": (lambda v: _is_int(v) and v >= 1, "an integer >= 1"),
+    "alpha": (_finite_above(0.0, False), "a finite number > 0"),
+}
+_PUBLISHED_RULES = {"tol": (_finite_above(0.0, True), "a finite number >= 0 (0: always run every step)")}
+
+
+def check_solver_options(solver: str, options: dict) -> None:
+    """Raise a one-line ``ValueError`` naming the valid choices for an unknown solver, an unknown option or
+    a value out of range (``tol=0``, ``anderson=-1``, ``msign="foo"``, ...); the tensor options ``dual`` and
+    ``escalate`` are checked against the problem by `spectral_direction`."""
     if solver not in SOLVERS:
         raise ValueError(f"unknown solver {solver!r}; valid: {', '.join(SOLVERS)}")
-    if not isinstance(manifold, GramManifold):
-        raise TypeError(f"spectral_direction needs a manifolds.GramManifold; got {type(manifold).__name__}")
     unknown = set(options) - set(SOLVER_OPTIONS[solver])
     if unknown:
         raise ValueError(
             f"unknown option(s) {', '.join(sorted(unknown))} for solver {solver!r}; "
             f"valid: {', '.join(SOLVER_OPTIONS[solver])}"
         )
+    for name, value in options.items():
+        if name in ("dual", "escalate"):
+            continue
+        valid, must = (_PUBLISHED_RULES if solver == "published" else {}).get(name, _OPTION_RULES[name])
+        if not valid(value):
+            raise ValueError(f"bad solver option {name}={value!r} for solver {solver!r}: must be {must}")
+
+
+def _check_state(name: str, value, shape: tuple, dtype_ok, what: str) -> None:
+    """A warm-start tensor option (``dual``, ``escalate``) must match the problem: ``shape`` and finite."""
+    if value is None:
+        return
+    if not isinstance(value, torch.Tensor) or not dtype_ok(value) or value.numel() != math.prod(shape):
+        got = tuple(value.shape) if isinstance(value, torch.Tensor) else type(value).__name__
+        raise ValueError(f"{name} must be {what} of shape {shape} (from a previous solve of this problem); got {got}")
+    if value.is_floating_point() and not bool(torch.isfinite(value).all()):
+        raise ValueError(f"{name} has non-finite entries (NaN or Inf); pass {name}=None for a cold start")
+
+
+def _check(manifold, W: torch.Tensor, G: torch.Tensor, solver: str, options: dict) -> dict:
+    check_solver_options(solver, options)
+    if not isinstance(manifold, GramManifold):
+        raise TypeError(f"spectral_direction needs a manifolds.GramManifold; got {type(manifold).__name__}")
     if W.shape != G.shape or W.dim() < 2:
         raise ValueError(f"W and G must have the same shape (..., m, n); got {tuple(W.shape)} and {tuple(G.shape)}")
     if not bool(torch.isfinite(G).all()):
         raise ValueError("G has non-finite entries (NaN or Inf); skip this update instead")
+    batch, n = tuple(W.shape[:-2]), min(W.shape[-2:])
+    _check_state("dual", options.get("dual"), (*batch, n, n), lambda t: t.is_floating_point(), "a float tensor")
+    _check_state("escalate", options.get("escalate"), batch, lambda t: t.dtype == torch.bool, "a bool tensor")
     return {**SOLVER_OPTIONS[solver], **options}
 
 

@@ -95,9 +95,7 @@ def solve_gram_newton(
 
     (The solver's phases in order — special shapes, precision probe, Newton loop, fallback, polish,
     certificate — read best in one function; it is just over 60 lines.)"""
-    tol, max_iter = float(opts["tol"]), int(opts["max_iter"])
-    if max_iter < 1:
-        raise ValueError(f"max_iter must be >= 1; got {max_iter}")
+    tol, max_iter = float(opts["tol"]), int(opts["max_iter"])  # checked by direction.check_solver_options
     B, m, n = T.shape
     Gh, zero = normalise(G)
     live = ~zero.view(B)

@@ -69,7 +69,7 @@ import torch.distributed as dist
 from manifolds import Euclidean, GramManifold, msign
 from manifolds.base import from_tall, to_tall
 
-from .direction import DEFAULT_SOLVER, SOLVER_OPTIONS, SOLVERS, mask_kind, spectral_direction
+from .direction import DEFAULT_SOLVER, SOLVER_OPTIONS, SOLVERS, check_solver_options, mask_kind, spectral_direction
 from .numerics import host_values
 
 __all__ = ["ManifoldMuon", "SHAPE_SCALES", "SKIP_REASONS", "shape_factor"]
@@ -220,6 +220,7 @@ class ManifoldMuon(torch.optim.Optimizer):
             raise ValueError(
                 f"unknown solver option(s) {', '.join(sorted(bad))} for {group['solver']!r}; valid: {', '.join(valid)}"
             )
+        check_solver_options(group["solver"], group["solver_options"])  # the values, before the first step
         m = group["manifold"]
         if m is not None and not isinstance(m, GramManifold):
             raise TypeError(f"param group manifold must be a manifolds.GramManifold or None; got {type(m).__name__}")
