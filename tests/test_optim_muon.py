@@ -349,6 +349,37 @@ def test_a_skipped_update_is_named_with_its_reason(fault, monkeypatch):
     assert json.loads(json.dumps(opt.last_stats))["skipped"] == skipped
 
 
+def test_a_non_finite_warm_start_state_is_never_kept(monkeypatch):
+    # A solve whose direction is finite but whose warm-start state is not: the state is dropped (the next
+    # solve starts cold) instead of stored, where the next step's spectral_direction would refuse it.
+    import geomtrain.optim.muon as muon_module
+
+    gen = seeded(21)
+    a = torch.nn.Parameter(DGram().random(12, 6, generator=gen))
+    b = torch.nn.Parameter(DGram().random(12, 6, generator=gen))
+    opt = ManifoldMuon([{"params": [a, b], "manifold": DGram()}], lr=0.01)
+    original = muon_module.spectral_direction
+
+    def poisoned_state(m, W, U, **opts):
+        A, stats = original(m, W, U, **opts)
+        stats.dual[0, 0, 1] = float("nan")
+        return A, stats
+
+    for p in (a, b):
+        p.grad = torch.randn(p.shape, generator=gen)
+    opt.step()  # both states kept
+    assert "dual" in opt.state[a] and "dual" in opt.state[b]
+    monkeypatch.setattr(muon_module, "spectral_direction", poisoned_state)
+    before = a.detach().clone()
+    opt.step()
+    assert not torch.equal(a.detach(), before)  # the direction was fine: applied
+    assert "dual" not in opt.state[a] and "escalated" not in opt.state[a]
+    assert bool(torch.isfinite(opt.state[b]["dual"]).all())
+    monkeypatch.setattr(muon_module, "spectral_direction", original)
+    opt.step()  # a cold, b warm: both fine
+    assert opt.last_stats["n_unconverged"] == 0 and bool(torch.isfinite(opt.state[a]["dual"]).all())
+
+
 def test_last_stats_are_json_ready_and_lr_schedulers_work():
     model = _make_model()
     opt = _make_opt(model)

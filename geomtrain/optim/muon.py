@@ -394,8 +394,14 @@ class ManifoldMuon(torch.optim.Optimizer):
         applied = [i for i in computed if not skips[i]]
         for i in applied:
             batch[i].p.copy_(updates[i])
-        off = [] if euclid else host_values([m.constraint_violation(_plain(batch[i].p)).max() for i in applied])
-        off_of = dict(zip(applied, off))
+        # with the warm-start state of each applied matrix: finite, or not kept (the next solve starts cold)
+        keep_dual = not euclid and g0["solver"] == "gram_newton" and g0["warm_start"] and st.get("dual") is not None
+        checks = [] if euclid else [m.constraint_violation(_plain(batch[i].p)).max() for i in applied]
+        if keep_dual:
+            checks += [torch.isfinite(st["dual"][bounds[i] : bounds[i + 1]]).all() for i in applied]
+        values, n_off = host_values(checks), 0 if euclid else len(applied)
+        off_of = dict(zip(applied, values[:n_off]))
+        dual_ok = dict(zip(applied, values[n_off:])) if keep_dual else {}
         for i, it in enumerate(batch):
             sl = slice(bounds[i], bounds[i + 1])
             row = stats[it.index]
@@ -409,11 +415,14 @@ class ManifoldMuon(torch.optim.Optimizer):
             row[col["skipped"]] = skips[i]
             if i in off_of:
                 row[col["off_manifold"]] = off_of[i]
-                if it.group["solver"] == "gram_newton" and it.group["warm_start"] and st.get("dual") is not None:
+                if dual_ok.get(i):
                     d = st["dual"][sl]
                     self.state[it.p]["dual"] = d.reshape(*to_tall(it.p).shape[:-2], *d.shape[-2:]).to(it.p.dtype)
                     if st.get("escalated") is not None:  # one flag per matrix, uint8 (broadcast by DDP)
                         self.state[it.p]["escalated"] = st["escalated"][sl].reshape(-1).to(torch.uint8)
+                elif keep_dual:  # a non-finite state is never written: the previous one goes too (start cold)
+                    self.state[it.p].pop("dual", None)
+                    self.state[it.p].pop("escalated", None)
             row[col["has_dual"]] = float("dual" in self.state[it.p])
 
     @staticmethod
