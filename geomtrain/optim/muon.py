@@ -396,9 +396,10 @@ class ManifoldMuon(torch.optim.Optimizer):
             batch[i].p.copy_(updates[i])
         # with the warm-start state of each applied matrix: finite, or not kept (the next solve starts cold)
         keep_dual = not euclid and g0["solver"] == "gram_newton" and g0["warm_start"] and st.get("dual") is not None
-        checks = [] if euclid else [m.constraint_violation(_plain(batch[i].p)).max() for i in applied]
+        # (all in float64: host_values reads once per dtype)
+        checks = [] if euclid else [m.constraint_violation(_plain(batch[i].p)).max().double() for i in applied]
         if keep_dual:
-            checks += [torch.isfinite(st["dual"][bounds[i] : bounds[i + 1]]).all() for i in applied]
+            checks += [torch.isfinite(st["dual"][bounds[i] : bounds[i + 1]]).all().double() for i in applied]
         values, n_off = host_values(checks), 0 if euclid else len(applied)
         off_of = dict(zip(applied, values[:n_off]))
         dual_ok = dict(zip(applied, values[n_off:])) if keep_dual else {}
