@@ -419,6 +419,12 @@ def test_optimizer_errors_name_the_choices():
         ManifoldMuon([W], solver_options={"tolerance": 1})
     with pytest.raises(ValueError, match=r"tol=0.*must be a finite number > 0"):  # at construction, not at a step
         ManifoldMuon([W], solver_options={"tol": 0})
+    # a manifold parameter must start on its manifold: a raw weight is refused with the fix named
+    raw = torch.nn.Parameter(torch.randn(12, 4, generator=seeded(3)))
+    with pytest.raises(ValueError, match=r"not on its manifold DGram .*projx"):
+        ManifoldMuon([{"params": [raw], "manifold": DGram()}])
+    raw.data.copy_(DGram().projx(raw.data))
+    ManifoldMuon([{"params": [raw], "manifold": DGram()}])  # projected: accepted
     with pytest.raises(ValueError, match="AdamW"):
         ManifoldMuon([torch.nn.Parameter(torch.randn(4))])
     with pytest.raises(TypeError, match="GramManifold"):
@@ -506,10 +512,15 @@ def test_last_stats_name_the_matrices_whose_direction_was_polished():
 
 
 class _RefusingMarkedDGram(DGram):
-    """DGram refusing a batch that holds a matrix whose first entry is exactly 0 (a stand-in for a zero column)."""
+    """DGram refusing a batch that holds a matrix whose first entry is exactly ``marker`` (a stand-in for a
+    zero column, on a point that is still on the manifold)."""
+
+    def __init__(self, marker: float):
+        super().__init__()
+        self.marker = marker
 
     def retr(self, x, u):
-        if bool((to_tall(x)[..., 0, 0] == 0).any()):
+        if bool((to_tall(x)[..., 0, 0] == self.marker).any()):
             raise ValueError("a zero column")
         return super().retr(x, u)
 
@@ -519,12 +530,10 @@ def test_one_refused_matrix_of_a_batch_is_skipped_and_the_others_move():
     # the refused one is skipped, and the others get exactly the per-matrix retraction.
     gen = seeded(13)
     points = [DGram().random(12, 6, generator=gen) for _ in range(3)]
-    points[1][0, 0] = 0.0
     grads = [torch.randn(12, 6, generator=gen) for _ in range(3)]
     params = [torch.nn.Parameter(p.clone()) for p in points]
-    opt = ManifoldMuon(
-        [{"params": params, "param_names": ["a", "b", "c"], "manifold": _RefusingMarkedDGram()}], lr=0.01
-    )
+    refusing = _RefusingMarkedDGram(marker=float(points[1][0, 0]))
+    opt = ManifoldMuon([{"params": params, "param_names": ["a", "b", "c"], "manifold": refusing}], lr=0.01)
     for p, g in zip(params, grads):
         p.grad = g.clone()
     with pytest.warns(RuntimeWarning, match="b: retraction refused the point"):

@@ -114,6 +114,13 @@ SKIP_REASONS = {
 """Why a matrix update was skipped, by the code stored in its statistics row (``last_stats["skipped"]``)."""
 
 
+# A manifold parameter must start on its manifold (otherwise the first direction is solved at a point the
+# solver's algebra does not describe; measured: a Gaussian 24x8 Stiefel start gave residual 2.2, unconverged).
+# Raw weights are far off (GPT-2's initialisation: column cosines ~ m^-1/2, Stiefel diagonals ~ 0.3-0.7); float32
+# points after thousands of retractions are within ~1e-6, and a float32 point cast to float64 within ~1e-7.
+OFF_MANIFOLD_ATOL = 1e-3
+
+
 def _plain(t: torch.Tensor) -> torch.Tensor:
     """``t`` detached, as a plain tensor (not a geoopt ManifoldParameter/ManifoldTensor)."""
     return t.detach().as_subclass(torch.Tensor)
@@ -245,6 +252,13 @@ class ManifoldMuon(torch.optim.Optimizer):
             )
         if mask_kind(m) != "euclidean" and p.dtype not in (torch.float32, torch.float64):
             raise TypeError(f"manifold parameters must be float32 or float64; got {p.dtype}")
+        if mask_kind(m) != "euclidean":
+            ok, why = m.check_point_on_manifold(_plain(p), explain=True, atol=OFF_MANIFOLD_ATOL)
+            if not ok:
+                raise ValueError(
+                    f"a parameter of shape {tuple(p.shape)} is not on its manifold {type(m).__name__} ({why}); "
+                    "project it first, p.data.copy_(manifold.projx(p.data)) (geomtrain.groups does by default)"
+                )
         return m
 
     def add_param_group(self, param_group: dict) -> None:
