@@ -247,6 +247,14 @@ def test_spectral_direction_errors_name_the_choices():
         spectral_direction(Stiefel(), W, G * float("nan"))
     with pytest.raises(ValueError, match="same shape"):
         spectral_direction(Stiefel(), W, G.T)
+    with pytest.raises(ValueError, match="W has non-finite"):
+        spectral_direction(Stiefel(), W * float("nan"), G)
+    Wd = DGram().random(8, 4, generator=seeded(4))
+    Wd[:, 2] = 0
+    with pytest.raises(ValueError, match="zero column"):  # before: a LinAlgError from inside eigh
+        spectral_direction(DGram(), Wd, G)
+    with pytest.raises(ValueError, match="zero column"):  # wide: the constraint is on the rows
+        spectral_direction(DGram(), Wd.T.contiguous(), G.T.contiguous())
     with pytest.raises(TypeError, match="GramManifold"):
         spectral_direction(geoopt.Sphere(), W, G)
 

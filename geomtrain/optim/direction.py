@@ -33,6 +33,7 @@ from manifolds.matrix_sign import MSIGN_METHODS
 from . import gram_newton
 from .baselines import MSIGN_OPTIONS, PUBLISHED_OPTIONS, TANGENT_OPTIONS, msign_with, solve_published, solve_tangent
 from .gram import mask_kind, tangent_residual
+from .numerics import host_values
 
 __all__ = [
     "spectral_direction",
@@ -164,8 +165,16 @@ def _check(manifold, W: torch.Tensor, G: torch.Tensor, solver: str, options: dic
         raise TypeError(f"spectral_direction needs a manifolds.GramManifold; got {type(manifold).__name__}")
     if W.shape != G.shape or W.dim() < 2:
         raise ValueError(f"W and G must have the same shape (..., m, n); got {tuple(W.shape)} and {tuple(G.shape)}")
-    if not bool(torch.isfinite(G).all()):
+    checks = [torch.isfinite(G).all(), torch.isfinite(W).all()]
+    if mask_kind(manifold) == "dgram":
+        checks.append((to_tall(W).norm(dim=-2) > 0).all())
+    g_finite, w_finite, *columns = host_values(checks)  # one host read
+    if not g_finite:
         raise ValueError("G has non-finite entries (NaN or Inf); skip this update instead")
+    if not w_finite:
+        raise ValueError("W has non-finite entries (NaN or Inf): not a point of the manifold")
+    if columns and not columns[0]:
+        raise ValueError(f"W has a zero column: not a point of {type(manifold).__name__} (its columns are nonzero)")
     batch, n = tuple(W.shape[:-2]), min(W.shape[-2:])
     _check_state("dual", options.get("dual"), (*batch, n, n), lambda t: t.is_floating_point(), "a float tensor")
     _check_state("escalate", options.get("escalate"), batch, lambda t: t.dtype == torch.bool, "a bool tensor")
