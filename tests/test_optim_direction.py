@@ -570,6 +570,15 @@ def test_working_set_shrinks_to_the_entries_that_go_on_and_writes_back_the_other
     assert ws.shrink(torch.zeros(2, dtype=torch.bool)).numel() == 0 and len(ws) == 0
 
 
+def test_anderson_option_caps_the_square_dgram_depth():
+    # anderson=0 turns mixing off everywhere (before, square DGram kept its own depth whatever the option);
+    # a depth above SQUARE_ANDERSON changes nothing
+    W = DGram().random(2, 64, 64, generator=seeded(0))
+    G = torch.randn(2, 64, 64, generator=seeded(1))
+    counts = {a: spectral_direction(DGram(), W, G, anderson=a)[1].evaluations.tolist() for a in (0, 5, 10)}
+    assert counts[5] == counts[10] and counts[0] != counts[5]
+
+
 def test_safeguard_accepts_its_own_plain_step_so_a_rejected_point_is_not_repeated():
     # A rejected (mixed) point is followed by the plain step from the anchor. Where that step is rejected too
     # (its residual norm rose by rounding, at the iteration's floor) it used to be retried: the same point

@@ -43,7 +43,7 @@ from manifolds import GramManifold
 from .douglas_rachford import DR_ANDERSON, douglas_rachford
 from .gram import CERTIFICATE_SMOOTHING, ROUNDING_FLOOR, Evaluation, GramDual, inverse_sqrt_weights, mask_kind
 from .numerics import Anderson, Trace, WorkingSet, eigh_psd, normalise, sym
-from .square_dgram import solve_square_dgram
+from .square_dgram import SQUARE_ANDERSON, solve_square_dgram
 
 __all__ = ["solve_gram_newton", "OPTIONS"]
 
@@ -110,7 +110,10 @@ def solve_gram_newton(
     stop = tol * STOP_MARGIN.get(dtype, 1.0)
     if square_dgram:
         scale = _residual_scale(T) if opts["relative_tol"] else None
-        A, out = solve_square_dgram(T.to(dtype), Gh.to(dtype), live, tol, stop, max_iter, opts["dual"], trace, scale)
+        depth = min(int(opts["anderson"]), SQUARE_ANDERSON)  # the option caps it, as for douglas_rachford
+        A, out = solve_square_dgram(
+            T.to(dtype), Gh.to(dtype), live, tol, stop, max_iter, opts["dual"], trace, scale, depth
+        )
         return torch.where(zero, torch.zeros_like(A), A).to(T.dtype), out
     if mask_kind(manifold) == "stiefel" and m == n:
         A, out = _square_stiefel(manifold, T, Gh, live, dtype, opts, trace)

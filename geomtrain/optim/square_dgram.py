@@ -109,11 +109,13 @@ def solve_square_dgram(
     z0: torch.Tensor | None,
     trace: Trace | None,
     res_scale: torch.Tensor | None = None,
+    depth: int = SQUARE_ANDERSON,
 ):
     """Square DGram problems ``(B, n, n)`` (``Gh`` normalised); returns ``(A, raw statistics)`` with the
     Douglas-Rachford state as ``dual``; ``res_scale`` (per matrix) scales the residuals
-    (``relative_tol``). (The iteration, its safeguard and the certificate share their per-entry state:
-    one function, longer than 60 lines on purpose.)"""
+    (``relative_tol``); ``depth`` is the Anderson depth (the solver passes ``min(anderson, SQUARE_ANDERSON)``).
+    (The iteration, its safeguard and the certificate share their per-entry state: one function, longer
+    than 60 lines on purpose.)"""
     B, n = T.shape[0], T.shape[-1]
     fr = _Frame(T, Gh, res_scale)
     rho = n**-0.5
@@ -134,7 +136,7 @@ def solve_square_dgram(
     ws["z"], ws["anchor_x"], ws["anchor_F"] = z[idx], z[idx], torch.zeros_like(z[idx])
     ws["best_f"] = torch.full_like(ws["best_res"], math.inf)
     ws["from_anchor"] = torch.zeros_like(ws["best_res"], dtype=torch.bool)
-    sub, mixer = fr.sub(idx), Anderson(SQUARE_ANDERSON, ws["z"])
+    sub, mixer = fr.sub(idx), Anderson(depth, ws["z"])
     while len(ws):
         za = ws["z"]
         x = sub.proj_tangent(za + sub.K / rho)
