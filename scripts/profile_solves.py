@@ -43,7 +43,7 @@ from manifolds import Stiefel
 VARIANTS = {
     "cold": "no warm start (neither the previous multiplier nor the float64 hint)",
     "extrapolated": "warm start from 2 S_(k-1) - S_(k-2), the states of the two previous steps, linearly extrapolated",
-    "anderson=0": "plain Gauss-Newton steps, no Anderson mixing",
+    "anderson=0": "no Anderson mixing: plain Gauss-Newton and Douglas-Rachford steps",
     "anderson=10": "Anderson depth 10 (default 5)",
     "float32": "compute_dtype=float32: no escalation to float64",
     "stiefel": "DGram only: the Stiefel problem at the column-normalised W, cold (the cost of the mask itself)",
