@@ -419,6 +419,23 @@ def test_optimizer_errors_name_the_choices():
         ManifoldMuon([W], solver_options={"tolerance": 1})
     with pytest.raises(ValueError, match=r"tol=0.*must be a finite number > 0"):  # at construction, not at a step
         ManifoldMuon([W], solver_options={"tol": 0})
+    # every hyperparameter, of the defaults and of a group's own: NaN/Inf, truthy strings and unknown names
+    # used to be taken (lr=nan skipped every update with a warning; warm_start="no" meant warm starts on)
+    for bad, needle in (
+        ({"lr": float("nan")}, "lr must be a finite number >= 0"),
+        ({"lr": float("inf")}, "lr must be a finite number >= 0"),
+        ({"weight_decay": -0.1}, "weight_decay must be"),
+        ({"momentum": 1.0}, r"momentum must be a number in \[0, 1\)"),
+        ({"warm_start": "no"}, "warm_start must be True or False"),
+        ({"nesterov": 1}, "nesterov must be True or False"),
+        ({"msign_method": "foo"}, "valid: svd, polar_express"),
+        ({"msign_steps": 0}, "msign_steps must be an integer >= 1"),
+        ({"msign_dtype": torch.int32}, "msign_dtype must be None or a floating torch dtype"),
+    ):
+        with pytest.raises(ValueError, match=needle):
+            ManifoldMuon([W], **bad)
+        with pytest.raises(ValueError, match=needle):  # a group's own value
+            ManifoldMuon([{"params": [W], **bad}])
     # a manifold parameter must start on its manifold: a raw weight is refused with the fix named
     raw = torch.nn.Parameter(torch.randn(12, 4, generator=seeded(3)))
     with pytest.raises(ValueError, match=r"not on its manifold DGram .*projx"):

@@ -68,6 +68,7 @@ import torch.distributed as dist
 
 from manifolds import Euclidean, GramManifold, msign
 from manifolds.base import from_tall, to_tall
+from manifolds.matrix_sign import MSIGN_METHODS
 
 from .direction import DEFAULT_SOLVER, SOLVER_OPTIONS, SOLVERS, check_solver_options, mask_kind, spectral_direction
 from .numerics import host_values
@@ -186,10 +187,6 @@ class ManifoldMuon(torch.optim.Optimizer):
         msign_dtype: torch.dtype | None = None,
         manifold: GramManifold | None = None,
     ):
-        if lr < 0 or not 0 <= momentum < 1 or weight_decay < 0:
-            raise ValueError(
-                f"need lr >= 0, 0 <= momentum < 1, weight_decay >= 0; got {lr}, {momentum}, {weight_decay}"
-            )
         defaults = dict(
             lr=lr,
             momentum=momentum,
@@ -217,6 +214,22 @@ class ManifoldMuon(torch.optim.Optimizer):
     # ------------------------------------------------------------------ setup
     @staticmethod
     def _check_group(group: dict) -> None:
+        """Every hyperparameter of a param group (the defaults and a group's own): one-line errors."""
+        for name, low, high in (("lr", 0.0, math.inf), ("momentum", 0.0, 1.0), ("weight_decay", 0.0, math.inf)):
+            v = group[name]
+            if isinstance(v, bool) or not isinstance(v, (int, float)) or not (low <= v < high and math.isfinite(v)):
+                need = "a number in [0, 1)" if name == "momentum" else "a finite number >= 0"
+                raise ValueError(f"{name} must be {need}; got {v!r}")
+        for name in ("nesterov", "warm_start"):
+            if not isinstance(group[name], bool):
+                raise ValueError(f"{name} must be True or False; got {group[name]!r}")
+        if group["msign_method"] not in MSIGN_METHODS:
+            raise ValueError(f"unknown msign_method {group['msign_method']!r}; valid: {', '.join(MSIGN_METHODS)}")
+        steps, dt = group["msign_steps"], group["msign_dtype"]
+        if isinstance(steps, bool) or not isinstance(steps, int) or steps < 1:
+            raise ValueError(f"msign_steps must be an integer >= 1; got {steps!r}")
+        if dt is not None and not (isinstance(dt, torch.dtype) and dt.is_floating_point):
+            raise ValueError(f"msign_dtype must be None or a floating torch dtype; got {dt!r}")
         if group["solver"] not in SOLVERS:
             raise ValueError(f"unknown solver {group['solver']!r}; valid: {', '.join(SOLVERS)}")
         if group["shape_scale"] not in SHAPE_SCALES:
