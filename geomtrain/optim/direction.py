@@ -22,6 +22,7 @@ $\|G\|_F = 1$ first by every solver except ``"published"``: the argmax does not 
 from __future__ import annotations
 
 import math
+import numbers
 from dataclasses import dataclass
 
 import torch
@@ -98,11 +99,11 @@ def _finite_above(low: float, inclusive: bool):
 
 
 def _is_real(v) -> bool:
-    return isinstance(v, (int, float)) and not isinstance(v, bool)
+    return isinstance(v, numbers.Real) and not isinstance(v, bool)  # numbers.*: NumPy scalars count too
 
 
 def _is_int(v) -> bool:
-    return isinstance(v, int) and not isinstance(v, bool)
+    return isinstance(v, numbers.Integral) and not isinstance(v, bool)
 
 
 _OPTION_RULES = {
@@ -148,15 +149,13 @@ def check_solver_options(solver: str, options: dict) -> None:
             raise ValueError(f"bad solver option {name}={value!r} for solver {solver!r}: must be {must}")
 
 
-def _check_state(name: str, value, shape: tuple, dtype_ok, what: str) -> None:
-    """A warm-start tensor option (``dual``, ``escalate``) must match the problem: ``shape`` and finite."""
+def _check_state_shape(name: str, value, shape: tuple, dtype_ok, what: str) -> None:
+    """A warm-start tensor option (``dual``, ``escalate``) must come from a solve of this problem: ``shape``."""
     if value is None:
         return
     if not isinstance(value, torch.Tensor) or not dtype_ok(value) or value.numel() != math.prod(shape):
         got = tuple(value.shape) if isinstance(value, torch.Tensor) else type(value).__name__
         raise ValueError(f"{name} must be {what} of shape {shape} (from a previous solve of this problem); got {got}")
-    if value.is_floating_point() and not bool(torch.isfinite(value).all()):
-        raise ValueError(f"{name} has non-finite entries (NaN or Inf); pass {name}=None for a cold start")
 
 
 def _check(manifold, W: torch.Tensor, G: torch.Tensor, solver: str, options: dict) -> dict:
@@ -165,19 +164,26 @@ def _check(manifold, W: torch.Tensor, G: torch.Tensor, solver: str, options: dic
         raise TypeError(f"spectral_direction needs a manifolds.GramManifold; got {type(manifold).__name__}")
     if W.shape != G.shape or W.dim() < 2:
         raise ValueError(f"W and G must have the same shape (..., m, n); got {tuple(W.shape)} and {tuple(G.shape)}")
-    checks = [torch.isfinite(G).all(), torch.isfinite(W).all()]
-    if mask_kind(manifold) == "dgram":
-        checks.append((to_tall(W).norm(dim=-2) > 0).all())
-    g_finite, w_finite, *columns = host_values(checks)  # one host read
+    batch, n, dual = tuple(W.shape[:-2]), min(W.shape[-2:]), options.get("dual")
+    _check_state_shape("dual", dual, (*batch, n, n), lambda t: t.is_floating_point(), "a float tensor")
+    _check_state_shape("escalate", options.get("escalate"), batch, lambda t: t.dtype == torch.bool, "a bool tensor")
+    true = torch.ones((), dtype=torch.bool, device=G.device)
+    g_finite, w_finite, columns, dual_finite = host_values(  # one read per device
+        [
+            torch.isfinite(G).all(),
+            torch.isfinite(W).all(),
+            (to_tall(W).norm(dim=-2) > 0).all() if mask_kind(manifold) == "dgram" else true,
+            torch.isfinite(dual).all() if dual is not None else true,
+        ]
+    )
     if not g_finite:
         raise ValueError("G has non-finite entries (NaN or Inf); skip this update instead")
     if not w_finite:
         raise ValueError("W has non-finite entries (NaN or Inf): not a point of the manifold")
-    if columns and not columns[0]:
+    if not columns:
         raise ValueError(f"W has a zero column: not a point of {type(manifold).__name__} (its columns are nonzero)")
-    batch, n = tuple(W.shape[:-2]), min(W.shape[-2:])
-    _check_state("dual", options.get("dual"), (*batch, n, n), lambda t: t.is_floating_point(), "a float tensor")
-    _check_state("escalate", options.get("escalate"), batch, lambda t: t.dtype == torch.bool, "a bool tensor")
+    if not dual_finite:
+        raise ValueError("dual has non-finite entries (NaN or Inf); pass dual=None for a cold start")
     return {**SOLVER_OPTIONS[solver], **options}
 
 

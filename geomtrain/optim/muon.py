@@ -58,6 +58,7 @@ from __future__ import annotations
 
 import itertools
 import math
+import numbers
 import warnings
 from collections.abc import Iterable
 from dataclasses import dataclass
@@ -217,7 +218,8 @@ class ManifoldMuon(torch.optim.Optimizer):
         """Every hyperparameter of a param group (the defaults and a group's own): one-line errors."""
         for name, low, high in (("lr", 0.0, math.inf), ("momentum", 0.0, 1.0), ("weight_decay", 0.0, math.inf)):
             v = group[name]
-            if isinstance(v, bool) or not isinstance(v, (int, float)) or not (low <= v < high and math.isfinite(v)):
+            v = float(v) if isinstance(v, torch.Tensor) and v.numel() == 1 else v  # a tensor lr, as torch.optim allows
+            if isinstance(v, bool) or not isinstance(v, numbers.Real) or not (low <= v < high and math.isfinite(v)):
                 need = "a number in [0, 1)" if name == "momentum" else "a finite number >= 0"
                 raise ValueError(f"{name} must be {need}; got {v!r}")
         for name in ("nesterov", "warm_start"):
