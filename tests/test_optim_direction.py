@@ -255,6 +255,19 @@ def test_spectral_direction_errors_name_the_choices():
         spectral_direction(DGram(), Wd, G)
     with pytest.raises(ValueError, match="zero column"):  # wide: the constraint is on the rows
         spectral_direction(DGram(), Wd.T.contiguous(), G.T.contiguous())
+
+    # a W that was never projected is refused (before: a DGram direction at a raw point came back "converged")
+    raw = torch.randn(3, 40, 8, generator=seeded(5))
+    Graw = torch.randn(3, 40, 8, generator=seeded(6))
+    for man in (Stiefel(), DGram()):
+        with pytest.raises(ValueError, match=f"W is not on {type(man).__name__} .*projx"):
+            spectral_direction(man, raw, Graw)
+        A, st = spectral_direction(man, man.projx(raw), Graw)  # projected: solved
+        assert bool(st.converged.all())
+        A, st = spectral_direction(man, man.projx(raw).half(), Graw.half())  # float16 rounding is not "off"
+        assert bool(torch.isfinite(A).all())
+    with pytest.raises(ValueError, match="floating-point"):
+        spectral_direction(Stiefel(), W.long(), G)
     with pytest.raises(TypeError, match="GramManifold"):
         spectral_direction(geoopt.Sphere(), W, G)
 

@@ -158,22 +158,53 @@ def _check_state_shape(name: str, value, shape: tuple, dtype_ok, what: str) -> N
         raise ValueError(f"{name} must be {what} of shape {shape} (from a previous solve of this problem); got {got}")
 
 
+# spectral_direction refuses a W whose probe error (below) is above this: far above a float32 point's (~1e-6) or a
+# float16 one's (~1e-3), far below a raw weight's (the cosines between Gaussian columns are ~ m^-1/2, so the probe
+# error is ~ (n/m)^1/2: 0.58 at 24x8, 0.12 at 50257x768).
+ON_MANIFOLD_PROBE_TOL = 1e-2
+
+
+def on_manifold_probe(T: torch.Tensor, kind: str) -> torch.Tensor:
+    r"""$\|C w - w\|/\|w\|$ per matrix of a tall ``T``, for a fixed $\pm 1$ vector $w$: $C = T^\top T$
+    (Stiefel) or the column cosines $S^{-1}T^\top T S^{-1}$ (DGram), which are $I$ on the manifold. Two
+    matrix-vector products instead of the $m n^2$ Gram matrix: it catches a weight that was never projected,
+    not a small drift."""
+    n = T.shape[-1]
+    signs = torch.randint(0, 2, (n,), generator=torch.Generator().manual_seed(0)) * 2 - 1
+    X = T if T.dtype in (torch.float32, torch.float64) else T.float()
+    w = signs.to(device=X.device, dtype=X.dtype)
+    if kind == "stiefel":
+        y = (X.mT @ (X @ w.unsqueeze(-1))).squeeze(-1)
+    else:
+        s = X.norm(dim=-2)
+        y = (X.mT @ (X @ (w / s).unsqueeze(-1))).squeeze(-1) / s
+    return (y - w).norm(dim=-1) / n**0.5
+
+
 def _check(manifold, W: torch.Tensor, G: torch.Tensor, solver: str, options: dict) -> dict:
     check_solver_options(solver, options)
     if not isinstance(manifold, GramManifold):
         raise TypeError(f"spectral_direction needs a manifolds.GramManifold; got {type(manifold).__name__}")
     if W.shape != G.shape or W.dim() < 2:
         raise ValueError(f"W and G must have the same shape (..., m, n); got {tuple(W.shape)} and {tuple(G.shape)}")
+    if not (W.is_floating_point() and G.is_floating_point()):
+        raise ValueError(f"W and G must be floating-point tensors; got {W.dtype} and {G.dtype}")
     batch, n, dual = tuple(W.shape[:-2]), min(W.shape[-2:]), options.get("dual")
     _check_state_shape("dual", dual, (*batch, n, n), lambda t: t.is_floating_point(), "a float tensor")
     _check_state_shape("escalate", options.get("escalate"), batch, lambda t: t.dtype == torch.bool, "a bool tensor")
     true = torch.ones((), dtype=torch.bool, device=G.device)
-    g_finite, w_finite, columns, dual_finite = host_values(  # one read per device
+    kind = mask_kind(manifold)
+    columns = (to_tall(W).norm(dim=-2) > 0).all() if kind == "dgram" else true
+    probe = None
+    if kind in ("stiefel", "dgram"):  # (only where the columns are nonzero: the probe divides by their norms)
+        probe = torch.where(columns, on_manifold_probe(to_tall(W), kind).amax(), torch.zeros((), device=W.device))
+    g_finite, w_finite, columns, dual_finite, on_manifold = host_values(  # one read per device
         [
             torch.isfinite(G).all(),
             torch.isfinite(W).all(),
-            (to_tall(W).norm(dim=-2) > 0).all() if mask_kind(manifold) == "dgram" else true,
+            columns,
             torch.isfinite(dual).all() if dual is not None else true,
+            probe <= ON_MANIFOLD_PROBE_TOL if probe is not None else true,
         ]
     )
     if not g_finite:
@@ -184,6 +215,11 @@ def _check(manifold, W: torch.Tensor, G: torch.Tensor, solver: str, options: dic
         raise ValueError(f"W has a zero column: not a point of {type(manifold).__name__} (its columns are nonzero)")
     if not dual_finite:
         raise ValueError("dual has non-finite entries (NaN or Inf); pass dual=None for a cold start")
+    if not on_manifold:
+        raise ValueError(
+            f"W is not on {type(manifold).__name__} (probe error {float(probe):.3g} > {ON_MANIFOLD_PROBE_TOL:g}); "
+            "project it first: W = manifold.projx(W)"
+        )
     return {**SOLVER_OPTIONS[solver], **options}
 
 
