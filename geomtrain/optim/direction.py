@@ -43,6 +43,8 @@ __all__ = [
     "DEFAULT_SOLVER",
     "SOLVER_OPTIONS",
     "check_solver_options",
+    "solver_option_rule",
+    "on_manifold_probe",
     "tangent_residual",
     "mask_kind",
 ]
@@ -142,11 +144,18 @@ def check_solver_options(solver: str, options: dict) -> None:
             f"valid: {', '.join(SOLVER_OPTIONS[solver])}"
         )
     for name, value in options.items():
-        if name in ("dual", "escalate"):
-            continue
-        valid, must = (_PUBLISHED_RULES if solver == "published" else {}).get(name, _OPTION_RULES[name])
-        if not valid(value):
+        must = solver_option_rule(name, value, solver)
+        if must is not None:
             raise ValueError(f"bad solver option {name}={value!r} for solver {solver!r}: must be {must}")
+
+
+def solver_option_rule(name: str, value, solver: str = DEFAULT_SOLVER) -> str | None:
+    """None where ``value`` is valid for the scalar option ``name`` of ``solver``, else what it must be (e.g.
+    ``"an integer >= 1"``). The tensor options ``dual`` and ``escalate`` are always None here."""
+    if name in ("dual", "escalate"):
+        return None
+    valid, must = (_PUBLISHED_RULES if solver == "published" else {}).get(name, _OPTION_RULES[name])
+    return None if valid(value) else must
 
 
 def _check_state_shape(name: str, value, shape: tuple, dtype_ok, what: str) -> None:
@@ -164,19 +173,19 @@ def _check_state_shape(name: str, value, shape: tuple, dtype_ok, what: str) -> N
 ON_MANIFOLD_PROBE_TOL = 1e-2
 
 
-def on_manifold_probe(T: torch.Tensor, kind: str) -> torch.Tensor:
+def on_manifold_probe(T: torch.Tensor, s: torch.Tensor | None = None) -> torch.Tensor:
     r"""$\|C w - w\|/\|w\|$ per matrix of a tall ``T``, for a fixed $\pm 1$ vector $w$: $C = T^\top T$
-    (Stiefel) or the column cosines $S^{-1}T^\top T S^{-1}$ (DGram), which are $I$ on the manifold. Two
-    matrix-vector products instead of the $m n^2$ Gram matrix: it catches a weight that was never projected,
-    not a small drift."""
+    (Stiefel: ``s`` None) or, given the column norms ``s`` (DGram), the column cosines $S^{-1}T^\top T S^{-1}$;
+    both are $I$ on the manifold. Two matrix-vector products instead of the $m n^2$ Gram matrix: it catches
+    a weight that was never projected, not a small drift."""
     n = T.shape[-1]
     signs = torch.randint(0, 2, (n,), generator=torch.Generator().manual_seed(0)) * 2 - 1
     X = T if T.dtype in (torch.float32, torch.float64) else T.float()
     w = signs.to(device=X.device, dtype=X.dtype)
-    if kind == "stiefel":
+    if s is None:
         y = (X.mT @ (X @ w.unsqueeze(-1))).squeeze(-1)
     else:
-        s = X.norm(dim=-2)
+        s = s.to(X.dtype)
         y = (X.mT @ (X @ (w / s).unsqueeze(-1))).squeeze(-1) / s
     return (y - w).norm(dim=-1) / n**0.5
 
@@ -193,11 +202,14 @@ def _check(manifold, W: torch.Tensor, G: torch.Tensor, solver: str, options: dic
     _check_state_shape("dual", dual, (*batch, n, n), lambda t: t.is_floating_point(), "a float tensor")
     _check_state_shape("escalate", options.get("escalate"), batch, lambda t: t.dtype == torch.bool, "a bool tensor")
     true = torch.ones((), dtype=torch.bool, device=G.device)
-    kind = mask_kind(manifold)
-    columns = (to_tall(W).norm(dim=-2) > 0).all() if kind == "dgram" else true
-    probe = None
-    if kind in ("stiefel", "dgram"):  # (only where the columns are nonzero: the probe divides by their norms)
-        probe = torch.where(columns, on_manifold_probe(to_tall(W), kind).amax(), torch.zeros((), device=W.device))
+    kind, T = mask_kind(manifold), to_tall(W)
+    probe, columns = None, true
+    if kind == "stiefel":
+        probe = on_manifold_probe(T).amax()
+    elif kind == "dgram":  # the probe divides by the column norms: only where none is zero
+        s = T.norm(dim=-2)
+        columns = (s > 0).all()
+        probe = torch.where(columns, on_manifold_probe(T, s).amax(), torch.zeros((), device=W.device))
     g_finite, w_finite, columns, dual_finite, on_manifold = host_values(  # one read per device
         [
             torch.isfinite(G).all(),

@@ -28,7 +28,7 @@ import math
 import torch
 
 from .gram import GramDual
-from .numerics import Anderson, Trace, WorkingSet, safeguarded_mix
+from .numerics import Anderson, Trace, WorkingSet, safeguarded_mix, start_safeguard
 
 __all__ = ["douglas_rachford", "start_weights", "DR_RELAX", "DR_ANDERSON"]
 
@@ -74,14 +74,15 @@ def douglas_rachford(
     out = {
         "best_res": torch.full((B,), math.inf, dtype=S.dtype, device=S.device),
         "best_Y": torch.zeros_like(Z),
-        "anchor_x": Z.clone(),  # the point with the lowest |y - x|_F: its implied multiplier is returned
+        # the safeguard's anchor (the lowest |y - x|_F, but for a plain step accepted at the rounding floor):
+        # its implied multiplier is returned
+        "anchor_x": Z.clone(),
         "used": torch.zeros(B, dtype=torch.long, device=S.device),
     }
     idx = (budget > 0).nonzero().squeeze(-1)
     ws = WorkingSet(idx, {name: value[idx] for name, value in out.items()}, out)
-    ws["Z"], ws["budget"], ws["anchor_F"] = Z[idx], budget[idx], torch.zeros_like(Z[idx])
-    ws["best_f"] = torch.full_like(ws["best_res"], math.inf)  # safeguard of the mixing: |y - x|_F
-    ws["from_anchor"] = torch.zeros_like(ws["best_res"], dtype=torch.bool)
+    ws["Z"], ws["budget"] = Z[idx], budget[idx]
+    start_safeguard(ws, ws["Z"])  # the safeguard of the mixing, on |y - x|_F
     sub, G_sub, mixer = dual.sub(idx), G_rho[idx], Anderson(depth, ws["Z"])
     while len(ws):
         Za = ws["Z"]

@@ -71,7 +71,15 @@ from manifolds import Euclidean, GramManifold, msign
 from manifolds.base import from_tall, to_tall
 from manifolds.matrix_sign import MSIGN_METHODS
 
-from .direction import DEFAULT_SOLVER, SOLVER_OPTIONS, SOLVERS, check_solver_options, mask_kind, spectral_direction
+from .direction import (
+    DEFAULT_SOLVER,
+    SOLVER_OPTIONS,
+    SOLVERS,
+    check_solver_options,
+    mask_kind,
+    solver_option_rule,
+    spectral_direction,
+)
 from .numerics import host_values
 
 __all__ = ["ManifoldMuon", "SHAPE_SCALES", "SKIP_REASONS", "shape_factor"]
@@ -227,11 +235,10 @@ class ManifoldMuon(torch.optim.Optimizer):
                 raise ValueError(f"{name} must be True or False; got {group[name]!r}")
         if group["msign_method"] not in MSIGN_METHODS:
             raise ValueError(f"unknown msign_method {group['msign_method']!r}; valid: {', '.join(MSIGN_METHODS)}")
-        steps, dt = group["msign_steps"], group["msign_dtype"]
-        if isinstance(steps, bool) or not isinstance(steps, int) or steps < 1:
-            raise ValueError(f"msign_steps must be an integer >= 1; got {steps!r}")
-        if dt is not None and not (isinstance(dt, torch.dtype) and dt.is_floating_point):
-            raise ValueError(f"msign_dtype must be None or a floating torch dtype; got {dt!r}")
+        for name in ("msign_steps", "msign_dtype"):  # the rules of the solver options of the same names
+            must = solver_option_rule(name, group[name])
+            if must is not None:
+                raise ValueError(f"{name} must be {must}; got {group[name]!r}")
         if group["solver"] not in SOLVERS:
             raise ValueError(f"unknown solver {group['solver']!r}; valid: {', '.join(SOLVERS)}")
         if group["shape_scale"] not in SHAPE_SCALES:
@@ -265,9 +272,9 @@ class ManifoldMuon(torch.optim.Optimizer):
                 f"ManifoldMuon updates matrices; got a parameter of shape {tuple(p.shape)} "
                 "(give biases and norms to AdamW)"
             )
-        if mask_kind(m) != "euclidean" and p.dtype not in (torch.float32, torch.float64):
-            raise TypeError(f"manifold parameters must be float32 or float64; got {p.dtype}")
         if mask_kind(m) != "euclidean":
+            if p.dtype not in (torch.float32, torch.float64):
+                raise TypeError(f"manifold parameters must be float32 or float64; got {p.dtype}")
             ok, why = m.check_point_on_manifold(_plain(p), explain=True, atol=OFF_MANIFOLD_ATOL)
             if not ok:
                 raise ValueError(

@@ -17,6 +17,7 @@ __all__ = [
     "eigvalsh_psd",
     "Anderson",
     "WorkingSet",
+    "start_safeguard",
     "safeguarded_mix",
     "host_values",
     "pcg",
@@ -196,6 +197,14 @@ class WorkingSet:
         self.idx = self.idx[keep]
         self.state = {name: value[keep] for name, value in self.state.items()}
         return keep
+
+
+def start_safeguard(ws: WorkingSet, X: torch.Tensor) -> None:
+    """The per-entry state of `safeguarded_mix` at the start point ``X`` (compact, like ``ws``): ``X`` is
+    the anchor, no residual norm seen yet, the first point not a plain step from the anchor."""
+    ws["anchor_x"], ws["anchor_F"] = X, torch.zeros_like(X)
+    ws["best_f"] = torch.full((X.shape[0],), float("inf"), dtype=X.dtype, device=X.device)
+    ws["from_anchor"] = torch.zeros(X.shape[0], dtype=torch.bool, device=X.device)
 
 
 def safeguarded_mix(

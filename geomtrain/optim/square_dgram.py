@@ -32,7 +32,7 @@ import math
 import torch
 
 from .gram import CERTIFICATE_SMOOTHING, ROUNDING_FLOOR, inverse_sqrt_weights
-from .numerics import Anderson, Trace, WorkingSet, eigh_psd, safeguarded_mix
+from .numerics import Anderson, Trace, WorkingSet, eigh_psd, safeguarded_mix, start_safeguard
 
 __all__ = ["solve_square_dgram", "SQUARE_RELAX", "SQUARE_ANDERSON"]
 
@@ -133,9 +133,8 @@ def solve_square_dgram(
     }
     idx = live.nonzero().squeeze(-1)
     ws = WorkingSet(idx, {name: value[idx] for name, value in out.items()}, out)
-    ws["z"], ws["anchor_x"], ws["anchor_F"] = z[idx], z[idx], torch.zeros_like(z[idx])
-    ws["best_f"] = torch.full_like(ws["best_res"], math.inf)
-    ws["from_anchor"] = torch.zeros_like(ws["best_res"], dtype=torch.bool)
+    ws["z"] = z[idx]
+    start_safeguard(ws, ws["z"])
     sub, mixer = fr.sub(idx), Anderson(depth, ws["z"])
     while len(ws):
         za = ws["z"]
