@@ -613,6 +613,31 @@ def test_safeguard_accepts_its_own_plain_step_so_a_rejected_point_is_not_repeate
     assert torch.equal(X3, X2 + F1) and torch.equal(ws["anchor_x"], X2) and float(ws["best_f"]) == 4.0
 
 
+def test_spectral_norm_estimate_is_a_lower_bound_that_converges_with_a_spectral_gap():
+    from geomtrain.bench.syncs import count_host_syncs
+    from geomtrain.optim.numerics import spectral_norm_estimate
+
+    gen = torch.Generator().manual_seed(7)
+    U = torch.linalg.qr(torch.randn(3, 40, 24, generator=gen, dtype=torch.float64))[0]
+    V = torch.linalg.qr(torch.randn(3, 24, 24, generator=gen, dtype=torch.float64))[0]
+    s = torch.linspace(1.0, 0.1, 24, dtype=torch.float64)
+    s[0] = 2.0  # top singular value 2, the next 1: each iteration shrinks the error by (1/2)^2
+    X = (U * s) @ V.mT * torch.tensor([1.0, 1e-3, 1e3], dtype=torch.float64)[:, None, None]
+    exact = torch.linalg.matrix_norm(X, ord=2)
+    with count_host_syncs() as counts:
+        est = [spectral_norm_estimate(X, k) for k in (0, 2, 30)]
+    assert sum(counts.values()) == 0  # no host read: it runs inside the solver's loop-free start
+    for e in est:  # |Xv| <= |X|_op for a unit v: a lower bound at every iteration count (rounding aside)
+        assert bool((e <= exact * (1 + 1e-12)).all())
+    assert bool((est[0] < est[1]).all())
+    torch.testing.assert_close(est[2], exact, rtol=1e-12, atol=0)  # (1/4)^30 ~ 1e-18 relative
+    assert float(spectral_norm_estimate(torch.zeros(2, 5, 3), 10).abs().max()) == 0.0  # no NaN at zero
+    # a row-centred matrix (the all-ones vector in its null space) still gets a positive, exact estimate
+    C = X[0] - X[0].mean(-1, keepdim=True)
+    assert float((C @ torch.ones(24, dtype=C.dtype)).abs().max()) < 1e-12
+    torch.testing.assert_close(spectral_norm_estimate(C, 60), torch.linalg.matrix_norm(C, ord=2), rtol=1e-9, atol=0)
+
+
 # ============================================================================ host synchronisations
 def test_host_values_reads_a_list_of_scalars_in_order_with_one_read_per_dtype():
     from geomtrain.bench.syncs import count_host_syncs

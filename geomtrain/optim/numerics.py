@@ -11,6 +11,7 @@ __all__ = [
     "sym",
     "frob",
     "normalise",
+    "spectral_norm_estimate",
     "eigh_dtype",
     "symmetric_eigen",
     "eigh_psd",
@@ -43,6 +44,22 @@ def normalise(G: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     Gs = G / torch.where(zero, torch.ones_like(amax), amax)
     nrm = Gs.norm(dim=(-2, -1), keepdim=True)
     return Gs / torch.where(zero, torch.ones_like(nrm), nrm), zero
+
+
+def spectral_norm_estimate(X: torch.Tensor, iters: int) -> torch.Tensor:
+    r"""A lower bound on $\|X\|_{\mathrm{op}}$ per matrix: the larger of $\|Xv\|$ after ``iters`` power
+    iterations $v \leftarrow X^\top X v / \|X^\top X v\|$ and $\|X\|_F / \sqrt{\min(m, n)}$ (positive for every
+    $X \ne 0$). The start $v$ is the vector of column norms, normalised: deterministic, and not orthogonal to the
+    top singular vector as the all-ones vector is for row-centred matrices (LayerNorm-like gradients).
+    $O(mn)$ per iteration, no decomposition, no host synchronisation. A start or a scale: exact only in the
+    limit, and slow where the top singular values are close."""
+    tiny = torch.finfo(X.dtype).tiny
+    v = X.norm(dim=-2).unsqueeze(-1)
+    v = v / v.norm(dim=-2, keepdim=True).clamp_min(tiny)
+    for _ in range(iters):
+        v = X.mT @ (X @ v)
+        v = v / v.norm(dim=-2, keepdim=True).clamp_min(tiny)
+    return torch.maximum((X @ v).norm(dim=(-2, -1)), X.norm(dim=(-2, -1)) / min(X.shape[-2:]) ** 0.5)
 
 
 def eigh_dtype(device: torch.device, dtype: torch.dtype) -> torch.dtype:
