@@ -626,7 +626,7 @@ def test_spectral_norm_estimate_is_a_lower_bound_that_converges_with_a_spectral_
     exact = torch.linalg.matrix_norm(X, ord=2)
     with count_host_syncs() as counts:
         est = [spectral_norm_estimate(X, k) for k in (0, 2, 30)]
-    assert sum(counts.values()) == 0  # no host read: it runs inside the solver's loop-free start
+    assert sum(counts.values()) == 0  # no host read: the square DGram cold start must not wait for the device
     for e in est:  # |Xv| <= |X|_op for a unit v: a lower bound at every iteration count (rounding aside)
         assert bool((e <= exact * (1 + 1e-12)).all())
     assert bool((est[0] < est[1]).all())

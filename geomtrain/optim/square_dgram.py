@@ -40,7 +40,7 @@ SQUARE_RELAX = 1.5  # over-relaxation; 1.0 and 1.8 needed as many or more iterat
 SQUARE_ANDERSON = 4  # depth 4 warm-started in 8 iterations at 768x768; depth 2 needed the same cold
 # (measured); rho = 0.5 / 2 / 4 x n^-1/2 needed 28 / 19 / 23 iterations cold against 18 at n^-1/2 (n = 256)
 # The cold start's scale ||Pi_T(K)||_op by power iteration instead of an SVD: at 768x768 the SVD took 98 ms, about
-# one iteration, and 20 power iterations 3 ms; 5 and 20 iterations gave the same evaluations as the exact norm
+# one iteration, and 20 power iterations 3 ms; 5, 10 and 20 iterations gave the same evaluations as the exact norm
 # (768 and 256, Gaussian and rank 4-8 gradients, and the `mini` attn.c_proj momenta at step 41; measured).
 START_POWER_ITERS = 10
 
