@@ -6,8 +6,7 @@ matrix and step (warm-started from the previous step's multiplier; an unconverge
 polished: projected onto the tangent space and scaled to unit spectral norm, so it stays feasible
 and carries an honest, larger, certified gap), beside the exact solve, the one-shot `tangent`
 approximation and `unconstrained` Muon. One run at a time, one thread; rerunning skips finished
-runs and resumes stopped ones. Then writes the table (docs/manifold-muon.md, "On training
-gradients", cites it):
+runs and resumes stopped ones. Then writes the table (docs/solver-experiments.md cites it):
 
     python scripts/solver_budget.py run [--arms NAME ...]     # train what is missing
     python scripts/solver_budget.py report                      # docs/results/solver-budget/
