@@ -3,6 +3,7 @@
 import functools
 import json
 import math
+import sys
 import textwrap
 from pathlib import Path
 
@@ -10,6 +11,7 @@ import pytest
 import torch
 from conftest import tiny_config
 
+import manifolds
 from geomtrain.cli import main as cli_main
 from geomtrain.train import load_checkpoint, train
 
@@ -47,6 +49,16 @@ def _train_args(data_dir, out, *extra):
     ]
 
 
+@pytest.fixture
+def forget_user_module():
+    """The registry and ``sys.modules`` are process-wide: undo what the user's module registers."""
+    yield
+    if "unitcols" in manifolds.manifold_names():
+        manifolds.unregister("unitcols")
+    sys.modules.pop("my_manifolds", None)
+
+
+@pytest.mark.usefixtures("forget_user_module")
 def test_user_manifold_from_a_module_trains_from_the_cli_and_resumes(data_dir, tmp_path, monkeypatch, capsys):
     # A user's module that registers a manifold (unit columns, under a name of its own).
     (tmp_path / "my_manifolds.py").write_text(
