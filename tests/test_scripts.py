@@ -169,3 +169,35 @@ def test_profile_solves_variant_options():
     assert variant_options("stiefel", DGram(), W.mT, warm, []) is None  # wide: not the tall form
     with pytest.raises(ValueError, match="unknown variant 'newton'; valid: cold, extrapolated"):
         variant_options("newton", DGram(), W, warm, [])
+
+
+def test_square_dgram_face_newton_reaches_the_tolerance_both_ways(run_script):
+    lines = run_script("square_dgram_face_newton.py", "--n", "16", "--k0", "0", "2")
+    assert lines[0].startswith("n = 16, gaussian gradient") and lines[1].split()[:2] == ["method", "eighs"]
+    rows = {line[:26].strip(): line[26:].split() for line in lines[2:]}
+    assert list(rows) == ["douglas-rachford", "dr x 0 + newton", "dr x 2 + newton"]
+    for name, (eighs, products, residual, seconds) in rows.items():
+        assert float(residual) <= 1e-4 and float(seconds) >= 0 and int(eighs) >= 1
+        assert int(products) == 0 if name == "douglas-rachford" else int(products) > 0
+    # Newton on the fixed point needs fewer eigendecompositions than the plain iteration (measured 7-14 against 20)
+    assert all(int(rows[k][0]) < int(rows["douglas-rachford"][0]) for k in ("dr x 0 + newton", "dr x 2 + newton"))
+
+
+def test_square_dgram_face_newton_jacobian_matches_finite_differences():
+    # Away from singular values at exactly 1 the fixed-point map is smooth: the analytic product must match a
+    # central difference to O(h^2) (h = 1e-6 in float64: truncation ~1e-12, rounding ~1e-10 of |Phi|).
+    ns = runpy.run_path(str(ROOT / "scripts" / "square_dgram_face_newton.py"))
+    from geomtrain.optim.square_dgram import SquareFrame
+
+    gen = torch.Generator().manual_seed(3)
+    n = 8
+    Q = torch.linalg.qr(torch.randn(n, n, generator=gen, dtype=torch.float64))[0]
+    W = Q * (0.5 + torch.rand(n, generator=gen, dtype=torch.float64))
+    G = torch.randn(n, n, generator=gen, dtype=torch.float64)
+    phi = ns["FixedPointMap"](SquareFrame(W, G / G.norm()))
+    z, v = (torch.randn(n, n, generator=gen, dtype=torch.float64) for _ in range(2))
+    F, _, svd = phi(z)
+    assert (svd[1] - 1).abs().min() > 1e-3  # no singular value at the kink
+    h = 1e-6
+    fd = (phi(z + h * v)[0] - phi(z - h * v)[0]) / (2 * h)
+    assert torch.allclose(phi.jacobian(svd)(v), fd, rtol=0, atol=1e-7 * float(fd.norm()))

@@ -34,7 +34,7 @@ import torch
 from .gram import CERTIFICATE_SMOOTHING, ROUNDING_FLOOR, inverse_sqrt_weights
 from .numerics import Anderson, Trace, WorkingSet, eigh_psd, safeguarded_mix, spectral_norm_estimate, start_safeguard
 
-__all__ = ["solve_square_dgram", "SQUARE_RELAX", "SQUARE_ANDERSON"]
+__all__ = ["solve_square_dgram", "SquareFrame", "SQUARE_RELAX", "SQUARE_ANDERSON"]
 
 SQUARE_RELAX = 1.5  # over-relaxation; 1.0 and 1.8 needed as many or more iterations (measured, 768x768)
 SQUARE_ANDERSON = 4  # depth 4 warm-started in 8 iterations at 768x768; depth 2 needed the same cold
@@ -49,7 +49,7 @@ def _off(M: torch.Tensor) -> torch.Tensor:
     return M - torch.diag_embed(M.diagonal(dim1=-2, dim2=-1))
 
 
-class _Frame:
+class SquareFrame:
     """The square problem in the frame $Q$: $K$, column norms $s$ and the two projections."""
 
     def __init__(self, T: torch.Tensor, Gh: torch.Tensor, res_scale: torch.Tensor | None = None):
@@ -62,8 +62,8 @@ class _Frame:
         self.n = T.shape[-1]
         self.res_scale = None if res_scale is None else res_scale.to(T)
 
-    def sub(self, idx: torch.Tensor) -> _Frame:
-        out = object.__new__(_Frame)
+    def sub(self, idx: torch.Tensor) -> SquareFrame:
+        out = object.__new__(SquareFrame)
         out.__dict__.update(self.__dict__)
         for k in ("s", "Q", "K", "den", "res_scale"):
             v = getattr(self, k)
@@ -121,7 +121,7 @@ def solve_square_dgram(
     (The iteration, its safeguard and the certificate share their per-entry state: one function, longer
     than 60 lines on purpose.)"""
     B, n = T.shape[0], T.shape[-1]
-    fr = _Frame(T, Gh, res_scale)
+    fr = SquareFrame(T, Gh, res_scale)
     rho = n**-0.5
     if z0 is None:  # the fixed point implied by the tangent projection: z = x - K/rho with x = Pi_T(K), scaled
         # (any z is a valid start, so the scale needs no exactness: a power-iteration estimate of |x|_op)
