@@ -127,17 +127,29 @@ def main() -> None:
     parser.add_argument("--spectrum", default="gaussian", choices=("gaussian", "powerlaw", "layernorm"))
     parser.add_argument("--k0", type=int, nargs="+", default=[2, 4, 8], help="Douglas-Rachford iterations first")
     parser.add_argument("--tol", type=float, default=1e-4, help="tangent residual RMS to reach (default 1e-4)")
+    parser.add_argument(
+        "--spread",
+        type=float,
+        default=None,
+        help="column norms 1 + spread * u, u uniform in [-1, 1] (as scripts/square_dgram_spread.py); default: "
+        "the benchmark's random DGram point",
+    )
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--threads", type=int, default=1)
     args = parser.parse_args()
-    if args.n < 2 or any(k < 0 for k in args.k0) or not args.tol > 0:
-        parser.error("need --n >= 2, every --k0 >= 0 and --tol > 0")
+    if args.n < 2 or any(k < 0 for k in args.k0) or not args.tol > 0 or not 0 <= (args.spread or 0) < 1:
+        parser.error("need --n >= 2, every --k0 >= 0, --tol > 0 and --spread in [0, 1)")
     torch.set_num_threads(args.threads)
     gen = torch.Generator().manual_seed(args.seed)
-    W = benchmark_point(DGram(), "square", (args.n, args.n), "random", gen).double()
+    if args.spread is None:
+        W = benchmark_point(DGram(), "square", (args.n, args.n), "random", gen).double()
+    else:
+        Q = torch.linalg.qr(torch.randn(args.n, args.n, generator=gen, dtype=torch.float64))[0]
+        W = Q * (1 + args.spread * (2 * torch.rand(args.n, generator=gen, dtype=torch.float64) - 1))
     G = synthetic_gradient((args.n, args.n), args.spectrum, gen, torch.float64, "cpu")
     frame = SquareFrame(W, G / G.norm())  # one problem: its maps work on unbatched (n, n) matrices too
-    print(f"n = {args.n}, {args.spectrum} gradient, seed {args.seed}, float64, tol {args.tol:g}")
+    point = "random DGram point" if args.spread is None else f"column norms spread {args.spread:g}"
+    print(f"n = {args.n}, {args.spectrum} gradient, {point}, seed {args.seed}, float64, tol {args.tol:g}")
     print(f"{'method':<26} {'eighs':>6} {'jacobian products':>18} {'residual':>9} {'seconds':>8}")
     runs = [("douglas-rachford", None)] + [(f"dr x {k} + newton", k) for k in args.k0]
     for name, k0 in runs:
