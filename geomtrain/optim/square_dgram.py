@@ -50,7 +50,7 @@ def _off(M: torch.Tensor) -> torch.Tensor:
 
 
 class SquareFrame:
-    """The square problem in the frame $Q$: $K = Q^\top\hat G$, the column norms $s$ and the two
+    r"""The square problem in the frame $Q$: $K = Q^\top\hat G$, the column norms $s$ and the two
     projections, for a batch ``(B, n, n)`` or one ``(n, n)`` problem (``T`` the point, ``Gh`` the
     normalised gradient); ``scripts/square_dgram_face_newton.py`` builds on it."""
 
