@@ -42,6 +42,19 @@ def test_square_dgram_spread_prints_a_row_per_spread_with_true_gaps(run_script):
         assert -1e-3 <= float(true) <= float(certified) + 1e-6 and float(certified) < 1e-2
 
 
+def test_square_dgram_spread_takes_a_tall_point_and_another_spectrum(run_script):
+    lines = run_script(
+        "square_dgram_spread.py", "--n", "8", "--rows", "24", "--spectrum", "layernorm", "--spreads", "0", "0.3"
+    )
+    assert lines[0].startswith("24 x 8, seed 0") and lines[0].endswith("layernorm gradient")
+    rows = [line.split() for line in lines[2:]]
+    assert [row[0] for row in rows] == ["0", "0.3"]
+    for _, evaluations, converged, certified, _, unit, near in rows:
+        # a tall problem of a centred gradient: solved to tol, with at most n unit singular values
+        assert int(evaluations) >= 1 and converged == "True" and float(certified) < 1e-3
+        assert 0 <= int(unit) + int(near) <= 8
+
+
 def test_inverse_sqrt_iterations_counts_newton_schulz_iterations(run_script):
     # Float64 reaches the 1e-3 tolerance on every problem, in more iterations the worse M is conditioned;
     # float32 may stop at the cap of 200 instead (the momentum problem has kappa ~3e5).
