@@ -7,15 +7,17 @@ residual RMS of ``--tol``:
 - Douglas-Rachford alone: $x = \\Pi_T(z + K/\\rho)$, $y = \\Pi_{\\mathrm{ball}}(2x - z)$,
   $z \\leftarrow z + 1.5\\,(y - x)$, one eigendecomposition per iteration;
 - $k_0$ of those iterations, then Newton steps on the fixed-point residual $\\Phi(z) = y - x$: GMRES
-  (relative tolerance 1e-2, at most 40 products) on the generalised Jacobian
+  (relative tolerance ``--gmres-rtol``, default 1e-2; at most 40 products) on the generalised Jacobian
   $v \\mapsto D\\Pi_{\\mathrm{ball}}[2\\Pi_T v - v] - \\Pi_T v$, where the derivative of the clipping
   $U\\min(\\Sigma, 1)V^\\top$ at $2x - z = U\\Sigma V^\\top$ is $U\\tilde E V^\\top$ with $E = U^\\top\\,dF\\,V$,
   $\\tilde E = g^-\\circ\\operatorname{sym}E + g^+\\circ\\operatorname{skew}E$ (divided differences
   $g^\\mp_{ij} = (g_i \\mp g_j)/(\\sigma_i \\mp \\sigma_j)$ of $g = \\min(\\sigma, 1)$; four products, no
   eigendecomposition), and a step halved until $\\|\\Phi\\|_F$ falls (each try one eigendecomposition).
 
-Prints one row per method: eigendecompositions, Jacobian products, the final residual and the
-seconds. A prototype for docs/solver-experiments.md (square DGram), not a solver of the library.
+``--warm``: the next step's problem instead, every method started from the state of this one
+(solved to ``--tol`` / 10), the way the optimizer warm-starts. Prints one row per method:
+eigendecompositions, Jacobian products, the final residual and the seconds. A prototype for
+docs/solver-experiments.md (square DGram), not a solver of the library.
 
     OMP_NUM_THREADS=1 python scripts/square_dgram_face_newton.py --n 128 --k0 2 4 8
     OMP_NUM_THREADS=1 python scripts/square_dgram_face_newton.py --n 768 --k0 4
@@ -35,8 +37,9 @@ from geomtrain.optim.square_dgram import SquareFrame
 from manifolds import DGram
 
 RELAX = 1.5  # the library's SQUARE_RELAX
-GMRES_RTOL, GMRES_PRODUCTS = 1e-2, 40
+GMRES_PRODUCTS = 40  # GMRES's restart length: at most this many Jacobian products per Newton step
 MAX_HALVINGS = 6
+WARM_STEP, WARM_BLEND = 0.02, 0.05  # `bench optimizer`'s simulated next step (docs/manifold-muon.md, Benchmark)
 
 
 class FixedPointMap:
@@ -87,7 +90,7 @@ def douglas_rachford(phi: FixedPointMap, z: torch.Tensor, iters: int, tol: float
     return z, res
 
 
-def newton(phi: FixedPointMap, z: torch.Tensor, tol: float, steps: int = 20):
+def newton(phi: FixedPointMap, z: torch.Tensor, tol: float, rtol: float, steps: int = 20):
     """Newton-GMRES on $\\Phi(z) = 0$ with step halving; returns ``(residual, Jacobian products)``."""
     n, products = z.shape[-1], 0
     F, y, svd = phi(z)
@@ -103,7 +106,7 @@ def newton(phi: FixedPointMap, z: torch.Tensor, tol: float, steps: int = 20):
             return apply(torch.from_numpy(v).reshape(n, n)).reshape(-1).numpy()
 
         op = LinearOperator((n * n, n * n), matvec=matvec, dtype=np.float64)
-        delta, _ = gmres(op, -F.reshape(-1).numpy(), rtol=GMRES_RTOL, restart=GMRES_PRODUCTS, maxiter=1)
+        delta, _ = gmres(op, -F.reshape(-1).numpy(), rtol=rtol, restart=GMRES_PRODUCTS, maxiter=1)
         delta = torch.from_numpy(delta).reshape(n, n)
         t, base = 1.0, float(F.norm())
         for _ in range(MAX_HALVINGS):
@@ -134,11 +137,20 @@ def main() -> None:
         help="column norms 1 + spread * u, u uniform in [-1, 1] (as scripts/square_dgram_spread.py); default: "
         "the benchmark's random DGram point",
     )
+    parser.add_argument(
+        "--warm",
+        action="store_true",
+        help="solve the next step's problem (W retracted by 0.02 along the direction, gradient blended "
+        "0.95/0.05 with a fresh one, as `bench optimizer`), every method started from this one's state",
+    )
+    parser.add_argument("--gmres-rtol", type=float, default=1e-2, help="GMRES's relative tolerance (default 1e-2)")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--threads", type=int, default=1)
     args = parser.parse_args()
     if args.n < 2 or any(k < 0 for k in args.k0) or not args.tol > 0 or not 0 <= (args.spread or 0) < 1:
         parser.error("need --n >= 2, every --k0 >= 0, --tol > 0 and --spread in [0, 1)")
+    if not 0 < args.gmres_rtol < 1:
+        parser.error("need --gmres-rtol in (0, 1)")
     torch.set_num_threads(args.threads)
     gen = torch.Generator().manual_seed(args.seed)
     if args.spread is None:
@@ -148,20 +160,32 @@ def main() -> None:
         W = Q * (1 + args.spread * (2 * torch.rand(args.n, generator=gen, dtype=torch.float64) - 1))
     G = synthetic_gradient((args.n, args.n), args.spectrum, gen, torch.float64, "cpu")
     frame = SquareFrame(W, G / G.norm())  # one problem: its maps work on unbatched (n, n) matrices too
+    start_state = cold_start(frame)
+    if args.warm:  # this problem solved to tol / 10, then the next step's problem, started from its state
+        phi = FixedPointMap(frame)
+        start_state, _ = douglas_rachford(phi, start_state, 10_000, args.tol / 10)
+        direction = frame.Q @ phi(start_state)[1]
+        W = DGram().retr(W, -WARM_STEP * direction)
+        G = (1 - WARM_BLEND) * G + WARM_BLEND * synthetic_gradient(G.shape, args.spectrum, gen, G.dtype, "cpu")
+        frame = SquareFrame(W, G / G.norm())
     point = "random DGram point" if args.spread is None else f"column norms spread {args.spread:g}"
-    print(f"n = {args.n}, {args.spectrum} gradient, {point}, seed {args.seed}, float64, tol {args.tol:g}")
+    start = "warm (next step)" if args.warm else "cold"
+    print(
+        f"n = {args.n}, {args.spectrum} gradient, {point}, seed {args.seed}, float64, tol {args.tol:g}, {start}, "
+        f"GMRES rtol {args.gmres_rtol:g}"
+    )
     print(f"{'method':<26} {'eighs':>6} {'jacobian products':>18} {'residual':>9} {'seconds':>8}")
     runs = [("douglas-rachford", None)] + [(f"dr x {k} + newton", k) for k in args.k0]
     for name, k0 in runs:
         phi, start = FixedPointMap(frame), time.perf_counter()
         if k0 is None:
-            _, res = douglas_rachford(phi, cold_start(frame), 10_000, args.tol)
+            _, res = douglas_rachford(phi, start_state, 10_000, args.tol)
             products = 0
         else:
-            z, res = douglas_rachford(phi, cold_start(frame), k0, args.tol)
+            z, res = douglas_rachford(phi, start_state, k0, args.tol)
             products = 0
             if res > args.tol:
-                res, products = newton(phi, z, args.tol)
+                res, products = newton(phi, z, args.tol, args.gmres_rtol)
         seconds = time.perf_counter() - start
         print(f"{name:<26} {phi.eighs:>6} {products:>18} {res:>9.1e} {seconds:>8.2f}")
 

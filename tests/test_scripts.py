@@ -194,6 +194,10 @@ def test_square_dgram_face_newton_reaches_the_tolerance_both_ways(run_script):
         assert int(products) == 0 if name == "douglas-rachford" else int(products) > 0
     # Newton on the fixed point needs fewer eigendecompositions than the plain iteration (measured 7-14 against 20)
     assert all(int(rows[k][0]) < int(rows["douglas-rachford"][0]) for k in ("dr x 0 + newton", "dr x 2 + newton"))
+    # warm, with inexact Newton steps: both still reach the tolerance
+    lines = run_script("square_dgram_face_newton.py", "--n", "16", "--k0", "1", "--warm", "--gmres-rtol", "0.3")
+    assert "warm (next step), GMRES rtol 0.3" in lines[0]
+    assert [float(line.split()[-2]) <= 1e-4 for line in lines[2:]] == [True, True]
     # near-equal column norms (the hard case of docs/manifold-muon.md): measured 14 + 108 against 38
     lines = run_script("square_dgram_face_newton.py", "--n", "16", "--k0", "2", "--spread", "0.3")
     assert "column norms spread 0.3" in lines[0]
