@@ -133,6 +133,31 @@ class GramManifold(geoopt.Manifold, metaclass=abc.ABCMeta):
         """The 0/1 mask of $P$ for size ``n``: ``project_gram`` of the all-ones matrix."""
         return self.project_gram(torch.ones(n, n, dtype=like.dtype, device=like.device))
 
+    def check_mask(self, n: int) -> None:
+        r"""Raise ``ValueError`` unless ``project_gram`` at size ``n`` is what every solve here assumes: an
+        entrywise projection $P(X) = B \odot X$ by a symmetric 0/1 mask $B$ (checked on one random
+        symmetric $X$, in float64 on the CPU). A projection that mixes entries (onto matrices with zero
+        row sums, say) is not one: the residuals and steps would be meaningless."""
+        mask = self.gram_mask(n, torch.empty(0, dtype=torch.float64))
+        X = torch.randn(n, n, dtype=torch.float64, generator=torch.Generator().manual_seed(0))
+        X = X + X.mT
+        problem = None
+        if mask.shape != (n, n) or not torch.isfinite(mask).all():
+            problem = (
+                f"its mask, project_gram of the all-ones matrix, has shape {tuple(mask.shape)} or non-finite entries"
+            )
+        elif not ((mask == 0) | (mask == 1)).all():
+            problem = "its mask, project_gram of the all-ones matrix, has entries other than 0 and 1"
+        elif not torch.equal(mask, mask.mT):
+            problem = "its mask is not symmetric"
+        elif not torch.allclose(self.project_gram(X), mask * X, rtol=0, atol=1e-12 * float(X.abs().max())):
+            problem = "it is not the mask times its input: it mixes entries"
+        if problem is not None:
+            raise ValueError(
+                f"{type(self).__name__}.project_gram is not an entrywise 0/1 mask at n = {n}: {problem} "
+                "(a GramManifold's P must be one; see manifolds/base.py)"
+            )
+
     def constraint_residual(self, W: torch.Tensor) -> torch.Tensor:
         r"""$P(W^\top W - I)$ in tall form: zero exactly on the manifold."""
         G = self.gram(W)

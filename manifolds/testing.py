@@ -107,6 +107,14 @@ def _fro(a: torch.Tensor) -> float:
 
 
 # ----------------------------------------------------------------------------- properties
+def project_gram_is_an_entrywise_mask(case: Case) -> None:
+    """project_gram multiplies by a symmetric 0/1 mask (`GramManifold.check_mask`): what every solve assumes."""
+    try:
+        case.manifold.check_mask(min(case.shape[-2:]))
+    except ValueError as err:
+        raise AssertionError(f"{err} for {case}") from None
+
+
 def projx_lands_on_manifold(case: Case) -> None:
     """projx of a generic (Gaussian, columns ~ unit norm) matrix is on the manifold."""
     M = case.manifold
@@ -224,6 +232,7 @@ def manifold_specific_facts(case: Case) -> None:
 
 
 PROPERTIES: tuple[Callable[[Case], None], ...] = (
+    project_gram_is_an_entrywise_mask,
     projx_lands_on_manifold,
     projx_is_idempotent,
     projx_fixes_points,

@@ -8,7 +8,7 @@ import pytest
 import torch
 from conftest import BlockGram
 
-from manifolds import BoundedDGram, DGram, Euclidean, Oblique, Stiefel, get_manifold
+from manifolds import BoundedDGram, DGram, Euclidean, Oblique, Stiefel, get_manifold, manifold_names, unregister
 from manifolds.testing import PROPERTIES, check_manifold, run_property
 
 # BoundedDGram is a manifold with boundary: the kit holds in its interior, which is where its
@@ -48,6 +48,60 @@ class BrokenStiefel(Stiefel):
 def test_kit_catches_wrong_projection():
     with pytest.raises(AssertionError, match="BrokenStiefel fails"):
         check_manifold(BrokenStiefel(), shapes=((8, 4),), dtypes=(torch.float64,), max_examples=10)
+
+
+class ZeroRowSums(DGram):
+    """Not a Gram-space manifold: its P projects onto zero-diagonal symmetric matrices with zero row sums,
+    an orthogonal projection that mixes entries (the DGram multipliers with S 1 = 0), not a 0/1 mask."""
+
+    def project_gram(self, M):
+        n = M.shape[-1]
+        off = M - torch.diag_embed(M.diagonal(dim1=-2, dim2=-1))
+        r = off.sum(-1)
+        mu = (r - r.sum(-1, keepdim=True) / (2 * n - 2)) / (n - 2)
+        return off + torch.diag_embed(2 * mu) - (mu[..., :, None] + mu[..., None, :])
+
+
+def test_zero_row_sum_projection_is_a_projection_but_not_a_mask():
+    # The counterexample is a genuine orthogonal projector (so only the mask check can catch it).
+    P = ZeroRowSums().project_gram
+    X = torch.randn(6, 6, dtype=torch.float64, generator=torch.Generator().manual_seed(1))
+    X = X + X.mT
+    Y = P(X)
+    assert torch.allclose(P(Y), Y, atol=1e-12) and torch.allclose(
+        Y.sum(-1), torch.zeros(6, dtype=torch.float64), atol=1e-12
+    )
+    assert torch.allclose(Y.diagonal(), torch.zeros(6, dtype=torch.float64)) and abs(float(((X - Y) * Y).sum())) < 1e-10
+
+
+@pytest.mark.parametrize(
+    "manifold, problem",
+    [
+        (ZeroRowSums(), "it mixes entries"),
+        (type("Halves", (DGram,), {"project_gram": lambda self, M: 0.5 * M})(), "entries other than 0 and 1"),
+        (type("Upper", (DGram,), {"project_gram": lambda self, M: torch.triu(M, 1)})(), "not symmetric"),
+    ],
+    ids=["zero-row-sums", "halves", "upper"],
+)
+def test_a_projection_that_is_not_a_mask_is_refused_by_the_kit_and_the_solver(manifold, problem):
+    from geomtrain.optim import spectral_direction
+
+    assert all(m.check_mask(5) is None for m in MANIFOLDS)  # the built-ins and BlockGram pass
+    with pytest.raises(AssertionError, match=f"project_gram is not an entrywise 0/1 mask at n = \\d+: .*{problem}"):
+        run_property(PROPERTIES[0], manifold)  # project_gram_is_an_entrywise_mask, with its own shapes
+    W = DGram().projx(torch.randn(12, 4, dtype=torch.float64, generator=torch.Generator().manual_seed(0)))
+    with pytest.raises(ValueError, match=f"^{type(manifold).__name__}.project_gram is not an entrywise 0/1 mask"):
+        spectral_direction(manifold, W, torch.randn(12, 4, dtype=torch.float64))
+
+
+@pytest.fixture(scope="module", autouse=True)
+def forget_docs_example():
+    """The docs example registers "blockgram" in the process-wide registry when imported: undo that after this
+    module, so that tests elsewhere (the error messages listing the valid names) see the built-ins only."""
+    yield
+    if "blockgram" in manifold_names():
+        unregister("blockgram")
+    sys.modules.pop("block_gram", None)
 
 
 def _load_docs_example():

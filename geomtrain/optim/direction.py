@@ -203,6 +203,8 @@ def _check(manifold, W: torch.Tensor, G: torch.Tensor, solver: str, options: dic
     _check_state_shape("escalate", options.get("escalate"), batch, lambda t: t.dtype == torch.bool, "a bool tensor")
     true = torch.ones((), dtype=torch.bool, device=G.device)
     kind, T = mask_kind(manifold), to_tall(W)
+    if kind == "generic":  # a user's project_gram: the solves below assume an entrywise 0/1 mask
+        manifold.check_mask(n)
     probe, columns = None, true
     if kind == "stiefel":
         probe = on_manifold_probe(T).amax()
