@@ -222,3 +222,18 @@ def test_square_dgram_face_newton_jacobian_matches_finite_differences():
     h = 1e-6
     fd = (phi(z + h * v)[0] - phi(z - h * v)[0]) / (2 * h)
     assert torch.allclose(phi.jacobian(svd)(v), fd, rtol=0, atol=1e-7 * float(fd.norm()))
+
+
+def test_null_direction_deflation_completes_to_a_feasible_optimal_direction(run_script):
+    lines = run_script("null_direction_deflation.py", "--shape", "24", "8", "--seeds", "2")
+    assert lines[0] == "Stiefel 24 x 8, layernorm gradients (G v = 0), solves in float32"
+    stiefel, dgram = [line.split() for line in lines[2:4]], [line.split() for line in lines[6:8]]
+    for _, evals, res, _, _, def_evals, def_res, def_opnorm, def_gap, a, a_star in stiefel:
+        assert int(evals) >= 1 and int(def_evals) >= 1 and float(res) <= 1e-4
+        # the completed direction is tangent to the solver's tol and of unit norm to float32 rounding, and as
+        # close to the float64 optimum as the whole solve (|gap| ~ tol / 10 in float32)
+        assert float(def_res) <= 1e-4 and abs(float(def_opnorm) - 1) <= 1e-5 and abs(float(def_gap)) <= 1e-4
+        assert abs(float(a) - float(a_star)) <= 1e-2  # the completion is the optimum's column along v
+    for _, ratio, smallest, following in dgram:
+        # at the DGram optimum S* v = 0 and Y* v = 0 (reference tol 1e-10); the next singular value is not small
+        assert float(ratio) < 1e-6 and float(smallest) < 1e-6 and float(following) > 1e-2
