@@ -68,34 +68,52 @@ def main() -> None:
     parser.add_argument("--shape", type=int, nargs=2, default=[512, 128], metavar=("M", "N"), help="tall m x n")
     parser.add_argument("--seeds", type=int, default=4)
     parser.add_argument("--dtype", default="float32", choices=("float32", "float64"), help="of the solves timed")
+    parser.add_argument(
+        "--perturb",
+        type=float,
+        default=0.0,
+        help="add EPS |G|_op u v^T (u a random unit vector): a null direction that is only approximate, "
+        "as the gradients of c_attn and c_fc have (default 0: exact)",
+    )
     parser.add_argument("--threads", type=int, default=1)
     args = parser.parse_args()
     m, n = args.shape
-    if not m >= 2 * n - 1 or n < 3 or args.seeds < 1:
-        parser.error("need a tall shape with m >= 2n - 1 (room for the completion), n >= 3, --seeds >= 1")
+    if not m >= 2 * n - 1 or n < 3 or args.seeds < 1 or args.perturb < 0:
+        parser.error(
+            "need a tall shape with m >= 2n - 1 (room for the completion), n >= 3, --seeds >= 1, --perturb >= 0"
+        )
     torch.set_num_threads(args.threads)
     dtype = getattr(torch, args.dtype)
     v = torch.ones(n, dtype=torch.float64) / n**0.5
     U = complement(v)
-    print(f"Stiefel {m} x {n}, layernorm gradients (G v = 0), solves in {args.dtype}")
+    null = "G v = 0" if args.perturb == 0 else f"|G v| = {args.perturb:g} |G|_op"
+    print(f"Stiefel {m} x {n}, layernorm gradients ({null}), solves in {args.dtype}")
     print(
         f"{'seed':>4} {'whole: evals':>12} {'residual':>9} {'opnorm':>9} {'gap':>9}   "
-        f"{'deflated: evals':>15} {'residual':>9} {'opnorm':>9} {'gap':>9} {'|a|':>6} {'|A* v|':>6}"
+        f"{'deflated: evals':>15} {'residual':>9} {'opnorm':>9} {'gap':>9} {'|a|':>6} {'|A* v|':>6}   "
+        f"{'whole from deflated S: evals':>28}"
     )
     for seed in range(args.seeds):
         gen = torch.Generator().manual_seed(seed)
         W = torch.linalg.qr(torch.randn(m, n, generator=gen, dtype=torch.float64))[0]
         G = synthetic_gradient((m, n), "layernorm", gen, torch.float64, "cpu")
+        if args.perturb:
+            u = torch.randn(m, generator=gen, dtype=torch.float64)
+            G = G + args.perturb * torch.linalg.matrix_norm(G, ord=2) * (u / u.norm())[:, None] * v[None, :]
         Gh = G / G.norm()
         ref, _ = spectral_direction(Stiefel(), W, G, **REFERENCE)
         opt = float((ref * Gh).sum())
         whole, st = spectral_direction(Stiefel(), W.to(dtype), G.to(dtype))
         A_def, st_def = spectral_direction(Stiefel(), (W @ U).to(dtype), (Gh @ U).to(dtype))
         A, a = complete(W, A_def.double(), U, v)
+        # the whole problem again, warm-started at the deflated multiplier U S' U^T (S v = 0)
+        _, st_warm = spectral_direction(
+            Stiefel(), W.to(dtype), G.to(dtype), dual=(U @ st_def.multiplier.double() @ U.mT).to(dtype)
+        )
         norms = f"{float(a.norm()):>6.3f} {float((ref @ v).norm()):>6.3f}"
         print(
             f"{seed:>4} {int(st.evaluations):>12} {accuracy(W, whole.double(), Gh, opt)}   "
-            f"{int(st_def.evaluations):>15} {accuracy(W, A, Gh, opt)} {norms}"
+            f"{int(st_def.evaluations):>15} {accuracy(W, A, Gh, opt)} {norms}   {int(st_warm.evaluations):>28}"
         )
     print(f"DGram {m} x {n} (column norms 1 + 0.3 u), layernorm gradients: the reference optimum")
     print(f"{'seed':>4} {'|S* v| / |S*|':>14} {'smallest sv of Y*':>18} {'next':>9}")

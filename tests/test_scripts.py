@@ -228,12 +228,18 @@ def test_null_direction_deflation_completes_to_a_feasible_optimal_direction(run_
     lines = run_script("null_direction_deflation.py", "--shape", "24", "8", "--seeds", "2")
     assert lines[0] == "Stiefel 24 x 8, layernorm gradients (G v = 0), solves in float32"
     stiefel, dgram = [line.split() for line in lines[2:4]], [line.split() for line in lines[6:8]]
-    for _, evals, res, _, _, def_evals, def_res, def_opnorm, def_gap, a, a_star in stiefel:
-        assert int(evals) >= 1 and int(def_evals) >= 1 and float(res) <= 1e-4
+    for _, evals, res, _, _, def_evals, def_res, def_opnorm, def_gap, a, a_star, warm in stiefel:
+        assert int(evals) >= 1 and int(def_evals) >= 1 and int(warm) >= 1 and float(res) <= 1e-4
         # the completed direction is tangent to the solver's tol and of unit norm to float32 rounding, and as
         # close to the float64 optimum as the whole solve (|gap| ~ tol / 10 in float32)
         assert float(def_res) <= 1e-4 and abs(float(def_opnorm) - 1) <= 1e-5 and abs(float(def_gap)) <= 1e-4
         assert abs(float(a) - float(a_star)) <= 1e-2  # the completion is the optimum's column along v
+    # an approximate null direction: the completed direction stays feasible, within about |G v| of the optimum
+    lines = run_script("null_direction_deflation.py", "--shape", "24", "8", "--seeds", "1", "--perturb", "1e-3")
+    assert lines[0] == "Stiefel 24 x 8, layernorm gradients (|G v| = 0.001 |G|_op), solves in float32"
+    _, _, _, _, _, _, def_res, def_opnorm, def_gap, _, a_star, _ = lines[2].split()
+    assert float(def_res) <= 1e-4 and abs(float(def_opnorm) - 1) <= 1e-5 and 0 < float(def_gap) <= 1e-3
+    assert abs(float(a_star) - 1) <= 1e-3  # the optimum is no longer degenerate: its column along v is a unit one
     for _, ratio, smallest, following in dgram:
         # at the DGram optimum S* v = 0 and Y* v = 0 (reference tol 1e-10); the next singular value is not small
         assert float(ratio) < 1e-6 and float(smallest) < 1e-6 and float(following) > 1e-2
