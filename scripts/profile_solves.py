@@ -22,6 +22,11 @@ uses the run's own directions.
     OMP_NUM_THREADS=1 python scripts/profile_solves.py all-dgram --first 40 --last 44
     OMP_NUM_THREADS=1 python scripts/profile_solves.py all-dgram --first 41 --last 41 --reference
     OMP_NUM_THREADS=1 python scripts/profile_solves.py hetero --first 40 --last 41 --variants cold extrapolated float32
+    OMP_NUM_THREADS=1 python scripts/profile_solves.py all-stiefel --first 41 --last 45 --null-census
+
+With ``--null-census`` each group also gets a line per kind of momentum: those with LayerNorm's null
+direction to rounding (the matrices that write into the residual stream) and the others, with their
+evaluations per solve (docs/solver-experiments.md, *An exact null direction, deflated*).
 """
 
 from __future__ import annotations
@@ -76,6 +81,17 @@ def _range(values: list[float]) -> str:
     return f"{min(values):.2f}-{max(values):.2f} (median {statistics.median(values):.2f})"
 
 
+EXACT_NULL = 1e-5  # |G v| / |G|_op below this: LayerNorm's null direction to float32 rounding (measured 2-5e-7)
+
+
+def null_ratio(U: torch.Tensor) -> torch.Tensor:
+    r"""$\|\hat G v\| / \|\hat G\|_{\mathrm{op}}$ per matrix (flattened batch), $v = \mathbf 1/\sqrt n$, tall form."""
+    G = U.reshape(-1, *U.shape[-2:]).double()
+    G = G if G.shape[-2] >= G.shape[-1] else G.mT
+    v = torch.full((G.shape[-1],), G.shape[-1] ** -0.5, dtype=torch.float64)
+    return (G @ v).norm(dim=-1) / torch.linalg.matrix_norm(G, ord=2).clamp_min(torch.finfo(torch.float64).tiny)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("preset")
@@ -86,6 +102,12 @@ def main() -> None:
     parser.add_argument("--threads", type=int, default=1)
     parser.add_argument("--reference", action="store_true", help="check each profiled direction against float64")
     parser.add_argument("--variants", nargs="+", default=[], choices=list(VARIANTS), help="solve again with these")
+    parser.add_argument(
+        "--null-census",
+        action="store_true",
+        help="per group, the evaluations per solve split by the momentum's LayerNorm null direction: exact "
+        f"(|G v| <= {EXACT_NULL:g} |G|_op, v = 1/sqrt(n), tall form) or not",
+    )
     args = parser.parse_args()
     if not 0 <= args.first <= args.last:
         parser.error(f"need 0 <= --first <= --last, got {args.first} and {args.last}")
@@ -100,6 +122,7 @@ def main() -> None:
     cosines: dict[tuple, list[float]] = collections.defaultdict(list)  # with the previous step's, per matrix
     now = {"profiling": False, "call": 0}
     solve = muon_module.spectral_direction
+    census: dict[tuple, list[tuple[int, float]]] = collections.defaultdict(list)  # (evaluations, |G v| / |G|_op)
 
     def record(key, variant, seconds, stats, W, manifold, U, A):
         row = totals[key, variant]
@@ -119,6 +142,9 @@ def main() -> None:
         if now["profiling"]:
             key = (type(manifold).__name__, "x".join(map(str, W.shape[-2:])), "warm" if "dual" in options else "cold")
             record(key, "", seconds, stats, W, manifold, U, A)
+            if args.null_census:
+                for evaluations, ratio in zip(stats.evaluations.reshape(-1).tolist(), null_ratio(U).tolist()):
+                    census[key, ratio <= EXACT_NULL].append((evaluations, ratio))
             if args.variants and "dual" in options and stats.dual is not None:
                 before, after = options["dual"].double(), stats.dual.double()
                 moves[key].extend(((after - before).norm(dim=(-2, -1)) / after.norm(dim=(-2, -1))).reshape(-1).tolist())
@@ -190,6 +216,14 @@ def main() -> None:
             print(f"    warm-start state moved {_range(moves[key])} between steps")
         if cosines[key]:
             print(f"    momentum cosine with the previous step {_range(cosines[key])}")
+        for exact in (True, False):
+            if census[key, exact]:
+                evaluations, ratios = zip(*census[key, exact])
+                print(
+                    f"    {'exact' if exact else 'no exact'} null direction: {len(ratios) // steps} matrices, "
+                    f"{sum(evaluations) / len(evaluations):.1f} evaluations per solve ({min(evaluations)}-"
+                    f"{max(evaluations)}), |G v| / |G|_op {min(ratios):.1e}-{max(ratios):.1e}"
+                )
 
 
 if __name__ == "__main__":

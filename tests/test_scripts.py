@@ -1,5 +1,6 @@
 """The measurement scripts of scripts/, each run in this process at a tiny size, with checks of what they print."""
 
+import collections
 import re
 import runpy
 import sys
@@ -243,3 +244,36 @@ def test_null_direction_deflation_completes_to_a_feasible_optimal_direction(run_
     for _, ratio, smallest, following in dgram:
         # at the DGram optimum S* v = 0 and Y* v = 0 (reference tol 1e-10); the next singular value is not small
         assert float(ratio) < 1e-6 and float(smallest) < 1e-6 and float(following) > 1e-2
+
+
+def test_profile_solves_null_census_finds_the_residual_stream_writers(run_script, data_dir, monkeypatch):
+    # tiny hetero at step 1: the gradient of mlp.c_proj (writes into the residual stream, solved in its tall
+    # form 256x64) has LayerNorm's null direction exactly; c_fc (reads a LayerNorm output) only nearly, and
+    # so do the Stiefel attention matrices here (c_attn reads one; attn.c_proj is square, its null on the left)
+    import geomtrain.optim.muon as muon
+
+    monkeypatch.setattr(muon, "spectral_direction", muon.spectral_direction)  # the script replaces it: restore
+    argv = ["hetero", "--model", "tiny", "--data-dir", data_dir, "--first", "1", "--last", "1", "--null-census"]
+    lines = run_script("profile_solves.py", *argv)
+    census = collections.defaultdict(dict)
+    group = None
+    for line in lines[1:]:
+        head = re.fullmatch(r"  (\w+) (\d+x\d+) (cold|warm): .*", line)
+        if head:
+            group = head.group(1, 2)
+            continue
+        row = re.fullmatch(
+            r"    (exact|no exact) null direction: (\d+) matrices, ([\d.]+) evaluations per solve \((\d+)-(\d+)\), "
+            r"\|G v\| / \|G\|_op ([\d.]+e[+-]\d+)-([\d.]+e[+-]\d+)",
+            line,
+        )
+        assert row, line
+        kind, matrices, mean, low, high, r_low, r_high = row.groups()
+        assert 1 <= int(low) <= float(mean) <= int(high) and float(r_low) <= float(r_high)
+        assert (float(r_high) <= 1e-5) if kind == "exact" else (float(r_low) > 1e-5)
+        census[group][kind] = int(matrices)
+    assert census == {
+        ("DGram", "256x64"): {"exact": 2, "no exact": 2},
+        ("Stiefel", "192x64"): {"no exact": 2},
+        ("Stiefel", "64x64"): {"no exact": 2},
+    }
