@@ -1,6 +1,7 @@
 """The contract kit run over every built-in manifold and a user subclass (one test per property)."""
 
 import importlib.util
+import runpy
 import sys
 from pathlib import Path
 
@@ -50,16 +51,18 @@ def test_kit_catches_wrong_projection():
         check_manifold(BrokenStiefel(), shapes=((8, 4),), dtypes=(torch.float64,), max_examples=10)
 
 
+# The projection of the null-direction deflation prototype (scripts/null_direction_deflation.py): onto
+# zero-diagonal symmetric matrices with zero row sums, an orthogonal projection that mixes entries.
+project_zero_row_sums = runpy.run_path(str(Path(__file__).parent.parent / "scripts" / "null_direction_deflation.py"))[
+    "project_zero_row_sums"
+]
+
+
 class ZeroRowSums(DGram):
-    """Not a Gram-space manifold: its P projects onto zero-diagonal symmetric matrices with zero row sums,
-    an orthogonal projection that mixes entries (the DGram multipliers with S 1 = 0), not a 0/1 mask."""
+    """Not a Gram-space manifold: its P is a genuine orthogonal projector, but not a 0/1 mask."""
 
     def project_gram(self, M):
-        n = M.shape[-1]
-        off = M - torch.diag_embed(M.diagonal(dim1=-2, dim2=-1))
-        r = off.sum(-1)
-        mu = (r - r.sum(-1, keepdim=True) / (2 * n - 2)) / (n - 2)
-        return off + torch.diag_embed(2 * mu) - (mu[..., :, None] + mu[..., None, :])
+        return project_zero_row_sums(M)
 
 
 def test_zero_row_sum_projection_is_a_projection_but_not_a_mask():

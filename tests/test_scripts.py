@@ -241,9 +241,13 @@ def test_null_direction_deflation_completes_to_a_feasible_optimal_direction(run_
     _, _, _, _, _, _, def_res, def_opnorm, def_gap, _, a_star, _ = lines[2].split()
     assert float(def_res) <= 1e-4 and abs(float(def_opnorm) - 1) <= 1e-5 and 0 < float(def_gap) <= 1e-3
     assert abs(float(a_star) - 1) <= 1e-3  # the optimum is no longer degenerate: its column along v is a unit one
-    for _, ratio, smallest, following in dgram:
+    for _, ratio, smallest, following, evals, _, def_evals, def_res, def_opnorm, def_gap, a, a_star in dgram:
         # at the DGram optimum S* v = 0 and Y* v = 0 (reference tol 1e-10); the next singular value is not small
         assert float(ratio) < 1e-6 and float(smallest) < 1e-6 and float(following) > 1e-2
+        # the deflated DGram solve (the generic path, S v = 0), completed: feasible and optimal to the same tolerances
+        assert int(evals) >= 1 and int(def_evals) >= 1
+        assert float(def_res) <= 1e-4 and abs(float(def_opnorm) - 1) <= 1e-5 and abs(float(def_gap)) <= 1e-4
+        assert abs(float(a) - float(a_star)) <= 1e-2
 
 
 def test_profile_solves_null_census_finds_the_residual_stream_writers(run_script, data_dir, monkeypatch):
