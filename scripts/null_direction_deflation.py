@@ -30,10 +30,11 @@ import argparse
 import torch
 
 from geomtrain.bench.optimizer import synthetic_gradient
-from geomtrain.optim import spectral_direction
+from geomtrain.optim import spectral_direction, tangent_residual
 from manifolds import DGram, Stiefel
 
 REFERENCE = {"tol": 1e-10, "max_iter": 3000, "smoothing": 1e-7}  # float64 reference solves
+DGRAM_SPREAD = 0.3  # DGram points: column norms 1 + 0.3 u, u uniform in [-1, 1]
 
 
 def complement(v: torch.Tensor) -> torch.Tensor:
@@ -43,23 +44,43 @@ def complement(v: torch.Tensor) -> torch.Tensor:
     return Q[:, 1:]
 
 
+def problem(m: int, n: int, seed: int, v: torch.Tensor, perturb: float, spread: float | None = None):
+    """``(W, G, G / |G|_F)`` of one seed, float64: a Stiefel point (or, with ``spread``, the DGram point with
+    column norms ``1 + spread * u``) and a `layernorm` gradient, plus ``perturb |G|_op u v^T`` if asked."""
+    gen = torch.Generator().manual_seed(seed)
+    W = torch.linalg.qr(torch.randn(m, n, generator=gen, dtype=torch.float64))[0]
+    if spread is not None:
+        W = W * (1 + spread * (2 * torch.rand(n, generator=gen, dtype=torch.float64) - 1))
+    G = synthetic_gradient((m, n), "layernorm", gen, torch.float64, "cpu")
+    if perturb:
+        u = torch.randn(m, generator=gen, dtype=torch.float64)
+        G = G + perturb * torch.linalg.matrix_norm(G, ord=2) * (u / u.norm())[:, None] * v[None, :]
+    return W, G, G / G.norm()
+
+
+def column_along(W: torch.Tensor, A0: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+    """The column $a$ a completion adds along $v$: $W^\\top a = b$ (tangency) and $A_0^\\top a = 0$ (unit norm), with
+    $a = W\\Gamma^{-1}b + x$, $x \\perp \\operatorname{range}(W)$ of least norm ($\\Gamma = W^\\top W$)."""
+    c = torch.linalg.solve(W.mT @ W, b)
+    outside = A0 - W @ torch.linalg.solve(W.mT @ W, W.mT @ A0)  # A0 outside range(W): A0^T x = outside^T x there
+    # the least-norm solution of outside^T x = r lies in range(outside), so x is outside range(W) as needed
+    x = torch.linalg.lstsq(outside.mT, -(A0.mT @ (W @ c))[:, None]).solution[:, 0]
+    return W @ c + x
+
+
 def complete(
     W: torch.Tensor, A_def: torch.Tensor, U: torch.Tensor, v: torch.Tensor
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """$A = A'U^\\top + av^\\top$ tangent at the Stiefel point ``W`` with $A'^\\top a = 0$ (module docstring);
-    returns ``(A, a)``."""
-    c = -U @ (A_def.mT @ (W @ v))
-    outside = A_def - W @ (W.mT @ A_def)  # the part of A' outside range(W): for x there, A'^T x = outside^T x
-    # the least-norm solution of outside^T x = r lies in range(outside), so x is outside range(W) as needed
-    x = torch.linalg.lstsq(outside.mT, -(A_def.mT @ (W @ c))[:, None]).solution[:, 0]
-    a = W @ c + x
-    return A_def @ U.mT + a[:, None] * v[None, :], a
+    """$A = A'U^\\top + av^\\top$ tangent at the Stiefel point ``W`` with $A'^\\top a = 0$ (module docstring):
+    $W^\\top a = -UA'^\\top Wv$. Returns ``(A, a)``."""
+    A0 = A_def @ U.mT
+    a = column_along(W, A0, -U @ (A_def.mT @ (W @ v)))
+    return A0 + a[:, None] * v[None, :], a
 
 
-def accuracy(W: torch.Tensor, A: torch.Tensor, Gh: torch.Tensor, opt: float) -> str:
-    """Tangent residual RMS (Stiefel), spectral norm and relative gap to ``opt`` of a direction."""
-    H = W.mT @ A + A.mT @ W
-    res = float(H.square().mean().sqrt())
+def accuracy(manifold, W: torch.Tensor, A: torch.Tensor, Gh: torch.Tensor, opt: float) -> str:
+    """Tangent residual RMS, spectral norm and relative gap to ``opt`` of a direction."""
+    res = float(tangent_residual(manifold, W, A))
     return f"{res:>9.1e} {float(torch.linalg.matrix_norm(A, ord=2)):>9.6f} {1 - float((A * Gh).sum()) / opt:>9.1e}"
 
 
@@ -106,10 +127,7 @@ def complete_dgram(W: torch.Tensor, A_def: torch.Tensor, v: torch.Tensor) -> tup
     pairs = torch.zeros(i.numel(), n, dtype=W.dtype)
     pairs[torch.arange(i.numel()), i] = pairs[torch.arange(i.numel()), j] = float(v[0])
     b = torch.linalg.lstsq(pairs, -H[i, j][:, None]).solution[:, 0]
-    c = torch.linalg.solve(W.mT @ W, b)
-    outside = A0 - W @ torch.linalg.solve(W.mT @ W, W.mT @ A0)
-    x = torch.linalg.lstsq(outside.mT, -(A0.mT @ (W @ c))[:, None]).solution[:, 0]
-    a = W @ c + x
+    a = column_along(W, A0, b)
     return A0 + a[:, None] * v[None, :], a
 
 
@@ -144,13 +162,7 @@ def main() -> None:
         f"{'whole from deflated S: evals':>28}"
     )
     for seed in range(args.seeds):
-        gen = torch.Generator().manual_seed(seed)
-        W = torch.linalg.qr(torch.randn(m, n, generator=gen, dtype=torch.float64))[0]
-        G = synthetic_gradient((m, n), "layernorm", gen, torch.float64, "cpu")
-        if args.perturb:
-            u = torch.randn(m, generator=gen, dtype=torch.float64)
-            G = G + args.perturb * torch.linalg.matrix_norm(G, ord=2) * (u / u.norm())[:, None] * v[None, :]
-        Gh = G / G.norm()
+        W, G, Gh = problem(m, n, seed, v, args.perturb)
         ref, _ = spectral_direction(Stiefel(), W, G, **REFERENCE)
         opt = float((ref * Gh).sum())
         whole, st = spectral_direction(Stiefel(), W.to(dtype), G.to(dtype))
@@ -161,38 +173,31 @@ def main() -> None:
             Stiefel(), W.to(dtype), G.to(dtype), dual=(U @ st_def.multiplier.double() @ U.mT).to(dtype)
         )
         norms = f"{float(a.norm()):>6.3f} {float((ref @ v).norm()):>6.3f}"
+        deflated = f"{int(st_def.evaluations):>15} {accuracy(Stiefel(), W, A, Gh, opt)} {norms}"
         print(
-            f"{seed:>4} {int(st.evaluations):>12} {accuracy(W, whole.double(), Gh, opt)}   "
-            f"{int(st_def.evaluations):>15} {accuracy(W, A, Gh, opt)} {norms}   {int(st_warm.evaluations):>28}"
+            f"{seed:>4} {int(st.evaluations):>12} {accuracy(Stiefel(), W, whole.double(), Gh, opt)}   "
+            f"{deflated}   {int(st_warm.evaluations):>28}"
         )
-    print(f"DGram {m} x {n} (column norms 1 + 0.3 u), layernorm gradients ({null}), solves in {args.dtype}")
+    print(
+        f"DGram {m} x {n} (column norms 1 + {DGRAM_SPREAD:g} u), layernorm gradients ({null}), solves in {args.dtype}"
+    )
     print(
         f"{'seed':>4} {'|S* v| / |S*|':>14} {'sv of Y*: least':>15} {'next':>9}   {'whole: evals':>12} {'gap':>9}   "
         f"{'deflated: evals':>15} {'residual':>9} {'opnorm':>9} {'gap':>9} {'|a|':>6} {'|A* v|':>6}"
     )
     for seed in range(args.seeds):
-        gen = torch.Generator().manual_seed(seed)
-        Q = torch.linalg.qr(torch.randn(m, n, generator=gen, dtype=torch.float64))[0]
-        W = Q * (1 + 0.3 * (2 * torch.rand(n, generator=gen, dtype=torch.float64) - 1))
-        G = synthetic_gradient((m, n), "layernorm", gen, torch.float64, "cpu")
-        if args.perturb:
-            u = torch.randn(m, generator=gen, dtype=torch.float64)
-            G = G + args.perturb * torch.linalg.matrix_norm(G, ord=2) * (u / u.norm())[:, None] * v[None, :]
-        Gh = G / G.norm()
+        W, G, Gh = problem(m, n, seed, v, args.perturb, spread=DGRAM_SPREAD)
         ref, st = spectral_direction(DGram(), W, G, **REFERENCE)
         opt, S = float((ref * Gh).sum()), st.multiplier
         sv = torch.linalg.svdvals(Gh + W @ S)
         whole, st_whole = spectral_direction(DGram(), W.to(dtype), G.to(dtype))
         A_def, st_def = spectral_direction(DeflatedDGramDual(), W.to(dtype), G.to(dtype))
         A, a = complete_dgram(W, A_def.double(), v)
-        Hd = W.mT @ A + A.mT @ W
-        res = float((Hd - torch.diag_embed(Hd.diagonal())).square().sum().div(n * n - n).sqrt())
         gap_whole = 1 - float((whole.double() * Gh).sum()) / opt
         print(
             f"{seed:>4} {float((S @ v).norm() / S.norm()):>14.1e} {float(sv[-1]):>15.1e} {float(sv[-2]):>9.1e}   "
-            f"{int(st_whole.evaluations):>12} {gap_whole:>9.1e}   {int(st_def.evaluations):>15} {res:>9.1e} "
-            f"{float(torch.linalg.matrix_norm(A, ord=2)):>9.6f} {1 - float((A * Gh).sum()) / opt:>9.1e} "
-            f"{float(a.norm()):>6.3f} {float((ref @ v).norm()):>6.3f}"
+            f"{int(st_whole.evaluations):>12} {gap_whole:>9.1e}   {int(st_def.evaluations):>15} "
+            f"{accuracy(DGram(), W, A, Gh, opt)} {float(a.norm()):>6.3f} {float((ref @ v).norm()):>6.3f}"
         )
 
 
