@@ -1,8 +1,9 @@
 """Shared pytest setup: Hypothesis profiles, a headless matplotlib backend, single-threaded torch,
-and what several test files share: the ``data_dir`` fixture, the ``BlockGram`` test manifold and
-the ``tiny_config`` run config (import them with ``from conftest import BlockGram, tiny_config``)."""
+and what several test files share: the ``data_dir`` fixture, the ``BlockGram`` test manifold, the
+``tiny_config`` run config and ``forget_manifold`` (import them with ``from conftest import ...``)."""
 
 import os
+import sys
 
 import matplotlib
 import pytest
@@ -10,7 +11,7 @@ import torch
 from hypothesis import HealthCheck, settings
 
 from geomtrain.config import TrainConfig, make_config
-from manifolds import GramManifold
+from manifolds import GramManifold, manifold_names, unregister
 
 matplotlib.use("Agg")
 
@@ -29,6 +30,15 @@ settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "dev"))
 
 if "OMP_NUM_THREADS" not in os.environ:  # keep torch from oversubscribing the 2 cores
     torch.set_num_threads(1)
+
+
+def forget_manifold(name: str, module: str | None = None) -> None:
+    """Undo a test's registration of manifold ``name`` (and the import of the user ``module`` that made it):
+    the registry and ``sys.modules`` are process-wide, and other tests list the registered names."""
+    if name in manifold_names():
+        unregister(name)
+    if module is not None:
+        sys.modules.pop(module, None)
 
 
 class BlockGram(GramManifold):

@@ -7,9 +7,9 @@ from pathlib import Path
 
 import pytest
 import torch
-from conftest import BlockGram
+from conftest import BlockGram, forget_manifold
 
-from manifolds import BoundedDGram, DGram, Euclidean, Oblique, Stiefel, get_manifold, manifold_names, unregister
+from manifolds import BoundedDGram, DGram, Euclidean, Oblique, Stiefel, get_manifold
 from manifolds.testing import PROPERTIES, check_manifold, run_property
 
 # BoundedDGram is a manifold with boundary: the kit holds in its interior, which is where its
@@ -102,9 +102,7 @@ def forget_docs_example():
     """The docs example registers "blockgram" in the process-wide registry when imported: undo that after this
     module, so that tests elsewhere (the error messages listing the valid names) see the built-ins only."""
     yield
-    if "blockgram" in manifold_names():
-        unregister("blockgram")
-    sys.modules.pop("block_gram", None)
+    forget_manifold("blockgram", "block_gram")
 
 
 def _load_docs_example():

@@ -2,6 +2,7 @@
 
 import pytest
 import torch
+from conftest import forget_manifold
 
 import manifolds
 from manifolds import (
@@ -40,8 +41,7 @@ def user_name():
     """A name registered by the test and removed afterwards (the registry is process-wide)."""
     name = "test-scaled"
     yield name
-    if name in manifold_names():
-        unregister(name)
+    forget_manifold(name)
 
 
 def one_line(exc_info) -> str:

@@ -3,15 +3,13 @@
 import functools
 import json
 import math
-import sys
 import textwrap
 from pathlib import Path
 
 import pytest
 import torch
-from conftest import tiny_config
+from conftest import forget_manifold, tiny_config
 
-import manifolds
 from geomtrain.cli import main as cli_main
 from geomtrain.train import load_checkpoint, train
 
@@ -53,9 +51,7 @@ def _train_args(data_dir, out, *extra):
 def forget_user_module():
     """The registry and ``sys.modules`` are process-wide: undo what the user's module registers."""
     yield
-    if "unitcols" in manifolds.manifold_names():
-        manifolds.unregister("unitcols")
-    sys.modules.pop("my_manifolds", None)
+    forget_manifold("unitcols", "my_manifolds")
 
 
 @pytest.mark.usefixtures("forget_user_module")
