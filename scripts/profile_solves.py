@@ -12,7 +12,8 @@ largest and median relative objective gap $(\mathrm{OPT} - \langle \hat G, A\ran
 of the directions training used, next to the largest certified gap they reported (negative gaps:
 a direction tangent only to ``tol`` overshoots the optimum).
 
-With ``--variants NAME ...`` every profiled problem is solved again under each variant (`VARIANTS`), timed
+With ``--variants NAME ...`` every profiled problem is solved again under each variant (`VARIANTS`, or
+``KEY=VALUE[+KEY=VALUE...]``: the run's options with these solver options changed), timed
 side by side with the run's own solve, and each group gets a line per variant (with ``--reference``, its
 true gaps too) and, for warm groups, how far the warm-start state moved between consecutive steps
 ($\|S_k - S_{k-1}\|_F / \|S_k\|_F$ per matrix: for tall matrices the multiplier, for square DGram the
@@ -23,6 +24,9 @@ uses the run's own directions.
     OMP_NUM_THREADS=1 python scripts/profile_solves.py all-dgram --first 41 --last 41 --reference
     OMP_NUM_THREADS=1 python scripts/profile_solves.py hetero --first 40 --last 41 --variants cold extrapolated float32
     OMP_NUM_THREADS=1 python scripts/profile_solves.py all-stiefel --first 41 --last 45 --null-census
+    OMP_NUM_THREADS=1 python scripts/profile_solves.py all-stiefel --first 41 --last 43 --variants deflated
+    OMP_NUM_THREADS=1 python scripts/profile_solves.py all-dgram --first 41 --last 41 --reference \
+        --variants smoothing=0.03 max_iter=6 compute_dtype=float32+smoothing=0.03
 
 With ``--null-census`` each group also gets a line per kind of momentum: those with LayerNorm's null
 direction to rounding (the matrices that write into the residual stream) and the others, with their
@@ -33,26 +37,35 @@ from __future__ import annotations
 
 import argparse
 import collections
+import runpy
 import statistics
 import time
+from pathlib import Path
+from types import SimpleNamespace
 
 import torch
 
 import geomtrain.optim.muon as muon_module
 from geomtrain.bench.optimizer import reference_solve
-from geomtrain.config import make_config
+from geomtrain.config import make_config, parse_solver_options
 from geomtrain.optim import mask_kind
 from geomtrain.train import Trainer
 from manifolds import Stiefel
+from manifolds.base import from_tall, to_tall
 
 VARIANTS = {
     "cold": "no warm start (neither the previous multiplier nor the float64 hint)",
     "extrapolated": "warm start from 2 S_(k-1) - S_(k-2), the states of the two previous steps, linearly extrapolated",
-    "anderson=0": "no Anderson mixing: plain Gauss-Newton and Douglas-Rachford steps",
-    "anderson=10": "Anderson depth 10 (default 5)",
     "float32": "compute_dtype=float32: no escalation to float64",
     "stiefel": "DGram only: the Stiefel problem at the column-normalised W, cold (the cost of the mask itself)",
+    "deflated": "Stiefel only: the momenta with LayerNorm's exact null direction v solved with v deflated "
+    "(n - 1 columns, warm from U^T S U) and completed in closed form (scripts/null_direction_deflation.py), "
+    "the others as the run solves them",
 }
+# Any other variant is KEY=VALUE[+KEY=VALUE...]: the run's own options with these solver options changed.
+OPTION_VARIANTS = (
+    "KEY=VALUE[+KEY=VALUE...] (solver options, e.g. anderson=0, max_iter=4, smoothing=0.03+compute_dtype=float32)"
+)
 
 
 def variant_options(name: str, manifold, W: torch.Tensor, options: dict, history: list) -> tuple | None:
@@ -65,8 +78,8 @@ def variant_options(name: str, manifold, W: torch.Tensor, options: dict, history
         if "dual" not in options or len(history) < 2 or history[-1].shape != history[-2].shape:
             return None
         return manifold, W, {**options, "dual": 2 * history[-1] - history[-2]}
-    if name.startswith("anderson="):
-        return manifold, W, {**options, "anderson": int(name.split("=")[1])}
+    if "=" in name:
+        return manifold, W, {**options, **option_variant(name)}
     if name == "float32":
         return manifold, W, {**options, "compute_dtype": torch.float32, "escalate": None}
     if name == "stiefel":
@@ -74,7 +87,74 @@ def variant_options(name: str, manifold, W: torch.Tensor, options: dict, history
             return None
         Q = W / W.norm(dim=-2, keepdim=True).clamp_min(torch.finfo(W.dtype).tiny)
         return Stiefel(), Q, cold
-    raise ValueError(f"unknown variant {name!r}; valid: {', '.join(VARIANTS)}")
+    raise ValueError(f"unknown variant {name!r}; valid: {', '.join(VARIANTS)} or {OPTION_VARIANTS}")
+
+
+def option_variant(name: str) -> dict:
+    """The solver options of a ``KEY=VALUE[+KEY=VALUE...]`` variant, typed and checked by the library's parser
+    (a one-line ``ValueError`` naming the valid keys for a bad one)."""
+    return parse_solver_options(name.split("+"), what="variant")
+
+
+def variant_name(text: str) -> str:
+    """``--variants`` entries: a name of `VARIANTS` or an option variant (argparse type: exit 2 otherwise)."""
+    try:
+        if text not in VARIANTS:
+            if "=" not in text:
+                raise ValueError(f"unknown variant {text!r}; valid: {', '.join(VARIANTS)} or {OPTION_VARIANTS}")
+            option_variant(text)
+    except ValueError as err:
+        raise argparse.ArgumentTypeError(str(err)) from None
+    return text
+
+
+def entries(options: dict, idx: torch.Tensor) -> dict:
+    """The solve options of batch entries ``idx``: the per-entry tensors (``dual``, ``escalate``) indexed."""
+    return {k: v[idx.to(v.device)] if isinstance(v, torch.Tensor) else v for k, v in options.items()}
+
+
+def deflated_solve(solve, manifold, W: torch.Tensor, U: torch.Tensor, options: dict):
+    r"""The ``deflated`` variant of one solve call: ``(A, stats)`` with ``stats.evaluations`` and ``stats.dual_gap``
+    per matrix, or None where it does not apply (not Stiefel, square, or no momentum with an exact null).
+
+    Momenta with $\|\hat G v\| \le$ ``EXACT_NULL`` $\|\hat G\|_{\mathrm{op}}$ ($v = \mathbf 1/\sqrt n$, tall form)
+    are solved as the Stiefel problem of $(WU, \hat GU)$ with $n - 1$ columns, warm-started at $U^\top SU$,
+    and completed by scripts/null_direction_deflation.py's ``complete``; the certified gap is the deflated
+    solve's ($\langle \hat G, A\rangle = \langle \hat GU, A'\rangle$ and its dual value bounds the optimum).
+    The others are solved as the run solves them. Everything is timed by the caller."""
+    if mask_kind(manifold) != "stiefel" or W.dim() != 3 or W.shape[-1] == W.shape[-2]:
+        return None
+    exact = null_ratio(U) <= EXACT_NULL
+    if not bool(exact.any()):
+        return None
+    prototype = runpy.run_path(str(Path(__file__).with_name("null_direction_deflation.py")))
+    T, G = to_tall(W), to_tall(U, W)
+    n = T.shape[-1]
+    v = torch.full((n,), n**-0.5, dtype=torch.float64)
+    basis = prototype["complement"](v)
+    A = torch.empty_like(T)
+    stats = SimpleNamespace(
+        evaluations=torch.zeros(T.shape[0], dtype=torch.long), dual_gap=torch.zeros(T.shape[0], dtype=torch.float64)
+    )
+    for part, deflate in ((exact.nonzero().squeeze(-1), True), ((~exact).nonzero().squeeze(-1), False)):
+        if part.numel() == 0:
+            continue
+        opts = entries(options, part)
+        if not deflate:
+            A_part, st = solve(manifold, T[part], G[part], **opts)
+        else:
+            if opts.get("dual") is not None:
+                opts["dual"] = (basis.mT @ opts["dual"].double() @ basis).to(opts["dual"].dtype)
+            A_def, st = solve(
+                manifold, (T[part].double() @ basis).to(T.dtype), (G[part].double() @ basis).to(T.dtype), **opts
+            )
+            A_part = torch.stack(
+                [prototype["complete"](T[j].double(), a.double(), basis, v)[0] for j, a in zip(part.tolist(), A_def)]
+            ).to(T.dtype)
+        A[part] = A_part
+        stats.evaluations[part] = st.evaluations.reshape(-1)
+        stats.dual_gap[part] = st.dual_gap.reshape(-1).double()
+    return from_tall(A, W), stats
 
 
 def _range(values: list[float]) -> str:
@@ -101,7 +181,13 @@ def main() -> None:
     parser.add_argument("--data-dir", default="data/classics-bpe8k")
     parser.add_argument("--threads", type=int, default=1)
     parser.add_argument("--reference", action="store_true", help="check each profiled direction against float64")
-    parser.add_argument("--variants", nargs="+", default=[], choices=list(VARIANTS), help="solve again with these")
+    parser.add_argument(
+        "--variants",
+        nargs="+",
+        default=[],
+        type=variant_name,
+        help=f"solve again with these: {', '.join(VARIANTS)} or {OPTION_VARIANTS}",
+    )
     parser.add_argument(
         "--null-census",
         action="store_true",
@@ -152,11 +238,14 @@ def main() -> None:
                 cos = torch.nn.functional.cosine_similarity(U.double().flatten(-2), momenta[call].flatten(-2), dim=-1)
                 cosines[key].extend(cos.reshape(-1).tolist())
             for name in args.variants:
-                setting = variant_options(name, manifold, W, options, list(history[call]))
-                if setting is not None:
-                    start = time.perf_counter()
-                    A_v, stats_v = solve(setting[0], setting[1], U, **setting[2])
-                    record(key, name, time.perf_counter() - start, stats_v, W, manifold, U, A_v)
+                start = time.perf_counter()
+                if name == "deflated":
+                    result = deflated_solve(solve, manifold, W, U, options)
+                else:
+                    setting = variant_options(name, manifold, W, options, list(history[call]))
+                    result = None if setting is None else solve(setting[0], setting[1], U, **setting[2])
+                if result is not None:
+                    record(key, name, time.perf_counter() - start, result[1], W, manifold, U, result[0])
         if args.variants:  # what the next step's variants compare with
             if stats.dual is not None:
                 history[call].append(stats.dual.clone())

@@ -183,6 +183,129 @@ def test_profile_solves_variant_options():
     assert variant_options("stiefel", DGram(), W.mT, warm, []) is None  # wide: not the tall form
     with pytest.raises(ValueError, match="unknown variant 'newton'; valid: cold, extrapolated"):
         variant_options("newton", DGram(), W, warm, [])
+    # KEY=VALUE[+KEY=VALUE...]: the run's options with these solver options changed, typed by the library's parser
+    _, _, options = variant_options("smoothing=0.03+compute_dtype=float32+anderson=0", DGram(), W, warm, [])
+    assert options["dual"] is S2 and options["smoothing"] == 0.03 and options["anderson"] == 0
+    assert options["compute_dtype"] is torch.float32
+    with pytest.raises(ValueError, match="bad value 'oops' for tol in variant"):
+        variant_options("tol=oops", DGram(), W, warm, [])
+    with pytest.raises(ValueError, match="give KEY=VALUE with KEY one of tol, max_iter"):
+        variant_options("depth=3", DGram(), W, warm, [])
+
+
+def test_profile_solves_deflated_variant_solves_exact_nulls_deflated_and_the_rest_whole():
+    # A batch of two Stiefel problems, one with LayerNorm's null direction exactly (G v = 0) and one without: the
+    # first is solved deflated and completed, the second as it is; both come back tangent to the solver's tol and
+    # of unit norm to float32 rounding, as good as the whole solve (certified gaps ~1e-5 at tol 1e-4).
+    from geomtrain.bench.optimizer import synthetic_gradient
+    from geomtrain.optim import spectral_direction, tangent_residual
+    from manifolds import DGram, Stiefel
+
+    script = runpy.run_path(str(ROOT / "scripts" / "profile_solves.py"))
+    deflated_solve, null_ratio = script["deflated_solve"], script["null_ratio"]
+    gen = torch.Generator().manual_seed(5)
+    W = Stiefel().random(2, 24, 8, generator=gen)
+    G = torch.stack(
+        [synthetic_gradient((24, 8), "layernorm", gen, torch.float32, "cpu"), torch.randn(24, 8, generator=gen)]
+    )
+    assert float(null_ratio(G)[0]) <= script["EXACT_NULL"] < float(null_ratio(G)[1])
+    A, stats = deflated_solve(spectral_direction, Stiefel(), W, G, {})
+    whole, whole_stats = spectral_direction(Stiefel(), W, G)
+    assert (tangent_residual(Stiefel(), W, A) <= 1e-4).all()
+    assert (torch.linalg.matrix_norm(A, ord=2) <= 1 + 1e-5).all()
+    # certified gaps: small, and negative by at most about tol (a direction tangent only to tol can overshoot)
+    assert (stats.evaluations >= 1).all() and ((stats.dual_gap >= -1e-4) & (stats.dual_gap <= 1e-3)).all()
+    Gh = G / G.norm(dim=(-2, -1), keepdim=True)
+    assert ((A - whole) * Gh).sum(dim=(-2, -1)).abs().max() <= 1e-4  # the same objective, to the solver's accuracy
+    assert torch.equal(A[1], whole[1])  # the entry without an exact null is solved exactly as the run solves it
+    # a warm start is deflated too (U^T S U): the same problem from the whole solve's multiplier
+    A_warm, _ = deflated_solve(
+        spectral_direction, Stiefel(), W, G, {"dual": whole_stats.dual, "escalate": whole_stats.escalated}
+    )
+    assert (tangent_residual(Stiefel(), W, A_warm) <= 1e-4).all()
+    # where it does not apply: DGram, square Stiefel, no exact null direction in the batch
+    assert deflated_solve(spectral_direction, DGram(), DGram().random(2, 24, 8, generator=gen), G, {}) is None
+    square = Stiefel().random(2, 8, 8, generator=gen)
+    assert deflated_solve(spectral_direction, Stiefel(), square, G[:, :8], {}) is None
+    assert deflated_solve(spectral_direction, Stiefel(), W[1:], G[1:], {}) is None
+
+
+def test_profile_solves_runs_the_deflated_and_option_variants(run_script, data_dir, monkeypatch):
+    # all-stiefel on the tiny model at step 2 (warm): the 256x64 group holds mlp.c_proj (exact null, tall form)
+    # and c_fc, so it gets the deflated variant; every group gets the option variants. max_iter=2: at most two
+    # evaluations per matrix, then the polish (one more), so at most 3 per matrix and step.
+    import geomtrain.optim.muon as muon
+
+    monkeypatch.setattr(muon, "spectral_direction", muon.spectral_direction)  # the script replaces it: restore
+    argv = ["all-stiefel", "--model", "tiny", "--data-dir", data_dir, "--first", "2", "--last", "2", "--variants"]
+    lines = run_script("profile_solves.py", *argv, "deflated", "max_iter=2", "smoothing=0.03+compute_dtype=float32")
+    groups, current = {}, None
+    group_line = r"  Stiefel (\d+x\d+) warm: \d+ ms/step, [\d.]+ evaluations/step over (\d+) matrices"
+    for line in lines[1:]:
+        if group := re.fullmatch(group_line, line):
+            current = group.group(1)
+            groups[current] = {"matrices": int(group.group(2))}
+        elif variant := re.fullmatch(r"    variant (\S+): \d+ ms/step, ([\d.]+) evaluations/step", line):
+            groups[current][variant.group(1)] = float(variant.group(2))
+    assert set(groups) == {"256x64", "192x64", "64x64"}
+    for shape, row in groups.items():
+        expected = {"matrices", "max_iter=2", "smoothing=0.03+compute_dtype=float32"} | (
+            {"deflated"} if shape == "256x64" else set()
+        )
+        assert set(row) == expected, row
+        assert 1 <= row["max_iter=2"] <= 3 * row["matrices"]
+        assert all(row[k] >= 1 for k in expected)
+    with pytest.raises(SystemExit) as exit_info:  # a bad variant: argparse's one-line error, exit code 2
+        run_script("profile_solves.py", "all-stiefel", "--variants", "tol=oops")
+    assert exit_info.value.code == 2
+
+
+def test_exact_newton_step_hessian_product_matches_finite_differences():
+    # The Daleckii-Krein product must be the derivative of the residual H(S) = P(ZR + RZ^T): central differences at
+    # h = 1e-5 in float64, away from the clamp at tau^2 (truncation ~h^2, rounding ~1e-16 / h of |H|), and
+    # symmetric (the Hessian of the smoothed dual), for a Stiefel and a DGram point.
+    from geomtrain.optim.gram import GramDual
+    from geomtrain.optim.numerics import sym
+    from manifolds import DGram, Stiefel
+
+    script = runpy.run_path(str(ROOT / "scripts" / "exact_newton_step.py"))
+    residual = script["residual_matrix"]
+    gen = torch.Generator().manual_seed(2)
+    for manifold in (Stiefel(), DGram()):
+        W = manifold.random(1, 20, 6, generator=gen).double()
+        G = torch.randn(1, 20, 6, generator=gen, dtype=torch.float64)
+        dual = GramDual(manifold, W, G / G.norm(), torch.float64, 1e-3)
+        S = dual.tangent_start()
+        ev = dual.evaluate(S)
+        assert (ev.lam > 10 * dual.tau2).all()  # a Gaussian gradient: no eigenvalue near the clamp
+        product = script["hessian_product"](dual, ev)
+        a, b = (dual.P(sym(torch.randn(1, 6, 6, generator=gen, dtype=torch.float64))) for _ in range(2))
+        h = 1e-5
+        fd = (residual(dual.evaluate(S + h * a)) - residual(dual.evaluate(S - h * a))) / (2 * h)
+        assert torch.allclose(product(a), fd, rtol=0, atol=1e-6 * float(fd.norm()))
+        assert torch.isclose((product(a) * b).sum(), (a * product(b)).sum(), rtol=1e-9)
+        assert float((a * product(a)).sum()) > 0
+        # the Gauss-Newton solve inverts the frozen-R operator: P(Gamma D R + R D Gamma) = B (the DGram step
+        # enforces the zero diagonal through a rank-6 Schur complement: accurate to about 1e-3 relative)
+        B = dual.P(sym(torch.randn(1, 6, 6, generator=gen, dtype=torch.float64)))
+        D = script["gauss_newton_solve"](dual, ev)(B)
+        X = dual.gamma(D) @ ev.weights()
+        assert torch.allclose(dual.P(X + X.mT), B, atol=1e-3 * float(B.norm()))
+
+
+def test_exact_newton_step_prints_a_row_per_tall_group(run_script, data_dir, monkeypatch):
+    import geomtrain.optim.muon as muon
+
+    monkeypatch.setattr(muon, "spectral_direction", muon.spectral_direction)  # the script restores it too
+    lines = run_script("exact_newton_step.py", "hetero", "--model", "tiny", "--data-dir", data_dir, "--step", "2")
+    assert lines[0].startswith("hetero step 2: tangent residual RMS after one step from the warm start")
+    assert lines[1].split()[:3] == ["group", "start", "gauss-newton"]
+    rows = {" ".join(line.split()[:3]): [float(x) for x in line.split()[3:]] for line in lines[2:]}
+    assert set(rows) == {"Stiefel 192x64 (2)", "DGram 256x64 (4)"}
+    for values in rows.values():
+        *residuals, iterations = values
+        assert len(residuals) == 10 and all(0 < r < 1 for r in residuals) and iterations >= 1
+        assert residuals[2] < residuals[0]  # the Gauss-Newton step lowers the median residual (it is the solver's)
 
 
 def test_square_dgram_face_newton_reaches_the_tolerance_both_ways(run_script):
