@@ -37,6 +37,7 @@ from __future__ import annotations
 
 import argparse
 import collections
+import functools
 import runpy
 import statistics
 import time
@@ -113,6 +114,12 @@ def entries(options: dict, idx: torch.Tensor) -> dict:
     return {k: v[idx.to(v.device)] if isinstance(v, torch.Tensor) else v for k, v in options.items()}
 
 
+@functools.cache
+def deflation_prototype() -> dict:
+    """The functions of scripts/null_direction_deflation.py (``complement``, ``complete``), loaded once."""
+    return runpy.run_path(str(Path(__file__).with_name("null_direction_deflation.py")))
+
+
 def deflated_solve(solve, manifold, W: torch.Tensor, U: torch.Tensor, options: dict):
     r"""The ``deflated`` variant of one solve call: ``(A, stats)`` with ``stats.evaluations`` and ``stats.dual_gap``
     per matrix, or None where it does not apply (not Stiefel, square, or no momentum with an exact null).
@@ -127,7 +134,7 @@ def deflated_solve(solve, manifold, W: torch.Tensor, U: torch.Tensor, options: d
     exact = null_ratio(U) <= EXACT_NULL
     if not bool(exact.any()):
         return None
-    prototype = runpy.run_path(str(Path(__file__).with_name("null_direction_deflation.py")))
+    prototype = deflation_prototype()
     T, G = to_tall(W), to_tall(U, W)
     n = T.shape[-1]
     v = torch.full((n,), n**-0.5, dtype=torch.float64)
