@@ -46,10 +46,8 @@ def hessian_product(dual: GramDual, ev: Evaluation):
     r_i, r_j = r[..., :, None], r[..., None, :]
     gap = lam[..., :, None] - lam[..., None, :]
     divided = (r_i - r_j) / torch.where(gap == 0, torch.ones_like(gap), gap)
-    both_free = free[..., :, None] & free[..., None, :]
-    both_clamped = ~free[..., :, None] & ~free[..., None, :]
-    Phi = torch.where(both_free, -(r_i**2) * r_j**2 / (r_i + r_j), divided)
-    Phi = torch.where(both_clamped | (~both_free & (gap == 0)), torch.zeros_like(Phi), Phi)
+    # Where both are clamped, or the eigenvalues are equal and not both free, r_i = r_j exactly: divided is 0.
+    Phi = torch.where(free[..., :, None] & free[..., None, :], -(r_i**2) * r_j**2 / (r_i + r_j), divided)
 
     def product(dS: torch.Tensor) -> torch.Tensor:
         dM = dS @ Z

@@ -88,7 +88,12 @@ def variant_options(name: str, manifold, W: torch.Tensor, options: dict, history
             return None
         Q = W / W.norm(dim=-2, keepdim=True).clamp_min(torch.finfo(W.dtype).tiny)
         return Stiefel(), Q, cold
-    raise ValueError(f"unknown variant {name!r}; valid: {', '.join(VARIANTS)} or {OPTION_VARIANTS}")
+    raise unknown_variant(name)
+
+
+def unknown_variant(name: str) -> ValueError:
+    """The one-line error for a variant that is neither a name of `VARIANTS` nor ``KEY=VALUE`` options."""
+    return ValueError(f"unknown variant {name!r}; valid: {', '.join(VARIANTS)} or {OPTION_VARIANTS}")
 
 
 def option_variant(name: str) -> dict:
@@ -102,7 +107,7 @@ def variant_name(text: str) -> str:
     try:
         if text not in VARIANTS:
             if "=" not in text:
-                raise ValueError(f"unknown variant {text!r}; valid: {', '.join(VARIANTS)} or {OPTION_VARIANTS}")
+                raise unknown_variant(text)
             option_variant(text)
     except ValueError as err:
         raise argparse.ArgumentTypeError(str(err)) from None

@@ -32,11 +32,10 @@ import numpy as np
 import torch
 from scipy.sparse.linalg import LinearOperator, gmres
 
-from geomtrain.bench.optimizer import benchmark_point, synthetic_gradient
-from geomtrain.optim.square_dgram import SquareFrame
+from geomtrain.bench.optimizer import SPECTRA, benchmark_point, synthetic_gradient
+from geomtrain.optim.square_dgram import SQUARE_RELAX, SquareFrame
 from manifolds import DGram
 
-RELAX = 1.5  # the library's SQUARE_RELAX
 GMRES_PRODUCTS = 40  # GMRES's restart length: at most this many Jacobian products per Newton step
 MAX_HALVINGS = 6
 WARM_STEP, WARM_BLEND = 0.02, 0.05  # `bench optimizer`'s simulated next step (docs/manifold-muon.md, Benchmark)
@@ -86,7 +85,7 @@ def douglas_rachford(phi: FixedPointMap, z: torch.Tensor, iters: int, tol: float
         res = float(phi.fr.residual(y))
         if res <= tol:
             break
-        z = z + RELAX * F
+        z = z + SQUARE_RELAX * F
     return z, res
 
 
@@ -127,7 +126,7 @@ def cold_start(frame: SquareFrame) -> torch.Tensor:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--n", type=int, default=128, help="matrix size n (W is n x n; default 128)")
-    parser.add_argument("--spectrum", default="gaussian", choices=("gaussian", "powerlaw", "layernorm"))
+    parser.add_argument("--spectrum", default="gaussian", choices=SPECTRA)
     parser.add_argument("--k0", type=int, nargs="+", default=[2, 4, 8], help="Douglas-Rachford iterations first")
     parser.add_argument("--tol", type=float, default=1e-4, help="tangent residual RMS to reach (default 1e-4)")
     parser.add_argument(
