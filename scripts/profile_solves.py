@@ -17,14 +17,15 @@ With ``--variants NAME ...`` every profiled problem is solved again under each v
 side by side with the run's own solve, and each group gets a line per variant (with ``--reference``, its
 true gaps too) and, for warm groups, how far the warm-start state moved between consecutive steps
 ($\|S_k - S_{k-1}\|_F / \|S_k\|_F$ per matrix: for tall matrices the multiplier, for square DGram the
-Douglas-Rachford iterate) next to the cosine between consecutive momenta. Training itself always
-uses the run's own directions.
+Douglas-Rachford iterate) next to the cosine between consecutive momenta and how far the direction moved
+($\|A_k - A_{k-1}\|_F / \|A_k\|_F$). Training itself always uses the run's own directions.
 
     OMP_NUM_THREADS=1 python scripts/profile_solves.py all-dgram --first 40 --last 44
     OMP_NUM_THREADS=1 python scripts/profile_solves.py all-dgram --first 41 --last 41 --reference
     OMP_NUM_THREADS=1 python scripts/profile_solves.py hetero --first 40 --last 41 --variants cold extrapolated float32
     OMP_NUM_THREADS=1 python scripts/profile_solves.py all-stiefel --first 41 --last 45 --null-census
     OMP_NUM_THREADS=1 python scripts/profile_solves.py all-stiefel --first 41 --last 43 --variants deflated
+    OMP_NUM_THREADS=1 python scripts/profile_solves.py all-dgram --first 41 --last 42 --variants frozen-r
     OMP_NUM_THREADS=1 python scripts/profile_solves.py all-dgram --first 41 --last 41 --reference \
         --variants smoothing=0.03 max_iter=6 compute_dtype=float32+smoothing=0.03
 
@@ -50,6 +51,9 @@ import geomtrain.optim.muon as muon_module
 from geomtrain.bench.optimizer import reference_solve
 from geomtrain.config import make_config, parse_solver_options
 from geomtrain.optim import mask_kind
+from geomtrain.optim.gram import Evaluation, GramDual
+from geomtrain.optim.gram_newton import OPTIONS as GRAM_NEWTON_OPTIONS
+from geomtrain.optim.numerics import normalise
 from geomtrain.train import Trainer
 from manifolds import Stiefel
 from manifolds.base import from_tall, to_tall
@@ -62,6 +66,8 @@ VARIANTS = {
     "deflated": "Stiefel only: the momenta with LayerNorm's exact null direction v solved with v deflated "
     "(n - 1 columns, warm from U^T S U) and completed in closed form (scripts/null_direction_deflation.py), "
     "the others as the run solves them",
+    "frozen-r": "tall, warm: started where the frozen-R system of the previous step's optimal R holds "
+    "(P(Z R + R Z^T) = 0 with Z = K + Gamma S) instead of at the previous multiplier",
 }
 # Any other variant is KEY=VALUE[+KEY=VALUE...]: the run's own options with these solver options changed.
 OPTION_VARIANTS = (
@@ -169,6 +175,44 @@ def deflated_solve(solve, manifold, W: torch.Tensor, U: torch.Tensor, options: d
     return from_tall(A, W), stats
 
 
+# Frozen-R steps per start: one solves the Stiefel system exactly (closed form in the eigenbasis of R); the DGram
+# step approximates the Schur complement of its zero diagonal (rank DGRAM_STEP_RANK), so it is repeated.
+FROZEN_STEPS = {"stiefel": 1}
+FROZEN_STEPS_OTHER = 4
+
+
+def tall_dual(manifold, W: torch.Tensor, U: torch.Tensor, options: dict) -> GramDual:
+    """The float64 Gram-space dual of a batch ``(B, m, n)`` or ``(B, n, m)`` in its tall form, with the run's
+    smoothing and inner-CG settings."""
+    opts = {**GRAM_NEWTON_OPTIONS, **options}
+    T, G = to_tall(W), to_tall(U, W)
+    Gh, _ = normalise(G)
+    return GramDual(manifold, T, Gh, torch.float64, opts["smoothing"], opts["cg_iters"], opts["cg_tol"])
+
+
+def optimum_weights(manifold, W: torch.Tensor, U: torch.Tensor, options: dict, multiplier: torch.Tensor) -> tuple:
+    r"""``(V, lam, r)`` of $M$ at a solve's multiplier (float64): the optimal $R = V\operatorname{diag}(r)V^\top$
+    that the next step's ``frozen-r`` variant starts from (a solver would keep its last evaluation)."""
+    ev = tall_dual(manifold, W, U, options).evaluate(multiplier.double())
+    return ev.V, ev.lam, ev.r
+
+
+def frozen_r_start(manifold, W: torch.Tensor, U: torch.Tensor, options: dict, previous: tuple) -> torch.Tensor:
+    r"""The ``frozen-r`` start: from the previous multiplier $S$, frozen-R steps (`GramDual.step`) with the
+    previous step's optimal $R$ (``previous`` = ``(V, lam, r)``), i.e. towards the $S$ at which
+    $P(ZR + RZ^\top) = 0$, $Z = K + \Gamma S$ (linear in $S$ for a fixed $R$)."""
+    dual = tall_dual(manifold, W, U, options)
+    V, lam, r = previous
+    R = (V * r.unsqueeze(-2)) @ V.mT
+    S = options["dual"].double()
+    for _ in range(FROZEN_STEPS.get(dual.kind, FROZEN_STEPS_OTHER)):
+        ZR = dual.gram(S)[1] @ R
+        H = dual.P(ZR + ZR.mT)
+        Ht = V.mT @ H @ V if dual.kind == "stiefel" else None
+        S = S + dual.step(Evaluation(S, V, lam, r, R, H, Ht, dual.residual(H)))
+    return S.to(options["dual"].dtype)
+
+
 def _range(values: list[float]) -> str:
     return f"{min(values):.2f}-{max(values):.2f} (median {statistics.median(values):.2f})"
 
@@ -215,6 +259,9 @@ def main() -> None:
     totals: dict[tuple, list[float]] = collections.defaultdict(lambda: [0.0, 0, 0])
     gaps: dict[tuple, list[tuple[float, float]]] = collections.defaultdict(list)  # (true gap, certified gap)
     moves: dict[tuple, list[float]] = collections.defaultdict(list)  # warm-start state moves, per matrix
+    turns: dict[tuple, list[float]] = collections.defaultdict(list)  # |A_k - A_(k-1)| / |A_k|, per matrix
+    optima: dict[int, tuple] = {}  # per call: (V, lam, r) of the previous step's optimum (frozen-r)
+    directions: dict[int, torch.Tensor] = {}  # per call: the previous step's direction
     history: dict[int, collections.deque] = collections.defaultdict(lambda: collections.deque(maxlen=2))
     momenta: dict[int, torch.Tensor] = {}  # the momentum of each call at the previous step
     cosines: dict[tuple, list[float]] = collections.defaultdict(list)  # with the previous step's, per matrix
@@ -249,10 +296,17 @@ def main() -> None:
             if args.variants and momenta.get(call) is not None and momenta[call].shape == U.shape:
                 cos = torch.nn.functional.cosine_similarity(U.double().flatten(-2), momenta[call].flatten(-2), dim=-1)
                 cosines[key].extend(cos.reshape(-1).tolist())
+                turn = (A.double() - directions[call]).norm(dim=(-2, -1)) / A.double().norm(dim=(-2, -1))
+                turns[key].extend(turn.reshape(-1).tolist())
             for name in args.variants:
                 start = time.perf_counter()
                 if name == "deflated":
                     result = deflated_solve(solve, manifold, W, U, options)
+                elif name == "frozen-r":
+                    previous = optima.get(call)
+                    applies = previous is not None and "dual" in options and previous[0].shape == options["dual"].shape
+                    start_S = frozen_r_start(manifold, W, U, options, previous) if applies else None
+                    result = None if start_S is None else solve(manifold, W, U, **{**options, "dual": start_S})
                 else:
                     setting = variant_options(name, manifold, W, options, list(history[call]))
                     result = None if setting is None else solve(setting[0], setting[1], U, **setting[2])
@@ -262,6 +316,10 @@ def main() -> None:
             if stats.dual is not None:
                 history[call].append(stats.dual.clone())
             momenta[call] = U.detach().to(torch.float64, copy=True)
+            directions[call] = A.detach().to(torch.float64, copy=True)
+            tall_warm = stats.multiplier is not None and W.shape[-1] != W.shape[-2] and W.dim() == 3
+            if "frozen-r" in args.variants and tall_warm:  # untimed: a solver would keep its last evaluation
+                optima[call] = optimum_weights(manifold, W, U, options, stats.multiplier)
         return A, stats
 
     muon_module.spectral_direction = timed_solve
@@ -317,6 +375,8 @@ def main() -> None:
             print(f"    warm-start state moved {_range(moves[key])} between steps")
         if cosines[key]:
             print(f"    momentum cosine with the previous step {_range(cosines[key])}")
+        if turns[key]:
+            print(f"    direction moved {_range(turns[key])} between steps")
         for exact in (True, False):
             if census[key, exact]:
                 evaluations, ratios = zip(*census[key, exact])

@@ -133,7 +133,8 @@ def test_profile_solves_variants_solve_each_problem_again_beside_the_run(run_scr
 
     monkeypatch.setattr(muon, "spectral_direction", muon.spectral_direction)  # the script replaces it: restore
     argv = ["hetero", "--model", "tiny", "--data-dir", data_dir, "--first", "2", "--last", "3"]
-    lines = run_script("profile_solves.py", *argv, "--variants", "cold", "extrapolated", "anderson=0", "stiefel")
+    variants = ("cold", "extrapolated", "anderson=0", "stiefel", "frozen-r")
+    lines = run_script("profile_solves.py", *argv, "--variants", *variants)
     assert re.fullmatch(r"hetero: \d+ ms/step over steps 2-3 \(including the untimed variant solves\)", lines[0])
     group_line = r"  (\w+) (\d+x\d+) (cold|warm): \d+ ms/step, [\d.]+ evaluations/step over \d+ matrices"
     moved_line = r"    warm-start state moved ([\d.]+)-([\d.]+) \(median ([\d.]+)\) between steps"
@@ -150,17 +151,23 @@ def test_profile_solves_variants_solve_each_problem_again_beside_the_run(run_scr
                 assert -1 <= low <= median <= high <= 1 + 1e-12
                 groups[current]["cosine"] = median
                 continue
+            if turned := re.fullmatch(r"    direction moved (\S+)-(\S+) \(median (\S+)\) between steps", line):
+                low, high, median = map(float, turned.groups())
+                # |A_k - A_(k-1)|_F / |A_k|_F <= 1 + sqrt(n) = 9 at n = 64: |A|_op = 1 <= |A|_F <= sqrt(n)
+                assert 0 <= low <= median <= high <= 9
+                groups[current]["turned"] = median
+                continue
             moved = re.fullmatch(moved_line, line)
             assert moved, line
             low, high, median = map(float, moved.groups())
             assert 0 <= low <= median <= high < 2
             groups[current]["moved"] = median
     assert set(groups) == {("Stiefel", "192x64", "warm"), ("Stiefel", "64x64", "warm"), ("DGram", "256x64", "warm")}
-    for (manifold, _, _), row in groups.items():
-        expected = {"cold", "extrapolated", "anderson=0", "moved", "cosine"} | (
-            {"stiefel"} if manifold == "DGram" else set()
-        )
-        assert set(row) == expected and all(row[v] >= 1 for v in expected - {"moved", "cosine"}), row
+    for (manifold, shape, _), row in groups.items():
+        expected = {"cold", "extrapolated", "anderson=0", "moved", "cosine", "turned"}
+        expected |= {"stiefel"} if manifold == "DGram" else set()
+        expected |= {"frozen-r"} if shape != "64x64" else set()  # tall problems only
+        assert set(row) == expected and all(row[v] >= 1 for v in expected - {"moved", "cosine", "turned"}), row
 
 
 def test_profile_solves_variant_options():
@@ -191,6 +198,31 @@ def test_profile_solves_variant_options():
         variant_options("tol=oops", DGram(), W, warm, [])
     with pytest.raises(ValueError, match="give KEY=VALUE with KEY one of tol, max_iter"):
         variant_options("depth=3", DGram(), W, warm, [])
+
+
+@pytest.mark.parametrize("name", ["Stiefel", "DGram"])
+def test_profile_solves_frozen_r_start_solves_the_frozen_system(name):
+    # The frozen-r start solves P(Z R + R Z^T) = 0 for S at a fixed R. With R the optimum's own (a float64 solve to
+    # 1e-10) that system holds at the optimum, and it is linear in S with a unique solution (R > 0), so from a start
+    # 10% away the start lands back on the optimum, to the optimum's own residual: in one step for Stiefel (closed
+    # form in the eigenbasis of R), after the repeated DGram steps (each approximates a Schur complement).
+    import manifolds
+    from geomtrain.optim import spectral_direction
+
+    script = runpy.run_path(str(ROOT / "scripts" / "profile_solves.py"))
+    manifold = getattr(manifolds, name)()
+    gen = torch.Generator().manual_seed(7)
+    W = manifold.random(3, 40, 12, generator=gen).double()
+    G = torch.randn(3, 40, 12, generator=gen, dtype=torch.float64)
+    _, stats = spectral_direction(manifold, W, G, tol=1e-10, max_iter=200)
+    S_opt = stats.multiplier
+    previous = script["optimum_weights"](manifold, W, G, {}, S_opt)
+    noise = manifold.project_gram(torch.randn(3, 12, 12, generator=gen, dtype=torch.float64))
+    noise = (noise + noise.mT) / 2
+    noise = 0.1 * noise * S_opt.norm(dim=(-2, -1), keepdim=True) / noise.norm(dim=(-2, -1), keepdim=True)
+    S = script["frozen_r_start"](manifold, W, G, {"dual": S_opt + noise}, previous)
+    error = (S - S_opt).norm(dim=(-2, -1)) / S_opt.norm(dim=(-2, -1))
+    assert (error <= 1e-6).all(), error  # measured 5-7e-8 (Stiefel), 2-4e-10 (DGram): the optimum's own residual
 
 
 def test_profile_solves_deflated_variant_solves_exact_nulls_deflated_and_the_rest_whole():
