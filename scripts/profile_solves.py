@@ -25,7 +25,7 @@ Douglas-Rachford iterate) next to the cosine between consecutive momenta and how
     OMP_NUM_THREADS=1 python scripts/profile_solves.py hetero --first 40 --last 41 --variants cold extrapolated float32
     OMP_NUM_THREADS=1 python scripts/profile_solves.py all-stiefel --first 41 --last 45 --null-census
     OMP_NUM_THREADS=1 python scripts/profile_solves.py all-stiefel --first 41 --last 43 --variants deflated
-    OMP_NUM_THREADS=1 python scripts/profile_solves.py all-dgram --first 41 --last 42 --variants frozen-r
+    OMP_NUM_THREADS=1 python scripts/profile_solves.py all-dgram --first 41 --last 42 --variants frozen-r continuation
     OMP_NUM_THREADS=1 python scripts/profile_solves.py all-dgram --first 41 --last 41 --reference \
         --variants smoothing=0.03 max_iter=6 compute_dtype=float32+smoothing=0.03
 
@@ -66,6 +66,8 @@ VARIANTS = {
     "deflated": "Stiefel only: the momenta with LayerNorm's exact null direction v solved with v deflated "
     "(n - 1 columns, warm from U^T S U) and completed in closed form (scripts/null_direction_deflation.py), "
     "the others as the run solves them",
+    "continuation": "tall: first solved with smoothing 0.1 to tol 1e-3 (from the run's start), then with the "
+    "run's options from that multiplier (a homotopy in the smoothing)",
     "frozen-r": "tall, warm: started where the frozen-R system of the previous step's optimal R holds "
     "(P(Z R + R Z^T) = 0 with Z = K + Gamma S) instead of at the previous multiplier",
 }
@@ -213,6 +215,21 @@ def frozen_r_start(manifold, W: torch.Tensor, U: torch.Tensor, options: dict, pr
     return S.to(options["dual"].dtype)
 
 
+# The continuation variant's first stage: a smoothing (tau / sigma_rms) and tolerance at which tall training
+# problems take 3-6 evaluations per matrix (docs/solver-experiments.md, the smoothing trade).
+CONTINUATION_STAGE = {"smoothing": 0.1, "tol": 1e-3}
+
+
+def continuation_solve(solve, manifold, W: torch.Tensor, U: torch.Tensor, options: dict):
+    """The ``continuation`` variant of one solve call: ``(A, stats)`` with the evaluations of both stages summed
+    and the second stage's certified gap, or None for square matrices (square DGram has no smoothing)."""
+    if W.shape[-1] == W.shape[-2]:
+        return None
+    _, first = solve(manifold, W, U, **{**options, **CONTINUATION_STAGE})
+    A, second = solve(manifold, W, U, **{**options, "dual": first.dual, "escalate": first.escalated})
+    return A, SimpleNamespace(evaluations=first.evaluations + second.evaluations, dual_gap=second.dual_gap)
+
+
 def _range(values: list[float]) -> str:
     return f"{min(values):.2f}-{max(values):.2f} (median {statistics.median(values):.2f})"
 
@@ -302,6 +319,8 @@ def main() -> None:
                 start = time.perf_counter()
                 if name == "deflated":
                     result = deflated_solve(solve, manifold, W, U, options)
+                elif name == "continuation":
+                    result = continuation_solve(solve, manifold, W, U, options)
                 elif name == "frozen-r":
                     previous = optima.get(call)
                     applies = previous is not None and "dual" in options and previous[0].shape == options["dual"].shape

@@ -133,7 +133,7 @@ def test_profile_solves_variants_solve_each_problem_again_beside_the_run(run_scr
 
     monkeypatch.setattr(muon, "spectral_direction", muon.spectral_direction)  # the script replaces it: restore
     argv = ["hetero", "--model", "tiny", "--data-dir", data_dir, "--first", "2", "--last", "3"]
-    variants = ("cold", "extrapolated", "anderson=0", "stiefel", "frozen-r")
+    variants = ("cold", "extrapolated", "anderson=0", "stiefel", "frozen-r", "continuation")
     lines = run_script("profile_solves.py", *argv, "--variants", *variants)
     assert re.fullmatch(r"hetero: \d+ ms/step over steps 2-3 \(including the untimed variant solves\)", lines[0])
     group_line = r"  (\w+) (\d+x\d+) (cold|warm): \d+ ms/step, [\d.]+ evaluations/step over \d+ matrices"
@@ -166,7 +166,7 @@ def test_profile_solves_variants_solve_each_problem_again_beside_the_run(run_scr
     for (manifold, shape, _), row in groups.items():
         expected = {"cold", "extrapolated", "anderson=0", "moved", "cosine", "turned"}
         expected |= {"stiefel"} if manifold == "DGram" else set()
-        expected |= {"frozen-r"} if shape != "64x64" else set()  # tall problems only
+        expected |= {"frozen-r", "continuation"} if shape != "64x64" else set()  # tall problems only
         assert set(row) == expected and all(row[v] >= 1 for v in expected - {"moved", "cosine", "turned"}), row
 
 
@@ -223,6 +223,33 @@ def test_profile_solves_frozen_r_start_solves_the_frozen_system(name):
     S = script["frozen_r_start"](manifold, W, G, {"dual": S_opt + noise}, previous)
     error = (S - S_opt).norm(dim=(-2, -1)) / S_opt.norm(dim=(-2, -1))
     assert (error <= 1e-6).all(), error  # measured 5-7e-8 (Stiefel), 2-4e-10 (DGram): the optimum's own residual
+
+
+def test_profile_solves_continuation_solves_twice_and_returns_the_exact_stage():
+    # Stage one at smoothing 0.1 and tol 1e-3, stage two with the run's options from its multiplier: the direction
+    # is the second stage's (tangent to the default tol 1e-4, unit norm, certified gap as tight as a direct solve's),
+    # the evaluations are both stages'. Square problems are left out (square DGram has no smoothing).
+    from geomtrain.optim import spectral_direction, tangent_residual
+    from manifolds import DGram
+
+    script = runpy.run_path(str(ROOT / "scripts" / "profile_solves.py"))
+    calls = []
+
+    def counted(*args, **options):
+        calls.append(options)
+        return spectral_direction(*args, **options)
+
+    gen = torch.Generator().manual_seed(11)
+    W = DGram().random(2, 40, 12, generator=gen)
+    G = torch.randn(2, 40, 12, generator=gen)
+    A, stats = script["continuation_solve"](counted, DGram(), W, G, {})
+    assert [c.get("smoothing") for c in calls] == [0.1, None] and calls[1]["dual"] is not None
+    _, direct = spectral_direction(DGram(), W, G)
+    assert (tangent_residual(DGram(), W, A) <= 1e-4).all()
+    assert (torch.linalg.matrix_norm(A, ord=2) <= 1 + 1e-5).all()
+    assert (stats.evaluations >= 2).all() and (stats.dual_gap <= direct.dual_gap.abs().max() + 1e-4).all()
+    square = DGram().random(2, 12, 12, generator=gen)
+    assert script["continuation_solve"](counted, DGram(), square, G[:, :12], {}) is None
 
 
 def test_profile_solves_deflated_variant_solves_exact_nulls_deflated_and_the_rest_whole():
