@@ -61,8 +61,9 @@ def problem(m: int, n: int, seed: int, v: torch.Tensor, perturb: float, spread: 
 def column_along(W: torch.Tensor, A0: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
     """The column $a$ a completion adds along $v$: $W^\\top a = b$ (tangency) and $A_0^\\top a = 0$ (unit norm), with
     $a = W\\Gamma^{-1}b + x$, $x \\perp \\operatorname{range}(W)$ of least norm ($\\Gamma = W^\\top W$)."""
-    c = torch.linalg.solve(W.mT @ W, b)
-    outside = A0 - W @ torch.linalg.solve(W.mT @ W, W.mT @ A0)  # A0 outside range(W): A0^T x = outside^T x there
+    gram = W.mT @ W
+    c = torch.linalg.solve(gram, b)
+    outside = A0 - W @ torch.linalg.solve(gram, W.mT @ A0)  # A0 outside range(W): A0^T x = outside^T x there
     # the least-norm solution of outside^T x = r lies in range(outside), so x is outside range(W) as needed
     x = torch.linalg.lstsq(outside.mT, -(A0.mT @ (W @ c))[:, None]).solution[:, 0]
     return W @ c + x

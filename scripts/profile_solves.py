@@ -215,6 +215,14 @@ def frozen_r_start(manifold, W: torch.Tensor, U: torch.Tensor, options: dict, pr
     return S.to(options["dual"].dtype)
 
 
+def frozen_r_solve(solve, manifold, W: torch.Tensor, U: torch.Tensor, options: dict, previous: tuple | None):
+    """The ``frozen-r`` variant of one solve call: solved from `frozen_r_start`, or None where it does not apply
+    (a cold call, or no optimum kept from the previous step for a batch of this size)."""
+    if previous is None or "dual" not in options or previous[0].shape != options["dual"].shape:
+        return None
+    return solve(manifold, W, U, **{**options, "dual": frozen_r_start(manifold, W, U, options, previous)})
+
+
 # The continuation variant's first stage: a smoothing (tau / sigma_rms) and tolerance at which the tall training
 # problems of mini took 3.5-6 evaluations per matrix warm and 5-7.5 cold (all-stiefel and all-dgram, step 41).
 CONTINUATION_STAGE = {"smoothing": 0.1, "tol": 1e-3}
@@ -322,10 +330,7 @@ def main() -> None:
                 elif name == "continuation":
                     result = continuation_solve(solve, manifold, W, U, options)
                 elif name == "frozen-r":
-                    previous = optima.get(call)
-                    applies = previous is not None and "dual" in options and previous[0].shape == options["dual"].shape
-                    start_S = frozen_r_start(manifold, W, U, options, previous) if applies else None
-                    result = None if start_S is None else solve(manifold, W, U, **{**options, "dual": start_S})
+                    result = frozen_r_solve(solve, manifold, W, U, options, optima.get(call))
                 else:
                     setting = variant_options(name, manifold, W, options, list(history[call]))
                     result = None if setting is None else solve(setting[0], setting[1], U, **setting[2])

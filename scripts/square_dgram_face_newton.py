@@ -176,13 +176,11 @@ def main() -> None:
     print(f"{'method':<26} {'eighs':>6} {'jacobian products':>18} {'residual':>9} {'seconds':>8}")
     runs = [("douglas-rachford", None)] + [(f"dr x {k} + newton", k) for k in args.k0]
     for name, k0 in runs:
-        phi, start = FixedPointMap(frame), time.perf_counter()
+        phi, start, products = FixedPointMap(frame), time.perf_counter(), 0
         if k0 is None:
             _, res = douglas_rachford(phi, start_state, 10_000, args.tol)
-            products = 0
         else:
             z, res = douglas_rachford(phi, start_state, k0, args.tol)
-            products = 0
             if res > args.tol:
                 res, products = newton(phi, z, args.tol, args.gmres_rtol)
         seconds = time.perf_counter() - start
