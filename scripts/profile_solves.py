@@ -29,6 +29,14 @@ Douglas-Rachford iterate) next to the cosine between consecutive momenta and how
     OMP_NUM_THREADS=1 python scripts/profile_solves.py all-dgram --first 41 --last 41 --reference \
         --variants smoothing=0.03 max_iter=6 compute_dtype=float32+smoothing=0.03
 
+With ``--ops`` the profiled optimizer steps are also timed per aten operator (`OperatorTimer`): what
+the whole ``ManifoldMuon.step`` spends in eigendecompositions and SVDs, in matrix products and in
+everything else, and the dearest operators. These are the operators' own times, not the Python between
+them, and the timer slows the step it watches (the step times printed then include it); not with
+``--variants`` or ``--reference``, whose extra solves it would count.
+
+    OMP_NUM_THREADS=1 python scripts/profile_solves.py all-dgram --first 41 --last 43 --ops
+
 With ``--null-census`` each group also gets a line per kind of momentum: those with LayerNorm's null
 direction to rounding (the matrices that write into the residual stream) and the others, with their
 evaluations per solve (docs/solver-experiments.md, *An exact null direction, deflated*).
@@ -46,6 +54,7 @@ from pathlib import Path
 from types import SimpleNamespace
 
 import torch
+from torch.utils._python_dispatch import TorchDispatchMode
 
 import geomtrain.optim.muon as muon_module
 from geomtrain.bench.optimizer import reference_solve
@@ -75,6 +84,53 @@ VARIANTS = {
 OPTION_VARIANTS = (
     "KEY=VALUE[+KEY=VALUE...] (solver options, e.g. anderson=0, max_iter=4, smoothing=0.03+compute_dtype=float32)"
 )
+
+
+# How --ops sorts the aten operators (by their overload packet's name); the rest is "other operators".
+OPERATOR_KINDS = {
+    "eigendecompositions and SVDs": ("_linalg_eigh", "linalg_eigvalsh", "_linalg_svd", "linalg_svd"),
+    "matrix products": ("mm", "bmm", "addmm", "baddbmm", "addbmm", "matmul"),
+}
+
+
+class OperatorTimer(TorchDispatchMode):
+    """Wall time and calls per aten operator while ``on`` (the operator's own time, measured around it)."""
+
+    def __init__(self):
+        super().__init__()
+        self.on = False
+        self.seconds: collections.Counter = collections.Counter()
+        self.calls: collections.Counter = collections.Counter()
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        if not self.on:
+            return func(*args, **(kwargs or {}))
+        start = time.perf_counter()
+        out = func(*args, **(kwargs or {}))
+        name = func.overloadpacket.__name__
+        self.seconds[name] += time.perf_counter() - start
+        self.calls[name] += 1
+        return out
+
+    def kinds(self) -> dict[str, float]:
+        """Seconds per kind of `OPERATOR_KINDS`, and ``"other operators"``."""
+        out = {kind: sum(self.seconds[n] for n in names) for kind, names in OPERATOR_KINDS.items()}
+        out["other operators"] = sum(self.seconds.values()) - sum(out.values())
+        return out
+
+
+def timing_operators(step, timer: OperatorTimer, now: dict):
+    """``ManifoldMuon.step`` with ``timer`` on inside it during the profiled steps."""
+
+    @functools.wraps(step)
+    def timed(self, *args, **kwargs):
+        timer.on = now["profiling"]
+        try:
+            return step(self, *args, **kwargs)
+        finally:
+            timer.on = False
+
+    return timed
 
 
 def variant_options(name: str, manifold, W: torch.Tensor, options: dict, history: list) -> tuple | None:
@@ -275,9 +331,16 @@ def main() -> None:
         help="per group, the evaluations per solve split by the momentum's LayerNorm null direction: exact "
         f"(|G v| <= {EXACT_NULL:g} |G|_op, v = 1/sqrt(n), tall form) or not",
     )
+    parser.add_argument(
+        "--ops",
+        action="store_true",
+        help="time the profiled optimizer steps per aten operator (not with --variants or --reference)",
+    )
     args = parser.parse_args()
     if not 0 <= args.first <= args.last:
         parser.error(f"need 0 <= --first <= --last, got {args.first} and {args.last}")
+    if args.ops and (args.variants or args.reference):
+        parser.error("--ops times the run's own step: leave out --variants and --reference")
     torch.set_num_threads(args.threads)
 
     # per (group, variant): seconds, evaluations, matrices; variant "" is the run's own solve
@@ -347,6 +410,9 @@ def main() -> None:
         return A, stats
 
     muon_module.spectral_direction = timed_solve
+    timer = OperatorTimer()
+    if args.ops:
+        muon_module.ManifoldMuon.step = timing_operators(muon_module.ManifoldMuon.step, timer, now)
     config = make_config(
         dict(
             model=args.model,
@@ -362,15 +428,19 @@ def main() -> None:
     )
     trainer = Trainer(config)
     step_seconds = 0.0
-    for step in range(args.last + 1):
-        now["profiling"], now["call"] = step >= args.first, 0
-        seconds = trainer.step().seconds
-        if now["profiling"]:
-            step_seconds += seconds
+    with timer:
+        for step in range(args.last + 1):
+            now["profiling"], now["call"] = step >= args.first, 0
+            seconds = trainer.step().seconds
+            if now["profiling"]:
+                step_seconds += seconds
     steps = args.last + 1 - args.first
     extra = [w for w, on in (("reference", args.reference), ("variant", args.variants)) if on]
     note = f" (including the untimed {' and '.join(extra)} solves)" if extra else ""
+    note += " (slowed by the operator timer)" if args.ops else ""
     print(f"{args.preset}: {step_seconds / steps * 1e3:.0f} ms/step over steps {args.first}-{args.last}{note}")
+    if args.ops:
+        print_operators(timer, steps)
     own = sorted(((k, v) for k, v in totals.items() if k[1] == ""), key=lambda kv: -kv[1][0])
     for (key, _), (seconds, evaluations, matrices) in own:
         manifold, shape, start = key
@@ -409,6 +479,17 @@ def main() -> None:
                     f"{sum(evaluations) / len(evaluations):.1f} evaluations per solve ({min(evaluations)}-"
                     f"{max(evaluations)}), |G v| / |G|_op {min(ratios):.1e}-{max(ratios):.1e}"
                 )
+
+
+def print_operators(timer: OperatorTimer, steps: int, most: int = 8) -> None:
+    """The ``--ops`` lines: the optimizer step's operator time, by kind, then its dearest operators."""
+    total = sum(timer.seconds.values())
+    calls = sum(timer.calls.values()) // steps
+    print(f"  optimizer step, aten operators: {total / steps * 1e3:.0f} ms/step, {calls} calls/step")
+    for kind, seconds in timer.kinds().items():
+        print(f"    {kind}: {seconds / steps * 1e3:.0f} ms/step ({seconds / max(total, 1e-12):.0%})")
+    for name, seconds in timer.seconds.most_common(most):
+        print(f"    {name}: {seconds / steps * 1e3:.1f} ms/step, {timer.calls[name] / steps:.0f} calls/step")
 
 
 if __name__ == "__main__":

@@ -1,6 +1,7 @@
 """The measurement scripts of scripts/, each run in this process at a tiny size, with checks of what they print."""
 
 import collections
+import itertools
 import re
 import runpy
 import sys
@@ -316,6 +317,56 @@ def test_profile_solves_runs_the_deflated_and_option_variants(run_script, data_d
         assert all(row[k] >= 1 for k in expected)
     with pytest.raises(SystemExit) as exit_info:  # a bad variant: argparse's one-line error, exit code 2
         run_script("profile_solves.py", "all-stiefel", "--variants", "tol=oops")
+    assert exit_info.value.code == 2
+
+
+def test_profile_solves_operator_timer_counts_only_while_on_and_sorts_by_kind():
+    # Three operators of known kinds while on (a product, an eigendecomposition, an addition); products while
+    # off are not counted. The kinds add up to the total.
+    script = runpy.run_path(str(ROOT / "scripts" / "profile_solves.py"))
+    timer = script["OperatorTimer"]()
+    x = torch.randn(16, 16, dtype=torch.float64)
+    with timer:
+        x @ x
+        timer.on = True
+        m = x @ x.mT
+        torch.linalg.eigh(m)
+        m + 1
+        timer.on = False
+        x @ x
+    assert timer.calls["mm"] == 1 and timer.calls["_linalg_eigh"] == 1 and timer.calls["add"] == 1
+    kinds = timer.kinds()
+    assert kinds["matrix products"] == timer.seconds["mm"] > 0
+    assert kinds["eigendecompositions and SVDs"] == timer.seconds["_linalg_eigh"] > 0
+    assert kinds["other operators"] == pytest.approx(
+        sum(timer.seconds.values()) - timer.seconds["mm"] - timer.seconds["_linalg_eigh"]
+    )
+
+
+def test_profile_solves_ops_times_the_optimizer_step_by_operator(run_script, data_dir, monkeypatch):
+    # hetero on the tiny model, steps 1-2: the step line says the timer slowed it, then the operator total,
+    # three kinds whose shares add up to 100% (rounding: each share is printed to 1%), then the dearest
+    # operators, among them the solver's eigendecompositions and products.
+    import geomtrain.optim.muon as muon
+
+    monkeypatch.setattr(muon, "spectral_direction", muon.spectral_direction)  # the script replaces both: restore
+    monkeypatch.setattr(muon.ManifoldMuon, "step", muon.ManifoldMuon.step)
+    argv = ["hetero", "--model", "tiny", "--data-dir", data_dir, "--first", "1", "--last", "2", "--ops"]
+    lines = run_script("profile_solves.py", *argv)
+    assert re.fullmatch(r"hetero: \d+ ms/step over steps 1-2 \(slowed by the operator timer\)", lines[0])
+    start = lines.index(next(line for line in lines if line.startswith("  optimizer step")))
+    total = re.fullmatch(r"  optimizer step, aten operators: (\d+) ms/step, (\d+) calls/step", lines[start])
+    assert total and int(total.group(2)) > 0
+    kinds = [re.fullmatch(r"    ([a-zA-Z ]+): (\d+) ms/step \((\d+)%\)", line) for line in lines[start + 1 : start + 4]]
+    assert all(kinds), lines[start + 1 : start + 4]
+    assert [k.group(1) for k in kinds] == ["eigendecompositions and SVDs", "matrix products", "other operators"]
+    assert 97 <= sum(int(k.group(3)) for k in kinds) <= 101
+    block = list(itertools.takewhile(lambda line: line.startswith("    "), lines[start + 4 :]))  # then the groups
+    operators = [re.fullmatch(r"    (\w+): ([\d.]+) ms/step, (\d+) calls/step", line) for line in block]
+    assert all(operators) and len(operators) == 8, block
+    assert {"_linalg_eigh", "bmm"} <= {o.group(1) for o in operators}
+    with pytest.raises(SystemExit) as exit_info:  # --ops would count the variants' solves: refused, exit code 2
+        run_script("profile_solves.py", "hetero", "--ops", "--variants", "cold")
     assert exit_info.value.code == 2
 
 
