@@ -16,6 +16,8 @@ import dataclasses
 import sys
 from collections.abc import Callable
 
+from .config import positive_int
+
 __all__ = ["main", "build_parser", "COMMANDS", "UsageError"]
 
 
@@ -161,23 +163,13 @@ def _cmd_train(args) -> int:
 
 
 # ----------------------------------------------------------------------------- sample
-def _positive_int(text: str) -> int:
-    value = int(text)
-    if value < 1:
-        raise ValueError
-    return value
-
-
-_positive_int.__name__ = "integer >= 1"
-
-
 def _add_sample(sub) -> None:
     p = sub.add_parser("sample", help="generate text from a run's checkpoint")
     p.add_argument("run_dir", help="a run folder (holding ckpt.pt) or a checkpoint file")
     p.add_argument("--prompt", default="\n", help="text to continue")
-    p.add_argument("--max-new-tokens", type=_positive_int, default=100)
+    p.add_argument("--max-new-tokens", type=positive_int, default=100)
     p.add_argument("--temperature", type=float, default=0.8)
-    p.add_argument("--top-k", type=_positive_int, default=200)
+    p.add_argument("--top-k", type=positive_int, default=200)
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--device", default="cpu")
     p.set_defaults(handler=_cmd_sample)
@@ -208,9 +200,9 @@ def _add_eval(sub) -> None:
     p.add_argument("run_dir", help="a run folder (holding ckpt.pt) or a checkpoint file")
     p.add_argument("--data-dir", default=None, help="prepared data folder (default: the run's)")
     p.add_argument("--split", default="val", help="train or val (default: val)")
-    p.add_argument("--iters", type=_positive_int, default=None, help="batches (default: the run's eval_iters)")
+    p.add_argument("--iters", type=positive_int, default=None, help="batches (default: the run's eval_iters)")
     p.add_argument(
-        "--batch-size", type=_positive_int, default=None, help="sequences per batch (default: the run's, at most 16)"
+        "--batch-size", type=positive_int, default=None, help="sequences per batch (default: the run's, at most 16)"
     )
     p.add_argument("--seed", type=int, default=None, help="batch sampler seed (default: the run's)")
     p.add_argument("--device", default="cpu")

@@ -341,6 +341,26 @@ def parse_assignments(items: Sequence[str], what: str = "--set") -> dict[str, An
     return out
 
 
+def _bounded_number(kind: type, name: str, ok) -> Any:
+    """An argparse ``type``: ``kind(text)`` where ``ok`` holds, else argparse's one-line error, which names
+    the option and reads "invalid <name> value" (exit code 2)."""
+
+    def parse(text: str):
+        value = kind(text)
+        if not ok(value):
+            raise ValueError
+        return value
+
+    parse.__name__ = name
+    return parse
+
+
+# argparse types of counts and sizes on the command lines
+positive_int = _bounded_number(int, "integer >= 1", lambda v: v >= 1)
+non_negative_int = _bounded_number(int, "integer >= 0", lambda v: v >= 0)
+positive_float = _bounded_number(float, "finite number > 0", lambda v: math.isfinite(v) and v > 0)
+
+
 def load_toml(path: str | Path) -> dict[str, Any]:
     """Read overrides from a TOML file (top-level keys, or a ``[train]`` table)."""
     with open(path, "rb") as fh:

@@ -1,6 +1,9 @@
 """geomtrain bench optimizer: the tables, the JSON, the estimate and bad input."""
 
 import json
+import re
+
+import pytest
 
 from geomtrain.bench.optimizer import OPT_SOLVERS, estimate_seconds
 
@@ -69,6 +72,35 @@ def test_bench_cli_rejects_bad_input(capsys):
     assert "OUTxIN" in capsys.readouterr().err
     assert bench.main(["optimiser"]) == 2  # one-line error, exit 2
     assert "invalid choice" in capsys.readouterr().err
+    # counts and scales that ran nothing (layers 0 or below), or ended in a traceback (repeats 0: no time
+    # kept; scale 0: a zero gradient; threads -1: torch refuses it), refused before anything runs
+    for flag, bad, says in (
+        ("--layers", "0", "invalid integer >= 1 value: '0'"),
+        ("--layers", "-2", "invalid integer >= 1 value: '-2'"),
+        ("--repeats", "0", "invalid integer >= 1 value: '0'"),
+        ("--scales", "0", "invalid finite number > 0 value: '0'"),
+        ("--scales", "nan", "invalid finite number > 0 value: 'nan'"),
+        ("--threads", "-1", "invalid integer >= 0 value: '-1'"),
+    ):
+        assert bench.main(["optimizer", "--quick", "--shapes", "8x4", flag, bad]) == 2
+        err = capsys.readouterr().err
+        assert err.count("\n") == 1 and f"argument {flag}: {says}" in err, err
+
+
+@pytest.mark.parametrize(
+    "kwargs, says",
+    [
+        ({"layers": 0}, "layers must be an integer >= 1; got 0"),
+        ({"repeats": 0}, "repeats must be an integer >= 1; got 0"),
+        ({"scales": ()}, "scales must be finite numbers > 0"),
+        ({"scales": (1e-3, -1.0)}, "scales must be finite numbers > 0"),
+    ],
+)
+def test_bench_optimizer_refuses_empty_or_negative_counts(kwargs, says):
+    from geomtrain.bench.optimizer import bench_optimizer
+
+    with pytest.raises(ValueError, match=re.escape(says)):
+        bench_optimizer(shapes=(("a", (8, 4)),), reference=False, log=lambda s: None, **kwargs)
 
 
 def test_layernorm_spectrum_plants_the_null_direction_of_training_gradients():

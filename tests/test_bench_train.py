@@ -68,3 +68,29 @@ def test_bench_train_rejects_bad_sets_in_one_line(data_dir, tmp_path, capsys):
         err = capsys.readouterr().err
         assert err.count("\n") == 1 and says in err, err
     assert not (tmp_path / "bad.json").exists()
+
+
+def test_bench_train_rejects_bad_counts_and_empty_presets_in_one_line(data_dir, tmp_path, capsys):
+    # before: --warmup -1 read "max_iters must be >= 1; got 0", and --presets , printed an empty table, exit 0
+    for flag, bad, says in (
+        ("--steps", "0", "argument --steps: invalid integer >= 1 value: '0'"),
+        ("--warmup", "-1", "argument --warmup: invalid integer >= 0 value: '-1'"),
+        ("--threads", "-1", "argument --threads: invalid integer >= 0 value: '-1'"),
+        ("--presets", ",", "no preset given; valid: adamw, unconstrained"),
+    ):
+        assert _bench(data_dir, tmp_path / "bad.json", flag, bad) == 2
+        err = capsys.readouterr().err
+        assert err.count("\n") == 1 and says in err, err
+    assert not (tmp_path / "bad.json").exists()
+
+
+def test_bench_train_threads_sets_and_records_the_torch_threads(data_dir, tmp_path):
+    import torch
+
+    before = torch.get_num_threads()
+    try:
+        assert _bench(data_dir, tmp_path / "one.json", "--threads", "1", "--quiet") == 0
+        assert torch.get_num_threads() == 1
+        assert json.loads((tmp_path / "one.json").read_text())["environment"]["torch_threads"] == 1
+    finally:
+        torch.set_num_threads(before)

@@ -44,7 +44,7 @@ from typing import TYPE_CHECKING
 import torch
 
 from .._io import atomic_write_json, environment_record
-from ..config import parse_solver_options
+from ..config import non_negative_int, parse_solver_options, positive_float, positive_int
 
 if TYPE_CHECKING:
     from ..optim import DirectionStats
@@ -227,6 +227,11 @@ def bench_optimizer(
         raise ValueError("the solvers must include muon (every ratio is to plain Muon)")
     if spectrum not in SPECTRA:
         raise ValueError(f"unknown spectrum {spectrum!r}; valid: {', '.join(SPECTRA)}")
+    for name, value in (("layers", layers), ("repeats", repeats)):
+        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+            raise ValueError(f"{name} must be an integer >= 1; got {value!r}")
+    if not scales or not all(isinstance(s, (int, float)) and math.isfinite(s) and s > 0 for s in scales):
+        raise ValueError(f"scales must be finite numbers > 0 (gradient entry RMS), at least one; got {list(scales)!r}")
     if muon_dtype is None:
         muon_dtype = torch.bfloat16 if torch.device(device).type == "cuda" else torch.float32
     matrices = []
@@ -568,11 +573,18 @@ def add_parser(sub) -> None:
         help="one gradient scale (1e-3), no reference solve: about two minutes on a 2-core CPU",
     )
     p.add_argument(
-        "--layers", type=int, default=None, help="transformer layers (4 matrices each); default 12 on GPU, 1 on CPU"
+        "--layers",
+        type=positive_int,
+        default=None,
+        help="transformer layers (4 matrices each); default 12 on GPU, 1 on CPU",
     )
     p.add_argument("--manifolds", nargs="+", default=["stiefel", "dgram"], choices=["stiefel", "dgram", "oblique"])
     p.add_argument(
-        "--scales", nargs="+", type=float, default=None, help="gradient entry RMS (default: 1e-3 1; --quick: 1e-3)"
+        "--scales",
+        nargs="+",
+        type=positive_float,
+        default=None,
+        help="gradient entry RMS (default: 1e-3 1; --quick: 1e-3)",
     )
     p.add_argument("--solvers", nargs="+", default=list(OPT_SOLVERS), choices=list(OPT_SOLVERS))
     p.add_argument("--no-reference", action="store_true", help="skip the float64 reference solves (no gap vs ref)")
@@ -616,8 +628,8 @@ def add_parser(sub) -> None:
         metavar="KEY=VALUE",
         help="options of the default solver for cold and warm (e.g. compute_dtype=float64 tol=1e-5)",
     )
-    p.add_argument("--repeats", type=int, default=1, help="time each solve this many times, keep the best")
-    p.add_argument("--threads", type=int, default=0, help="torch CPU threads (0: torch's default)")
+    p.add_argument("--repeats", type=positive_int, default=1, help="time each solve this many times, keep the best")
+    p.add_argument("--threads", type=non_negative_int, default=0, help="torch CPU threads (0: torch's default)")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--out", default=None, help="write the full results as JSON here")
     p.add_argument("--quiet", action="store_true", help="no progress lines on stderr")

@@ -16,7 +16,7 @@ from collections.abc import Callable, Mapping, Sequence
 
 from .._io import atomic_write_json, environment_record
 from ..assign import PRESETS
-from ..config import TrainConfig, make_config, parse_assignments
+from ..config import TrainConfig, make_config, non_negative_int, parse_assignments, positive_int
 from ..model import model_config
 from .syncs import count_host_syncs
 
@@ -82,6 +82,11 @@ def measure_training_speed(
     ``evaluations_per_step`` (median polar evaluations of Manifold Muon) and ratios. ``sets``: config
     overrides for every preset (``bench train --set``, e.g. ``muon_solver_options``); a key that the
     timing protocol sets itself (below, and ``batch_size``, which has its own argument) is a ValueError."""
+    if not presets:
+        raise ValueError(f"no preset given; valid: {', '.join(PRESETS)}")
+    for name, value, low in (("steps", steps, 1), ("warmup", warmup, 0)):
+        if isinstance(value, bool) or not isinstance(value, int) or value < low:
+            raise ValueError(f"{name} must be an integer >= {low}; got {value!r}")
     configs = {}
     for preset in presets:
         overrides = dict(
@@ -148,6 +153,10 @@ def _cmd_train(args) -> int:
     if bad:
         raise ValueError(f"unknown preset {bad[0]!r}; valid: {', '.join(PRESETS)}")
     sets = parse_assignments(args.sets)
+    if args.threads:
+        import torch
+
+        torch.set_num_threads(args.threads)
     log = None if args.quiet else (lambda line: print(line, file=sys.stderr, flush=True))
     rows = measure_training_speed(
         args.model, args.data_dir, presets, args.steps, args.warmup, args.batch_size, args.device, log=log, sets=sets
@@ -179,9 +188,10 @@ def add_parser(sub) -> None:
     p.add_argument("--model", choices=tuple(MODEL_CONFIGS), default="mini")
     p.add_argument("--data-dir", default="data/classics")
     p.add_argument("--presets", default=",".join(PRESETS), help="comma-separated presets")
-    p.add_argument("--steps", type=int, default=10)
-    p.add_argument("--warmup", type=int, default=2)
-    p.add_argument("--batch-size", type=int, default=None)
+    p.add_argument("--steps", type=positive_int, default=10, help="timed steps per preset")
+    p.add_argument("--warmup", type=non_negative_int, default=2, help="untimed steps first")
+    p.add_argument("--batch-size", type=positive_int, default=None)
+    p.add_argument("--threads", type=non_negative_int, default=0, help="torch CPU threads (0: torch's default)")
     p.add_argument("--device", default="auto")
     p.add_argument("--out", default=None, help="write the rows as JSON here")
     p.add_argument(
