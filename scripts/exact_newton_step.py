@@ -28,7 +28,7 @@ import statistics
 import torch
 
 import geomtrain.optim.muon as muon_module
-from geomtrain.config import make_config
+from geomtrain.config import make_config, positive_int
 from geomtrain.optim import mask_kind
 from geomtrain.optim.gram import Evaluation, GramDual
 from geomtrain.optim.numerics import normalise, pcg, sym
@@ -122,9 +122,11 @@ def main() -> None:
     parser.add_argument("--step", type=int, default=41, help="the training step whose solves are taken (default 41)")
     parser.add_argument("--model", default="mini", help="a model of geomtrain.model.MODEL_CONFIGS (default mini)")
     parser.add_argument("--data-dir", default="data/classics-bpe8k")
-    parser.add_argument("--cg-iters", type=int, default=50, help="conjugate-gradient iterations at most (default 50)")
+    parser.add_argument(
+        "--cg-iters", type=positive_int, default=50, help="conjugate-gradient iterations at most (default 50)"
+    )
     parser.add_argument("--cg-rtol", type=float, default=1e-6, help="relative CG residual to stop at (default 1e-6)")
-    parser.add_argument("--threads", type=int, default=1)
+    parser.add_argument("--threads", type=positive_int, default=1)
     args = parser.parse_args()
     if args.step < 1 or args.cg_iters < 1 or not args.cg_rtol > 0:
         parser.error("need --step >= 1 (a warm start), --cg-iters >= 1 and --cg-rtol > 0")

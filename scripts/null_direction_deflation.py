@@ -30,6 +30,7 @@ import argparse
 import torch
 
 from geomtrain.bench.optimizer import synthetic_gradient
+from geomtrain.config import positive_int
 from geomtrain.optim import spectral_direction, tangent_residual
 from manifolds import DGram, Stiefel
 
@@ -135,7 +136,7 @@ def complete_dgram(W: torch.Tensor, A_def: torch.Tensor, v: torch.Tensor) -> tup
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--shape", type=int, nargs=2, default=[512, 128], metavar=("M", "N"), help="tall m x n")
-    parser.add_argument("--seeds", type=int, default=4)
+    parser.add_argument("--seeds", type=positive_int, default=4)
     parser.add_argument("--dtype", default="float32", choices=("float32", "float64"), help="of the solves timed")
     parser.add_argument(
         "--perturb",
@@ -144,7 +145,7 @@ def main() -> None:
         help="add EPS |G|_op u v^T (u a random unit vector): a null direction that is only approximate, "
         "as the gradients of c_attn and c_fc have (default 0: exact)",
     )
-    parser.add_argument("--threads", type=int, default=1)
+    parser.add_argument("--threads", type=positive_int, default=1)
     args = parser.parse_args()
     m, n = args.shape
     if not m >= 2 * n - 1 or n < 3 or args.seeds < 1 or args.perturb < 0:

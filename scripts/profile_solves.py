@@ -58,7 +58,7 @@ from torch.utils._python_dispatch import TorchDispatchMode
 
 import geomtrain.optim.muon as muon_module
 from geomtrain.bench.optimizer import reference_solve
-from geomtrain.config import make_config, parse_solver_options
+from geomtrain.config import make_config, parse_solver_options, positive_int
 from geomtrain.optim import mask_kind
 from geomtrain.optim.gram import Evaluation, GramDual
 from geomtrain.optim.gram_newton import OPTIONS as GRAM_NEWTON_OPTIONS
@@ -316,7 +316,7 @@ def main() -> None:
     parser.add_argument("--last", type=int, default=44, help="last profiled step (default 44)")
     parser.add_argument("--model", default="mini", help="a model of geomtrain.model.MODEL_CONFIGS (default mini)")
     parser.add_argument("--data-dir", default="data/classics-bpe8k")
-    parser.add_argument("--threads", type=int, default=1)
+    parser.add_argument("--threads", type=positive_int, default=1)
     parser.add_argument("--reference", action="store_true", help="check each profiled direction against float64")
     parser.add_argument(
         "--variants",

@@ -33,6 +33,7 @@ import torch
 from scipy.sparse.linalg import LinearOperator, gmres
 
 from geomtrain.bench.optimizer import SPECTRA, benchmark_point, synthetic_gradient
+from geomtrain.config import positive_int
 from geomtrain.optim.square_dgram import SQUARE_RELAX, SquareFrame
 from manifolds import DGram
 
@@ -125,7 +126,7 @@ def cold_start(frame: SquareFrame) -> torch.Tensor:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--n", type=int, default=128, help="matrix size n (W is n x n; default 128)")
+    parser.add_argument("--n", type=positive_int, default=128, help="matrix size n (W is n x n; default 128)")
     parser.add_argument("--spectrum", default="gaussian", choices=SPECTRA)
     parser.add_argument("--k0", type=int, nargs="+", default=[2, 4, 8], help="Douglas-Rachford iterations first")
     parser.add_argument("--tol", type=float, default=1e-4, help="tangent residual RMS to reach (default 1e-4)")
@@ -144,7 +145,7 @@ def main() -> None:
     )
     parser.add_argument("--gmres-rtol", type=float, default=1e-2, help="GMRES's relative tolerance (default 1e-2)")
     parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--threads", type=int, default=1)
+    parser.add_argument("--threads", type=positive_int, default=1)
     args = parser.parse_args()
     if args.n < 2 or any(k < 0 for k in args.k0) or not args.tol > 0 or not 0 <= (args.spread or 0) < 1:
         parser.error("need --n >= 2, every --k0 >= 0, --tol > 0 and --spread in [0, 1)")

@@ -25,18 +25,19 @@ import time
 import torch
 
 from geomtrain.bench.optimizer import SPECTRA, reference_solve, synthetic_gradient
+from geomtrain.config import positive_int
 from geomtrain.optim import spectral_direction
 from manifolds import DGram, msign
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--n", type=int, default=256, help="matrix size n (W is n x n; default 256)")
+    parser.add_argument("--n", type=positive_int, default=256, help="matrix size n (W is n x n; default 256)")
     parser.add_argument("--rows", type=int, default=None, help="m >= n rows: a tall m x n point (default n)")
     parser.add_argument("--spectrum", default="gaussian", choices=SPECTRA, help="the gradient's (default gaussian)")
     parser.add_argument("--spreads", type=float, nargs="+", default=[0.0, 1e-3, 1e-2, 3e-2, 0.1, 0.3, 0.9])
     parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--threads", type=int, default=1)
+    parser.add_argument("--threads", type=positive_int, default=1)
     parser.add_argument("--reference", action="store_true", help="true gaps against a float64 reference solve")
     args = parser.parse_args()
     m = args.n if args.rows is None else args.rows
