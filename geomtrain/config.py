@@ -137,8 +137,10 @@ class TrainConfig:
         ):
             if getattr(self, name) < 1:
                 raise ValueError(f"{name} must be >= 1; got {getattr(self, name)}")
-        if self.warmup_iters < 0 or self.lr <= 0 or self.muon_lr < 0:
-            raise ValueError("warmup_iters must be >= 0, lr > 0 and muon_lr >= 0")
+        if self.warmup_iters < 0:
+            raise ValueError(f"warmup_iters must be >= 0; got {self.warmup_iters}")
+        if not self.lr > 0:  # NaN too; the finite test below names the rest
+            raise ValueError(f"lr must be a finite number > 0; got {self.lr!r}")
         for name in ("lr", "min_lr", "muon_lr", "weight_decay", "grad_clip", "muon_weight_decay", "divergence_margin"):
             value = getattr(self, name)
             if not math.isfinite(value) or value < 0:

@@ -101,6 +101,23 @@ def test_bad_flag_value_is_one_line(data_dir, tmp_path, capsys):
 
 
 @pytest.mark.parametrize(
+    "flag, value, needles",
+    [  # each names the one key that is wrong and its value (before: one message for all three keys)
+        ("--lr", "-1", ["lr must be a finite number > 0; got -1.0"]),
+        ("--lr", "0", ["lr must be a finite number > 0; got 0.0"]),
+        ("--warmup-iters", "-1", ["warmup_iters must be >= 0; got -1"]),
+        ("--muon-lr", "-1", ["muon_lr must be a finite number >= 0; got -1.0"]),
+    ],
+)
+def test_out_of_range_learning_rate_or_warmup_is_one_line_naming_the_key(
+    flag, value, needles, data_dir, tmp_path, capsys
+):
+    code, _, err = cli(_short(data_dir, tmp_path / "run", flag, value), capsys)
+    assert_one_line_error(code, err, *needles)
+    assert not (tmp_path / "run").exists()
+
+
+@pytest.mark.parametrize(
     "entry, needles",
     [
         ("max_iters=x", ["max_iters=x", "tol", "max_iter"]),
