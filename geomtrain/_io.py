@@ -3,6 +3,7 @@
 - atomic writes: ``atomic_write_bytes`` / ``atomic_write_text`` / ``atomic_write_json`` /
   ``atomic_torch_save`` write a temporary file in the same folder, fsync it, rename it over the
   target and fsync the folder: a reader sees the old file or the new one, never half of one.
+  ``writable_output`` checks where a long job will write before the job starts.
 - JSON: ``to_jsonable`` (tensors, numpy scalars and paths to plain values; non-finite floats to
   ``None``), ``read_json`` (``default`` when missing or unreadable).
 - JSONL: ``append_jsonl`` (one record a line, flushed) and ``read_jsonl``, which tolerates a torn
@@ -14,6 +15,7 @@ Private to the package: modules of `geomtrain` import it; users never need to.
 
 from __future__ import annotations
 
+import errno
 import hashlib
 import json
 import math
@@ -32,6 +34,7 @@ __all__ = [
     "atomic_write_text",
     "atomic_write_json",
     "atomic_torch_save",
+    "writable_output",
     "to_jsonable",
     "read_json",
     "append_jsonl",
@@ -112,6 +115,25 @@ def atomic_torch_save(obj: Any, path: str | os.PathLike) -> None:
 
 
 # ----------------------------------------------------------------------------- JSON and JSONL
+def writable_output(path: str | os.PathLike, folder: bool = False) -> Path:
+    """Make ``path``'s folder (``path`` itself with ``folder``) and check that it can be written, before a
+    long job whose result goes there (a benchmark's JSON written after minutes of timing); raises an
+    OSError naming the path instead of losing the job's result at the end."""
+    path = Path(path)
+    where = path if folder else path.parent
+    if not folder and path.is_dir():
+        raise IsADirectoryError(errno.EISDIR, "a folder, not a file", os.fspath(path))
+    try:
+        where.mkdir(parents=True, exist_ok=True)
+    except (FileExistsError, NotADirectoryError):  # a file where a folder of the path should be
+        raise NotADirectoryError(
+            errno.ENOTDIR, "cannot make this folder: a file is in its path", os.fspath(where)
+        ) from None
+    if not os.access(where, os.W_OK | os.X_OK):
+        raise PermissionError(errno.EACCES, "folder not writable", os.fspath(where))
+    return path
+
+
 def to_jsonable(obj: Any) -> Any:
     """A JSON-ready copy: tensors become numbers or lists, numpy scalars numbers, paths strings,
     non-finite floats ``None`` (JSON has no NaN)."""

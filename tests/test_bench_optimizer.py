@@ -87,6 +87,19 @@ def test_bench_cli_rejects_bad_input(capsys):
         assert err.count("\n") == 1 and f"argument {flag}: {says}" in err, err
 
 
+def test_bench_optimizer_checks_its_out_path_before_timing(tmp_path, capsys):
+    from geomtrain import bench
+
+    (tmp_path / "a_file").write_text("")
+    bad = tmp_path / "a_file" / "bench.json"
+    assert bench.main(["optimizer", "--quick", "--shapes", "8x4", "--out", str(bad)]) == 2
+    err = capsys.readouterr().err  # the error alone: not even the time estimate was printed
+    assert err == f"geomtrain bench optimizer: error: cannot make this folder: a file is in its path: {bad.parent}\n"
+    good = tmp_path / "made" / "bench.json"
+    assert bench.main(["optimizer", "--quick", "--shapes", "8x4", "--quiet", "--out", str(good)]) == 0
+    assert json.loads(good.read_text())["matrices"]
+
+
 @pytest.mark.parametrize(
     "kwargs, says",
     [

@@ -94,3 +94,17 @@ def test_bench_train_threads_sets_and_records_the_torch_threads(data_dir, tmp_pa
         assert json.loads((tmp_path / "one.json").read_text())["environment"]["torch_threads"] == 1
     finally:
         torch.set_num_threads(before)
+
+
+def test_bench_train_checks_its_out_path_before_timing(data_dir, tmp_path, capsys):
+    # before: the JSON was written after every step had run, so a bad --out lost the whole measurement
+    (tmp_path / "a_file").write_text("")
+    for out, says in (
+        (tmp_path / "a_file" / "rows.json", f"cannot make this folder: a file is in its path: {tmp_path / 'a_file'}"),
+        (tmp_path, f"a folder, not a file: {tmp_path}"),
+    ):
+        assert _bench(data_dir, out) == 2
+        captured = capsys.readouterr()
+        assert captured.err == f"geomtrain bench train: error: {says}\n" and "step" not in captured.out
+    assert _bench(data_dir, tmp_path / "new" / "folder" / "rows.json", "--quiet") == 0  # folders are made
+    assert json.loads((tmp_path / "new" / "folder" / "rows.json").read_text())["rows"]

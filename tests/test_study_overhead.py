@@ -51,3 +51,11 @@ def test_overhead_measures_interleaved_step_times(data_dir, tmp_path, capsys):
     capsys.readouterr()
     assert cli_main(["study", "overhead", "--out", str(tmp_path), "--solvers", "magic"]) == 2
     assert "unknown solver 'magic'; valid: default, " in capsys.readouterr().err
+    # an --out that cannot be a folder (a file in its path) is refused before any step is timed
+    (tmp_path / "a_file").write_text("")
+    blocked = str(tmp_path / "a_file" / "out")
+    argv = ["study", "overhead", "--model", "tiny", "--data-dir", data_dir, "--presets", "adamw"]
+    assert cli_main([*argv, "--steps", "1", "--warmup", "0", "--out", blocked]) == 2
+    out, err = capsys.readouterr()
+    assert err == f"geomtrain study overhead: error: cannot make this folder: a file is in its path: {blocked}\n"
+    assert out == ""

@@ -43,7 +43,7 @@ from typing import TYPE_CHECKING
 
 import torch
 
-from .._io import atomic_write_json, environment_record
+from .._io import atomic_write_json, environment_record, writable_output
 from ..config import non_negative_int, parse_solver_options, positive_float, positive_int
 
 if TYPE_CHECKING:
@@ -505,6 +505,8 @@ def _cmd_optimizer(args: argparse.Namespace) -> int:
     reference = not (args.quick or args.no_reference)
     shapes = _parse_shapes(args.shapes) if args.shapes else GPT2_SHAPES
     solver_options = parse_solver_options(args.solver_options)
+    if args.out:
+        writable_output(args.out)  # before minutes of timing, not after
     est, rate = estimate_seconds(
         args.manifolds,
         scales,

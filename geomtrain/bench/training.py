@@ -14,7 +14,7 @@ import statistics
 import sys
 from collections.abc import Callable, Mapping, Sequence
 
-from .._io import atomic_write_json, environment_record
+from .._io import atomic_write_json, environment_record, writable_output
 from ..assign import PRESETS
 from ..config import TrainConfig, make_config, non_negative_int, parse_assignments, positive_int
 from ..model import model_config
@@ -153,6 +153,8 @@ def _cmd_train(args) -> int:
     if bad:
         raise ValueError(f"unknown preset {bad[0]!r}; valid: {', '.join(PRESETS)}")
     sets = parse_assignments(args.sets)
+    if args.out:
+        writable_output(args.out)  # before minutes of timing, not after
     if args.threads:
         import torch
 

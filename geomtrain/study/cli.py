@@ -358,7 +358,7 @@ def _solvers(text: str) -> list[str | None]:
 def run_overhead_command(args) -> int:
     """``geomtrain study overhead``: every configuration validated, data prepared if missing, then
     :func:`geomtrain.study.measure_overhead`, written to ``--out``."""
-    from .._io import environment_record
+    from .._io import environment_record, writable_output
     from ..train import resolve_device
     from .collect import round_sig
     from .overhead import format_overhead_table, measure_overhead, overhead_configs, write_overhead
@@ -370,6 +370,7 @@ def run_overhead_command(args) -> int:
     sets, toml, tokenizer, data_dir, explicit_data = _config_inputs(args)
     base = shared_config(args.model, None, data_dir, args.device, toml, sets)
     overhead_configs(base, presets, solvers, args.steps, args.warmup)  # every config valid before any work
+    writable_output(args.out, folder=True)  # and the folder its results go to
     ensure_data(data_dir, tokenizer if (args.tokenizer or not explicit_data) else None)
     t0 = time.time()
     rows = measure_overhead(base, presets, solvers, args.steps, args.warmup)
