@@ -31,7 +31,8 @@ Douglas-Rachford iterate) next to the cosine between consecutive momenta and how
 
 With ``--ops`` the profiled optimizer steps are also timed per aten operator (`OperatorTimer`): what
 the whole ``ManifoldMuon.step`` spends in eigendecompositions and SVDs, in matrix products and in
-everything else, and the dearest operators. These are the operators' own times, not the Python between
+everything else, the dearest operators, and the functions of `geomtrain` and `manifolds` that called the
+dearest ones. These are the operators' own times, not the Python between
 them, and the timer slows the step it watches (the step times printed then include it); not with
 ``--variants`` or ``--reference``, whose extra solves it would count.
 
@@ -47,6 +48,8 @@ from __future__ import annotations
 import argparse
 import collections
 import functools
+import inspect
+import os
 import runpy
 import statistics
 import time
@@ -56,7 +59,9 @@ from types import SimpleNamespace
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
+import geomtrain
 import geomtrain.optim.muon as muon_module
+import manifolds
 from geomtrain.bench.optimizer import reference_solve
 from geomtrain.config import make_config, parse_solver_options, positive_int
 from geomtrain.optim import mask_kind
@@ -93,23 +98,35 @@ OPERATOR_KINDS = {
 }
 
 
+# The packages whose functions --ops charges an operator to (the innermost of their frames that called it).
+CALLER_ROOTS = tuple(str(Path(m.__file__).parent) + os.sep for m in (geomtrain, manifolds))
+
+
 class OperatorTimer(TorchDispatchMode):
-    """Wall time and calls per aten operator while ``on`` (the operator's own time, measured around it)."""
+    """Wall time and calls per aten operator while ``on`` (the operator's own time, measured around it),
+    and the same per calling function: the innermost frame in `geomtrain` or `manifolds`
+    (``file.py:function``)."""
 
     def __init__(self):
         super().__init__()
         self.on = False
         self.seconds: collections.Counter = collections.Counter()
         self.calls: collections.Counter = collections.Counter()
+        self.caller_seconds: collections.Counter = collections.Counter()
+        self.caller_calls: collections.Counter = collections.Counter()
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         if not self.on:
             return func(*args, **(kwargs or {}))
         start = time.perf_counter()
         out = func(*args, **(kwargs or {}))
+        seconds = time.perf_counter() - start
         name = func.overloadpacket.__name__
-        self.seconds[name] += time.perf_counter() - start
+        self.seconds[name] += seconds
         self.calls[name] += 1
+        caller = caller_name(inspect.currentframe())
+        self.caller_seconds[caller] += seconds
+        self.caller_calls[caller] += 1
         return out
 
     def kinds(self) -> dict[str, float]:
@@ -117,6 +134,15 @@ class OperatorTimer(TorchDispatchMode):
         out = {kind: sum(self.seconds[n] for n in names) for kind, names in OPERATOR_KINDS.items()}
         out["other operators"] = sum(self.seconds.values()) - sum(out.values())
         return out
+
+
+def caller_name(frame) -> str:
+    """``file.py:function`` of the innermost frame from ``frame`` outwards that is in `CALLER_ROOTS`."""
+    while frame is not None:
+        if frame.f_code.co_filename.startswith(CALLER_ROOTS):
+            return f"{Path(frame.f_code.co_filename).name}:{frame.f_code.co_name}"
+        frame = frame.f_back
+    return "elsewhere"
 
 
 def timing_operators(step, timer: OperatorTimer, now: dict):
@@ -482,7 +508,8 @@ def main() -> None:
 
 
 def print_operators(timer: OperatorTimer, steps: int, most: int = 8) -> None:
-    """The ``--ops`` lines: the optimizer step's operator time, by kind, then its dearest operators."""
+    """The ``--ops`` lines: the optimizer step's operator time, by kind, then its dearest operators, then
+    the functions whose operators cost the most."""
     total = sum(timer.seconds.values())
     calls = sum(timer.calls.values()) // steps
     print(f"  optimizer step, aten operators: {total / steps * 1e3:.0f} ms/step, {calls} calls/step")
@@ -490,6 +517,10 @@ def print_operators(timer: OperatorTimer, steps: int, most: int = 8) -> None:
         print(f"    {kind}: {seconds / steps * 1e3:.0f} ms/step ({seconds / max(total, 1e-12):.0%})")
     for name, seconds in timer.seconds.most_common(most):
         print(f"    {name}: {seconds / steps * 1e3:.1f} ms/step, {timer.calls[name] / steps:.0f} calls/step")
+    print("  by calling function:")
+    for name, seconds in timer.caller_seconds.most_common(most):
+        calls = timer.caller_calls[name] / steps
+        print(f"    {name}: {seconds / steps * 1e3:.1f} ms/step, {calls:.0f} operator calls/step")
 
 
 if __name__ == "__main__":

@@ -323,6 +323,8 @@ def test_profile_solves_runs_the_deflated_and_option_variants(run_script, data_d
 def test_profile_solves_operator_timer_counts_only_while_on_and_sorts_by_kind():
     # Three operators of known kinds while on (a product, an eigendecomposition, an addition); products while
     # off are not counted. The kinds add up to the total.
+    from geomtrain.optim.numerics import sym
+
     script = runpy.run_path(str(ROOT / "scripts" / "profile_solves.py"))
     timer = script["OperatorTimer"]()
     x = torch.randn(16, 16, dtype=torch.float64)
@@ -335,6 +337,14 @@ def test_profile_solves_operator_timer_counts_only_while_on_and_sorts_by_kind():
         timer.on = False
         x @ x
     assert timer.calls["mm"] == 1 and timer.calls["_linalg_eigh"] == 1 and timer.calls["add"] == 1
+    # by caller: the operators above were called from here (outside geomtrain and manifolds), sym's from numerics
+    assert set(timer.caller_calls) == {"elsewhere"} and timer.caller_calls.total() == timer.calls.total()
+    before = timer.caller_calls["elsewhere"]
+    with timer:
+        timer.on = True
+        sym(x)
+        timer.on = False
+    assert timer.caller_calls["numerics.py:sym"] >= 2 and timer.caller_calls["elsewhere"] == before  # (X + X^T) / 2
     kinds = timer.kinds()
     assert kinds["matrix products"] == timer.seconds["mm"] > 0
     assert kinds["eigendecompositions and SVDs"] == timer.seconds["_linalg_eigh"] > 0
@@ -346,7 +356,7 @@ def test_profile_solves_operator_timer_counts_only_while_on_and_sorts_by_kind():
 def test_profile_solves_ops_times_the_optimizer_step_by_operator(run_script, data_dir, monkeypatch):
     # hetero on the tiny model, steps 1-2: the step line says the timer slowed it, then the operator total,
     # three kinds whose shares add up to 100% (rounding: each share is printed to 1%), then the dearest
-    # operators, among them the solver's eigendecompositions and products.
+    # operators, among them the solver's eigendecompositions and products, then the functions calling them.
     import geomtrain.optim.muon as muon
 
     monkeypatch.setattr(muon, "spectral_direction", muon.spectral_direction)  # the script replaces both: restore
@@ -361,10 +371,16 @@ def test_profile_solves_ops_times_the_optimizer_step_by_operator(run_script, dat
     assert all(kinds), lines[start + 1 : start + 4]
     assert [k.group(1) for k in kinds] == ["eigendecompositions and SVDs", "matrix products", "other operators"]
     assert 97 <= sum(int(k.group(3)) for k in kinds) <= 101
-    block = list(itertools.takewhile(lambda line: line.startswith("    "), lines[start + 4 :]))  # then the groups
+    block = list(itertools.takewhile(lambda line: line.startswith("    "), lines[start + 4 :]))
     operators = [re.fullmatch(r"    (\w+): ([\d.]+) ms/step, (\d+) calls/step", line) for line in block]
     assert all(operators) and len(operators) == 8, block
     assert {"_linalg_eigh", "bmm"} <= {o.group(1) for o in operators}
+    at = start + 4 + len(block)
+    assert lines[at] == "  by calling function:"
+    block = list(itertools.takewhile(lambda line: line.startswith("    "), lines[at + 1 :]))  # then the groups
+    callers = [re.fullmatch(r"    (\w+\.py:\w+|elsewhere): [\d.]+ ms/step, \d+ operator calls/step", c) for c in block]
+    assert all(callers) and len(callers) == 8, block
+    assert "numerics.py:symmetric_eigen" in {c.group(1) for c in callers}  # where the solver's eigh is called
     with pytest.raises(SystemExit) as exit_info:  # --ops would count the variants' solves: refused, exit code 2
         run_script("profile_solves.py", "hetero", "--ops", "--variants", "cold")
     assert exit_info.value.code == 2
