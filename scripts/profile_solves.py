@@ -31,10 +31,10 @@ Douglas-Rachford iterate) next to the cosine between consecutive momenta and how
 
 With ``--ops`` the profiled optimizer steps are also timed per aten operator (`OperatorTimer`): what
 the whole ``ManifoldMuon.step`` spends in eigendecompositions and SVDs, in matrix products and in
-everything else, the dearest operators, and the functions of `geomtrain` and `manifolds` that called the
-dearest ones. These are the operators' own times, not the Python between
-them, and the timer slows the step it watches (the step times printed then include it); not with
-``--variants`` or ``--reference``, whose extra solves it would count.
+everything else, the dearest operators, and the functions of `geomtrain` and `manifolds` that called
+the dearest ones. These are the operators' own times, not the Python between them, and the timer slows
+the steps it watches (the step times printed then include it); not with ``--variants`` or
+``--reference``, whose extra solves it would count.
 
     OMP_NUM_THREADS=1 python scripts/profile_solves.py all-dgram --first 41 --last 43 --ops
 
@@ -47,6 +47,7 @@ from __future__ import annotations
 
 import argparse
 import collections
+import contextlib
 import functools
 import inspect
 import os
@@ -454,7 +455,7 @@ def main() -> None:
     )
     trainer = Trainer(config)
     step_seconds = 0.0
-    with timer:
+    with timer if args.ops else contextlib.nullcontext():  # the mode itself slows every operator: only with --ops
         for step in range(args.last + 1):
             now["profiling"], now["call"] = step >= args.first, 0
             seconds = trainer.step().seconds
