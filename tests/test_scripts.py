@@ -384,6 +384,18 @@ def test_profile_solves_ops_times_the_optimizer_step_by_operator(run_script, dat
     with pytest.raises(SystemExit) as exit_info:  # --ops would count the variants' solves: refused, exit code 2
         run_script("profile_solves.py", "hetero", "--ops", "--variants", "cold")
     assert exit_info.value.code == 2
+    # without --ops no dispatch mode is active in the steps (it would slow every operator the script times)
+    from torch.utils._python_dispatch import _get_current_dispatch_mode
+
+    modes, step = [], muon.ManifoldMuon.step
+
+    def watched(self, *args, **kwargs):
+        modes.append(_get_current_dispatch_mode())
+        return step(self, *args, **kwargs)
+
+    monkeypatch.setattr(muon.ManifoldMuon, "step", watched)
+    run_script("profile_solves.py", *argv[:-1])
+    assert modes and all(mode is None for mode in modes)
 
 
 def test_exact_newton_step_hessian_product_matches_finite_differences():
