@@ -114,7 +114,6 @@ def atomic_torch_save(obj: Any, path: str | os.PathLike) -> None:
     atomic_write(path, lambda fh: torch.save(obj, fh))
 
 
-# ----------------------------------------------------------------------------- JSON and JSONL
 def writable_output(path: str | os.PathLike, folder: bool = False) -> Path:
     """Make ``path``'s folder (``path`` itself with ``folder``) and check that it can be written, before a
     long job whose result goes there (a benchmark's JSON written after minutes of timing); raises an
@@ -134,6 +133,7 @@ def writable_output(path: str | os.PathLike, folder: bool = False) -> Path:
     return path
 
 
+# ----------------------------------------------------------------------------- JSON and JSONL
 def to_jsonable(obj: Any) -> Any:
     """A JSON-ready copy: tensors become numbers or lists, numpy scalars numbers, paths strings,
     non-finite floats ``None`` (JSON has no NaN)."""

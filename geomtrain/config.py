@@ -357,6 +357,12 @@ def _bounded_number(kind: type, name: str, ok) -> Any:
     return parse
 
 
+def check_integer(name: str, value: Any, low: int) -> None:
+    """A count given to a library function: an ``int`` (not a bool) >= ``low``, else a one-line ValueError."""
+    if isinstance(value, bool) or not isinstance(value, int) or value < low:
+        raise ValueError(f"{name} must be an integer >= {low}; got {value!r}")
+
+
 # argparse types of counts and sizes on the command lines
 positive_int = _bounded_number(int, "integer >= 1", lambda v: v >= 1)
 non_negative_int = _bounded_number(int, "integer >= 0", lambda v: v >= 0)

@@ -148,10 +148,8 @@ def main() -> None:
     parser.add_argument("--threads", type=positive_int, default=1)
     args = parser.parse_args()
     m, n = args.shape
-    if not m >= 2 * n - 1 or n < 3 or args.seeds < 1 or args.perturb < 0:
-        parser.error(
-            "need a tall shape with m >= 2n - 1 (room for the completion), n >= 3, --seeds >= 1, --perturb >= 0"
-        )
+    if not m >= 2 * n - 1 or n < 3 or args.perturb < 0:  # --seeds: positive_int
+        parser.error("need a tall shape with m >= 2n - 1 (room for the completion), n >= 3 and --perturb >= 0")
     torch.set_num_threads(args.threads)
     dtype = getattr(torch, args.dtype)
     v = torch.ones(n, dtype=torch.float64) / n**0.5

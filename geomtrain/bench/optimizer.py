@@ -44,7 +44,7 @@ from typing import TYPE_CHECKING
 import torch
 
 from .._io import atomic_write_json, environment_record, writable_output
-from ..config import non_negative_int, parse_solver_options, positive_float, positive_int
+from ..config import check_integer, non_negative_int, parse_solver_options, positive_float, positive_int
 
 if TYPE_CHECKING:
     from ..optim import DirectionStats
@@ -227,9 +227,8 @@ def bench_optimizer(
         raise ValueError("the solvers must include muon (every ratio is to plain Muon)")
     if spectrum not in SPECTRA:
         raise ValueError(f"unknown spectrum {spectrum!r}; valid: {', '.join(SPECTRA)}")
-    for name, value in (("layers", layers), ("repeats", repeats)):
-        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-            raise ValueError(f"{name} must be an integer >= 1; got {value!r}")
+    check_integer("layers", layers, 1)
+    check_integer("repeats", repeats, 1)
     if not scales or not all(isinstance(s, (int, float)) and math.isfinite(s) and s > 0 for s in scales):
         raise ValueError(f"scales must be finite numbers > 0 (gradient entry RMS), at least one; got {list(scales)!r}")
     if muon_dtype is None:

@@ -16,7 +16,7 @@ from collections.abc import Callable, Mapping, Sequence
 
 from .._io import atomic_write_json, environment_record, writable_output
 from ..assign import PRESETS
-from ..config import TrainConfig, make_config, non_negative_int, parse_assignments, positive_int
+from ..config import TrainConfig, check_integer, make_config, non_negative_int, parse_assignments, positive_int
 from ..model import model_config
 from .syncs import count_host_syncs
 
@@ -84,9 +84,8 @@ def measure_training_speed(
     timing protocol sets itself (below, and ``batch_size``, which has its own argument) is a ValueError."""
     if not presets:
         raise ValueError(f"no preset given; valid: {', '.join(PRESETS)}")
-    for name, value, low in (("steps", steps, 1), ("warmup", warmup, 0)):
-        if isinstance(value, bool) or not isinstance(value, int) or value < low:
-            raise ValueError(f"{name} must be an integer >= {low}; got {value!r}")
+    check_integer("steps", steps, 1)
+    check_integer("warmup", warmup, 0)
     configs = {}
     for preset in presets:
         overrides = dict(
