@@ -11,13 +11,14 @@ $W$ ($R_\perp^\top R_\perp = \hat G_\perp^\top\hat G_\perp$, one QR per solve),
 $$Y = \hat G + WS \;\simeq\; F = \begin{bmatrix}\Gamma^{-1/2}Z\\ R_\perp\end{bmatrix},\qquad Z = K + \Gamma S,$$
 
 ($2n \times n$, the same singular values and right singular vectors as $Y$), and a float32 SVD of $F$
-resolves singular values down to about $\varepsilon\,\sigma_{\max}$. LAPACK's SVD is dear on a CPU, so the
-variant measured here, ``factor32``, decomposes $M$ in float32 (formed from $F$) and then decomposes again
-the block of its eigenvectors whose eigenvalues are below ``--threshold`` $\cdot\lambda_{\max}$, from the
-products $FV_k$: those entries are known to their own scale, not to $\lambda_{\max}$'s. The multiplier
-$S$, $K$ and $Z$ stay float64 (a float32 $S$ rounds at a residual of about $3\cdot10^{-4}$, measured);
-everything else of an evaluation is float32, and the Stiefel step too (the DGram step already is). The
-certificate is the solver's own, in float64, at the eigenvectors orthonormalised in float64.
+resolves singular values down to about $\varepsilon\,\sigma_{\max}$ (``--decomposition svd``). LAPACK's
+SVD is dear on a CPU, so the default, ``--decomposition graded``, decomposes $M$ in float32 (formed from
+$F$) and then decomposes again the block of its eigenvectors whose eigenvalues are below ``--threshold``
+$\cdot\lambda_{\max}$, from the products $FV_k$: those entries are known to their own scale, not to
+$\lambda_{\max}$'s. The multiplier $S$, $K$ and $Z$ stay float64 (a float32 $S$ rounds at a residual of
+about $3\cdot10^{-4}$, measured); everything else of an evaluation is float32, and the Stiefel step too
+(the DGram step already is). The certificate is the solver's own, in float64, at the eigenvectors
+orthonormalised in float64.
 
 The script trains the `mini` model (``--model``) with a preset up to ``--step``, captures that step's tall
 solves, and solves each group again twice, alternately, ``--repeats`` times: as the library does
@@ -68,10 +69,21 @@ def graded_eigh(Zs: torch.Tensor, Rp: torch.Tensor, N: torch.Tensor, threshold: 
     return torch.cat([theta, lam0[..., k:]], -1).clamp_min(0), torch.cat([Vk @ Q, V0[..., k:]], -1)
 
 
+def factor_svd(Zs: torch.Tensor, Rp: torch.Tensor, N: torch.Tensor, threshold: float):
+    r"""Eigenpairs of $M = F^\top F$ (ascending) from a float32 SVD of $F = [Z_s; R_\perp]$ (``N``, ``threshold``:
+    unused, the signature of `graded_eigh`)."""
+    _, s, Vh = torch.linalg.svd(torch.cat([Zs, Rp], -2), full_matrices=False)
+    return s.flip(-1).square(), Vh.mT.flip(-1)
+
+
+DECOMPOSITIONS = {"graded": graded_eigh, "svd": factor_svd}
+
+
 class FactorDual(GramDual):
     """`GramDual` whose float64 Stiefel and DGram evaluations are float32 ones from the factor (module docstring)."""
 
     threshold = THRESHOLD
+    decompose = staticmethod(graded_eigh)
     evaluations = 0  # factored evaluations so far (all instances)
 
     def __init__(self, manifold, T, Gh, dtype, smoothing, *args):
@@ -100,7 +112,7 @@ class FactorDual(GramDual):
             return super().evaluate(S)
         FactorDual.evaluations += S.shape[0]
         Z = (self.K + self.d.unsqueeze(-1) * S).float()
-        lam, V = graded_eigh(Z / self.sd.unsqueeze(-1), self.Rp, self.N32, self.threshold)
+        lam, V = self.decompose(Z / self.sd.unsqueeze(-1), self.Rp, self.N32, self.threshold)
         r = inverse_sqrt_weights(lam, self.tau2, self.floor)
         if self.kind == "stiefel":
             Zt = V.mT @ Z @ V
@@ -160,10 +172,17 @@ def main() -> None:
     parser.add_argument("--data-dir", default="data/classics-bpe8k")
     parser.add_argument("--repeats", type=positive_int, default=3, help="timed solves per variant (default 3)")
     parser.add_argument("--threshold", type=positive_float, default=THRESHOLD, help=f"default {THRESHOLD:g}")
+    parser.add_argument(
+        "--decomposition",
+        choices=sorted(DECOMPOSITIONS),
+        default="graded",
+        help="of the factor: graded (float32 eigh of M, its small block again; default) or svd (float32 SVD of F)",
+    )
     parser.add_argument("--threads", type=positive_int, default=1)
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
     FactorDual.threshold = args.threshold
+    FactorDual.decompose = staticmethod(DECOMPOSITIONS[args.decomposition])
     capture = runpy.run_path(str(Path(__file__).with_name("exact_newton_step.py")))["capture"]
     calls = capture(args.preset, args.step, args.data_dir, args.model)
     print(f"{args.preset} step {args.step}: tall solves as the library does them (float64) and with factor32")

@@ -567,6 +567,9 @@ def test_factor_evaluation_resolves_the_small_singular_values_that_float32_m_los
     assert ((graded - sigma.flip(0)).abs() / sigma.flip(0))[resolved].max() < 3e-3
     assert ((plain - sigma.flip(0)).abs() / sigma.flip(0))[resolved].max() > 0.2
     assert torch.allclose(Vg[0].mT @ Vg[0], torch.eye(n), atol=1e-5)  # still orthonormal to float32 rounding
+    lam_svd, V_svd = script["factor_svd"](Zs, Rp, None, 0.0)  # the float32 SVD of F resolves them as well
+    assert ((lam_svd[0].double().sqrt() - sigma.flip(0)).abs() / sigma.flip(0))[resolved].max() < 3e-3
+    assert (lam_svd[0].diff() >= 0).all() and torch.allclose(V_svd[0].mT @ V_svd[0], torch.eye(n), atol=1e-5)
 
 
 def test_factor_evaluation_prints_both_variants_with_honest_certificates(run_script, data_dir, monkeypatch):
