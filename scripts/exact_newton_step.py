@@ -116,20 +116,27 @@ def capture(preset: str, step: int, data_dir: str, model: str) -> list[tuple]:
     return calls
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+def add_capture_arguments(parser: argparse.ArgumentParser) -> None:
+    """The arguments `capture` takes: the preset, ``--step`` (at least 1: a warm start), ``--model``, ``--data-dir``."""
     parser.add_argument("preset")
-    parser.add_argument("--step", type=int, default=41, help="the training step whose solves are taken (default 41)")
+    parser.add_argument(
+        "--step", type=positive_int, default=41, help="the training step whose solves are taken (default 41)"
+    )
     parser.add_argument("--model", default="mini", help="a model of geomtrain.model.MODEL_CONFIGS (default mini)")
     parser.add_argument("--data-dir", default="data/classics-bpe8k")
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    add_capture_arguments(parser)
     parser.add_argument(
         "--cg-iters", type=positive_int, default=50, help="conjugate-gradient iterations at most (default 50)"
     )
     parser.add_argument("--cg-rtol", type=float, default=1e-6, help="relative CG residual to stop at (default 1e-6)")
     parser.add_argument("--threads", type=positive_int, default=1)
     args = parser.parse_args()
-    if args.step < 1 or not args.cg_rtol > 0:  # --cg-iters: positive_int
-        parser.error("need --step >= 1 (a warm start) and --cg-rtol > 0")
+    if not args.cg_rtol > 0:  # --step and --cg-iters: positive_int
+        parser.error("need --cg-rtol > 0")
     torch.set_num_threads(args.threads)
     calls = capture(args.preset, args.step, args.data_dir, args.model)
     columns = ["start", "gauss-newton", *(f"newton t={t:g}" for t in LENGTHS)]

@@ -166,11 +166,9 @@ def solve_both(manifold, W: torch.Tensor, U: torch.Tensor, options: dict, repeat
 
 
 def main() -> None:
+    prototype = runpy.run_path(str(Path(__file__).with_name("exact_newton_step.py")))  # its capture of a step
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("preset")
-    parser.add_argument("--step", type=positive_int, default=41, help="the training step whose solves are taken")
-    parser.add_argument("--model", default="mini", help="a model of geomtrain.model.MODEL_CONFIGS (default mini)")
-    parser.add_argument("--data-dir", default="data/classics-bpe8k")
+    prototype["add_capture_arguments"](parser)
     parser.add_argument("--repeats", type=positive_int, default=3, help="timed solves per variant (default 3)")
     parser.add_argument("--threshold", type=positive_float, default=THRESHOLD, help=f"default {THRESHOLD:g}")
     parser.add_argument(
@@ -184,8 +182,7 @@ def main() -> None:
     torch.set_num_threads(args.threads)
     FactorDual.threshold = args.threshold
     FactorDual.decompose = staticmethod(DECOMPOSITIONS[args.decomposition])
-    capture = runpy.run_path(str(Path(__file__).with_name("exact_newton_step.py")))["capture"]
-    calls = capture(args.preset, args.step, args.data_dir, args.model)
+    calls = prototype["capture"](args.preset, args.step, args.data_dir, args.model)
     print(f"{args.preset} step {args.step}: tall solves as the library does them (float64) and with factor32")
     columns = {"variant": 10, "evaluations": 13, "ms": 8, "residual": 10, "|A|-1": 10, "certified": 11}
     columns.update({"true gap": 10, "factored": 10})
