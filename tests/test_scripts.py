@@ -581,17 +581,16 @@ def test_factor_evaluation_prints_both_variants_with_honest_certificates(run_scr
         "factor_evaluation.py", "hetero", "--model", "tiny", "--data-dir", data_dir, "--step", "2", "--repeats", "1"
     )
     assert gram_newton.GramDual.__name__ == "GramDual"  # the patch is undone
-    assert lines[0].startswith("hetero step 2: tall solves") and lines[1].split()[:3] == [
-        "group",
-        "variant",
-        "evaluations",
-    ]
+    assert lines[0].startswith("hetero step 2: tall solves")
+    assert lines[1].split()[:3] == ["group", "variant", "evaluations"]
     rows = {(" ".join(line.split()[:3]), line.split()[3]): line.split()[4:] for line in lines[2:]}
     assert set(rows) == {(g, v) for g in ("Stiefel 192x64 (2)", "DGram 256x64 (4)") for v in ("float64", "factor32")}
     for (_, variant), cells in rows.items():
         evaluations, ms, residual, excess, certified, true, factored = cells
-        assert int(evaluations) >= 1 and float(ms) > 0
-        assert float(residual) <= 1.05e-4 and float(excess) < 1e-2  # the accuracy targets
+        assert int(evaluations) >= 1 and float(ms) >= 0  # ms printed as an integer
+        # the accuracy targets; the residual of the float32 A, taken in float64, may exceed the solver's
+        # Gram-space one by A's rounding (measured up to 0.4% of tol: STOP_MARGIN in gram_newton)
+        assert float(residual) <= 1.05e-4 and float(excess) < 1e-2
         assert float(true) <= float(certified) + 1e-7  # the certificate bounds the true gap
         assert int(factored) == 0 if variant == "float64" else int(factored) >= 0
     assert sum(int(rows[key][-1]) for key in rows if key[1] == "factor32") > 0  # the factor path was exercised
