@@ -36,6 +36,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import dataclasses
 import runpy
 import time
 from pathlib import Path
@@ -127,8 +128,8 @@ class FactorDual(GramDual):
     def step(self, ev: Evaluation) -> torch.Tensor:
         if not (self.factored and self.kind == "stiefel"):
             return super().step(ev)
-        V, r = ev.V.float(), ev.r.float()
-        return (-V @ (ev.Ht.float() / (r[..., :, None] + r[..., None, :])) @ V.mT).double()
+        # the library's Stiefel step, in float32 (the DGram step already is)
+        return super().step(dataclasses.replace(ev, V=ev.V.float(), r=ev.r.float(), Ht=ev.Ht.float())).double()
 
     def certify(self, S, R, r, V, lam):
         if not self.factored:
