@@ -6,13 +6,17 @@ import re
 import pytest
 
 from geomtrain.bench.optimizer import OPT_SOLVERS, estimate_seconds
+from geomtrain.cli import main as cli_main
+
+
+def run_bench(argv: list[str]) -> int:
+    """``geomtrain bench ARGV``: the exit code."""
+    return cli_main(["bench", *argv])
 
 
 def test_bench_optimizer_cli_writes_tables_and_json(tmp_path, capsys):
-    from geomtrain import bench
-
     out = tmp_path / "bench.json"
-    code = bench.main(
+    code = run_bench(
         [
             "optimizer",
             "--shapes",
@@ -49,11 +53,9 @@ def test_bench_optimizer_cli_writes_tables_and_json(tmp_path, capsys):
 
 
 def test_quick_mode_skips_the_reference_and_estimates_less(tmp_path, capsys):
-    from geomtrain import bench
-
     out = tmp_path / "quick.json"
     assert (
-        bench.main(["optimizer", "--quick", "--shapes", "16x8", "--manifolds", "stiefel", "--quiet", "--out", str(out)])
+        run_bench(["optimizer", "--quick", "--shapes", "16x8", "--manifolds", "stiefel", "--quiet", "--out", str(out)])
         == 0
     )
     result = json.loads(out.read_text())
@@ -66,11 +68,9 @@ def test_quick_mode_skips_the_reference_and_estimates_less(tmp_path, capsys):
 
 
 def test_bench_cli_rejects_bad_input(capsys):
-    from geomtrain import bench
-
-    assert bench.main(["optimizer", "--shapes", "24by8"]) == 2
+    assert run_bench(["optimizer", "--shapes", "24by8"]) == 2
     assert "OUTxIN" in capsys.readouterr().err
-    assert bench.main(["optimiser"]) == 2  # one-line error, exit 2
+    assert run_bench(["optimiser"]) == 2  # one-line error, exit 2
     assert "invalid choice" in capsys.readouterr().err
     # counts and scales that ran nothing (layers 0 or below), or ended in a traceback (repeats 0: no time
     # kept; scale 0: a zero gradient; threads -1: torch refuses it), refused before anything runs
@@ -82,21 +82,19 @@ def test_bench_cli_rejects_bad_input(capsys):
         ("--scales", "nan", "invalid finite number > 0 value: 'nan'"),
         ("--threads", "-1", "invalid integer >= 0 value: '-1'"),
     ):
-        assert bench.main(["optimizer", "--quick", "--shapes", "8x4", flag, bad]) == 2
+        assert run_bench(["optimizer", "--quick", "--shapes", "8x4", flag, bad]) == 2
         err = capsys.readouterr().err
         assert err.count("\n") == 1 and f"argument {flag}: {says}" in err, err
 
 
 def test_bench_optimizer_checks_its_out_path_before_timing(tmp_path, capsys):
-    from geomtrain import bench
-
     (tmp_path / "a_file").write_text("")
     bad = tmp_path / "a_file" / "bench.json"
-    assert bench.main(["optimizer", "--quick", "--shapes", "8x4", "--out", str(bad)]) == 2
+    assert run_bench(["optimizer", "--quick", "--shapes", "8x4", "--out", str(bad)]) == 2
     err = capsys.readouterr().err  # the error alone: not even the time estimate was printed
     assert err == f"geomtrain bench optimizer: error: cannot make this folder: a file is in its path: {bad.parent}\n"
     good = tmp_path / "made" / "bench.json"
-    assert bench.main(["optimizer", "--quick", "--shapes", "8x4", "--quiet", "--out", str(good)]) == 0
+    assert run_bench(["optimizer", "--quick", "--shapes", "8x4", "--quiet", "--out", str(good)]) == 0
     assert json.loads(good.read_text())["matrices"]
 
 
@@ -121,7 +119,7 @@ def test_layernorm_spectrum_plants_the_null_direction_of_training_gradients():
     # decaying spectrum of "powerlaw" otherwise (float32 rounding: 1e-5 of the entries' RMS of 1).
     import torch
 
-    from geomtrain.bench.optimizer import synthetic_gradient
+    from geomtrain.bench.problems import synthetic_gradient
 
     for shape in ((24, 8), (8, 24), (8, 8)):
         G = synthetic_gradient(shape, "layernorm", torch.Generator().manual_seed(0), torch.float32, "cpu")
@@ -137,8 +135,7 @@ def test_custom_mask_twin_takes_the_generic_path_and_solves_the_same_problem(tmp
     # built-in float64 reference) and records the option.
     import torch
 
-    from geomtrain import bench
-    from geomtrain.bench.optimizer import custom_mask_twin
+    from geomtrain.bench.problems import custom_mask_twin
     from geomtrain.optim import mask_kind
     from manifolds import DGram, Stiefel
 
@@ -149,7 +146,7 @@ def test_custom_mask_twin_takes_the_generic_path_and_solves_the_same_problem(tmp
         assert torch.equal(twin.project_gram(M), man.project_gram(M))
     out = tmp_path / "custom.json"
     argv = ["optimizer", "--shapes", "24x8", "--manifolds", "dgram", "--scales", "1e-3", "--quiet"]
-    assert bench.main([*argv, "--custom-mask", "--out", str(out)]) == 0
+    assert run_bench([*argv, "--custom-mask", "--out", str(out)]) == 0
     result = json.loads(out.read_text())
     assert result["config"]["custom_mask"] is True
     rows = {r["solver"]: r for r in result["layers"]}
@@ -161,21 +158,19 @@ def test_custom_mask_twin_takes_the_generic_path_and_solves_the_same_problem(tmp
 
 
 def test_solver_options_reach_the_cold_and_warm_solves(tmp_path, capsys):
-    from geomtrain import bench
-
     argv = ["optimizer", "--quick", "--shapes", "48x16", "--manifolds", "dgram", "--quiet"]
-    assert bench.main([*argv, "--solver-options", "max_iter=1", "--out", str(tmp_path / "one.json")]) == 0
+    assert run_bench([*argv, "--solver-options", "max_iter=1", "--out", str(tmp_path / "one.json")]) == 0
     result = json.loads((tmp_path / "one.json").read_text())
     assert result["config"]["solver_options"] == {"max_iter": "1"}
     solvers = result["matrices"][0]["solvers"]
     # one evaluation, then the polish (one more eigenvalue problem, counted): never the full solve
     assert solvers["cold"]["evaluations"] <= 2 and solvers["warm"]["evaluations"] <= 2
-    assert bench.main([*argv, "--solver-options", "compute_dtype=float64", "--out", str(tmp_path / "f64.json")]) == 0
+    assert run_bench([*argv, "--solver-options", "compute_dtype=float64", "--out", str(tmp_path / "f64.json")]) == 0
     f64 = json.loads((tmp_path / "f64.json").read_text())["matrices"][0]["solvers"]
     assert f64["cold"]["residual"] <= 1e-4 and f64["cold"]["opnorm"] <= 1 + 1e-6  # float64: no rounding floor
     capsys.readouterr()
     for bad, says in (("bogus=1", "KEY one of tol"), ("compute_dtype=int8", "valid: float32, float64")):
-        assert bench.main([*argv, "--solver-options", bad]) == 2
+        assert run_bench([*argv, "--solver-options", bad]) == 2
         err = capsys.readouterr().err
         assert err.count("\n") == 1 and says in err and "estimated" not in err  # refused before any work
 
@@ -188,8 +183,7 @@ def test_init_points_are_gpt2_initial_weights_on_the_manifold(tmp_path, capsys):
 
     import torch
 
-    from geomtrain import bench
-    from geomtrain.bench.optimizer import benchmark_point
+    from geomtrain.bench.problems import benchmark_point
     from manifolds import DGram
 
     gen = torch.Generator().manual_seed(0)
@@ -204,12 +198,12 @@ def test_init_points_are_gpt2_initial_weights_on_the_manifold(tmp_path, capsys):
     assert float(R.max() / R.min()) > 3
     out = tmp_path / "init.json"
     argv = ["optimizer", "--quick", "--shapes", "16x16", "--manifolds", "dgram", "--quiet"]
-    assert bench.main([*argv, "--points", "init", "--out", str(out)]) == 0
+    assert run_bench([*argv, "--points", "init", "--out", str(out)]) == 0
     result = json.loads(out.read_text())
     assert result["config"]["points"] == "init"
     assert result["layers"][-1]["residual"] <= 1e-4
     capsys.readouterr()
-    assert bench.main([*argv, "--points", "trained"]) == 2
+    assert run_bench([*argv, "--points", "trained"]) == 2
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and "invalid choice" in err and "init" in err
 
@@ -221,7 +215,7 @@ def test_reference_solve_finds_the_square_stiefel_optimum_and_measures_gaps_agai
     # (~1e-13 here) and the smoothing 1e-6 * RMS, far below the smallest singular value of skew(W^T G) (~1e-2).
     import torch
 
-    from geomtrain.bench.optimizer import reference_solve
+    from geomtrain.bench.problems import reference_solve
     from manifolds import Stiefel
 
     gen = torch.Generator().manual_seed(0)
@@ -239,3 +233,42 @@ def test_reference_solve_finds_the_square_stiefel_optimum_and_measures_gaps_agai
         assert stats.residual.shape == (2,) and bool(stats.converged.all())
         for gap, expected in zip(gaps, (0.0, 0.5, -0.1)):
             assert gap.shape == (2,) and float((gap - expected).abs().max()) < 1e-9
+
+
+def test_bench_never_imports_the_cli():
+    # The CLI registers the benchmarks (geomtrain.cli imports geomtrain.bench), so no module of the bench
+    # package may import geomtrain.cli back, not even lazily inside a function: a cycle. Only __main__.py,
+    # the entry script of `python -m geomtrain.bench`, which nothing imports, calls the CLI.
+    import ast
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    import geomtrain.bench
+
+    package = Path(geomtrain.bench.__file__).parent
+    for path in sorted(package.glob("*.py")):
+        if path.name == "__main__.py":
+            continue
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.ImportFrom):
+                names = [node.module or ""] + [alias.name for alias in node.names]
+                absolute = node.module if node.level == 0 else None
+                assert "cli" not in names and absolute != "geomtrain.cli", f"{path.name} imports the CLI"
+            elif isinstance(node, ast.Import):
+                assert all(alias.name != "geomtrain.cli" for alias in node.names), f"{path.name} imports the CLI"
+    modules = ", ".join(f"geomtrain.bench.{p.stem}" for p in sorted(package.glob("*.py")) if p.stem[0] != "_")
+    check = f"import sys, {modules}; assert 'geomtrain.cli' not in sys.modules, 'geomtrain.cli was imported'"
+    subprocess.run([sys.executable, "-c", check], check=True)
+
+
+def test_python_m_geomtrain_bench_is_geomtrain_bench():
+    # The entry script runs the CLI's `bench` command: its one-line error and exit code 2 on bad input.
+    import subprocess
+    import sys
+
+    done = subprocess.run(
+        [sys.executable, "-m", "geomtrain.bench", "optimizer", "--shapes", "24by8"], capture_output=True, text=True
+    )
+    assert done.returncode == 2 and done.stdout == ""
+    assert done.stderr.count("\n") == 1 and done.stderr.startswith("geomtrain bench optimizer: error: --shapes")

@@ -19,17 +19,19 @@ initialisation, $\mathcal N(0, 0.02^2)$ entries and $0.02/\sqrt{2 \cdot 12}$ for
 matrices, projected onto the manifold as the trainer does). DGram points at ``init`` have nearly
 equal column norms, the hard case of the square DGram problem (docs/manifold-muon.md).
 
-With ``--custom-mask`` every manifold is replaced by its twin with its own ``project_gram``
-(`custom_mask_twin`: the same geometry), so the solver takes the code path of a user-defined mask
-(conjugate gradients instead of the closed forms); the reference solve keeps the built-in one.
+The problems (weights, gradients, reference) are those of `geomtrain.bench.problems`. With
+``--custom-mask`` every manifold is replaced by its twin with its own ``project_gram``
+(`geomtrain.bench.problems.custom_mask_twin`: the same geometry), so the solver takes the code path
+of a user-defined mask (conjugate gradients instead of the closed forms); the reference solve keeps
+the built-in one.
 
 Accuracy of every direction $A$, computed in float64 from the returned $A$: ``residual`` (RMS
 tangent residual $L_W(A)$), ``opnorm`` ($\|A\|_{\mathrm{op}}$), ``gap`` (relative objective gap
 $(\mathrm{OPT} - \langle \hat G, A\rangle)/\mathrm{OPT}$ against a float64 reference solve of the
-same problem, `reference_solve` to tol 1e-6, skipped by ``--quick``; negative when an infeasible
-$A$ overshoots) and, for the default solver, its own certified ``dual_gap``. Tables: per matrix
-(ratios to ``muon`` and evaluations) and per layer (summed times). The run prints its estimated
-duration first.
+same problem, `geomtrain.bench.problems.reference_solve` to tol 1e-6, skipped by ``--quick``;
+negative when an infeasible $A$ overshoots) and, for the default solver, its own certified
+``dual_gap``. Tables: per matrix (ratios to ``muon`` and evaluations) and per layer (summed times).
+The run prints its estimated duration first.
 """
 
 from __future__ import annotations
@@ -39,15 +41,12 @@ import math
 import sys
 import time
 from collections.abc import Callable
-from typing import TYPE_CHECKING
 
 import torch
 
 from .._io import atomic_write_json, environment_record, writable_output
 from ..config import check_integer, non_negative_int, parse_solver_options, positive_float, positive_int
-
-if TYPE_CHECKING:
-    from ..optim import DirectionStats
+from .problems import POINTS, SPECTRA, benchmark_point, custom_mask_twin, reference_solve, synthetic_gradient
 
 __all__ = [
     "bench_optimizer",
@@ -57,12 +56,6 @@ __all__ = [
     "add_parser",
     "GPT2_SHAPES",
     "OPT_SOLVERS",
-    "SPECTRA",
-    "POINTS",
-    "synthetic_gradient",
-    "benchmark_point",
-    "custom_mask_twin",
-    "reference_solve",
 ]
 
 GPT2_SHAPES = (("c_attn", (2304, 768)), ("attn.c_proj", (768, 768)), ("c_fc", (3072, 768)), ("mlp.c_proj", (768, 3072)))
@@ -76,43 +69,6 @@ _SQUARE_DGRAM_COST = {"cold": 12.0, "warm": 12.0, "reference": 60.0}
 # 2304x768 and 3072x768 (CPU, float32): 1.3-1.4x for a Stiefel-like mask, 4.5-6x for a DGram-like one.
 _CUSTOM_MASK_COST = 5.0
 _MSIGN_STEPS, _MSIGN_GRAMS = 5, 3  # Polar Express: per step X X^T, (X X^T)^2 and B X
-SPECTRA = ("gaussian", "powerlaw", "layernorm")  # of the benchmark gradients: see synthetic_gradient
-POINTS = ("random", "init")  # of the benchmark weights: see benchmark_point
-# GPT-2's initialisation (geomtrain.model.GPT.reset_parameters) at GPT-2 small's depth, 12 layers
-INIT_STD, INIT_LAYERS = 0.02, 12
-
-
-def benchmark_point(manifold, name: str, shape, points: str, gen: torch.Generator) -> torch.Tensor:
-    r"""A benchmark weight of ``shape`` on ``manifold`` (float32, CPU): ``manifold.random`` for
-    ``"random"``; for ``"init"``, GPT-2's initial weight projected onto the manifold (``projx``, as
-    training starts): $\mathcal N(0, 0.02^2)$ entries, $0.02/\sqrt{2\cdot 12}$ for a matrix named
-    ``*c_proj`` (the residual-stream projections)."""
-    if points == "random":
-        return manifold.random(*shape, dtype=torch.float32, generator=gen)
-    if points != "init":
-        raise ValueError(f"unknown points {points!r}; valid: {', '.join(POINTS)}")
-    std = INIT_STD / math.sqrt(2 * INIT_LAYERS) if name.endswith("c_proj") else INIT_STD
-    return manifold.projx(std * torch.randn(*shape, generator=gen, dtype=torch.float32))
-
-
-def synthetic_gradient(shape, spectrum: str, gen: torch.Generator, dtype, device) -> torch.Tensor:
-    """A benchmark gradient of ``shape`` (entries of RMS 1) with the ``spectrum`` of `SPECTRA`."""
-    m, n = shape
-    if spectrum == "gaussian":
-        G = torch.randn(m, n, generator=gen, dtype=dtype)
-    else:  # "powerlaw": singular values k^(-1/2) over orthonormal factors, plus a small isotropic floor
-        k = min(m, n)
-        U = torch.linalg.qr(torch.randn(m, k, generator=gen, dtype=torch.float64))[0]
-        V = torch.linalg.qr(torch.randn(n, k, generator=gen, dtype=torch.float64))[0]
-        s = torch.arange(1, k + 1, dtype=torch.float64) ** -0.5
-        G = ((U * s) @ V.T).to(dtype)
-        G = G / G.norm() * math.sqrt(m * n) + 0.01 * torch.randn(m, n, generator=gen, dtype=dtype)
-    if spectrum == "layernorm":
-        # The null direction LayerNorm gives a transformer's gradients, on the small side: G 1 = 0 for a
-        # matrix that reads a LayerNorm output (tall c_attn, c_fc), 1^T G = 0 for one that writes into the
-        # residual stream (wide mlp.c_proj, square attn.c_proj). See docs/manifold-muon.md.
-        G = G - G.mean(dim=1 if m > n else 0, keepdim=True)
-    return (G / G.pow(2).mean().sqrt()).to(device)  # entries of RMS 1 before scaling
 
 
 def _sync(device) -> None:
@@ -141,20 +97,6 @@ def _opnorm(A: torch.Tensor) -> float:
     A = A.double()
     small = A.mT @ A if A.shape[-2] >= A.shape[-1] else A @ A.mT
     return float(torch.linalg.eigvalsh(small)[..., -1].clamp_min(0).sqrt())
-
-
-def custom_mask_twin(manifold):
-    """An instance of a subclass of ``type(manifold)`` whose ``project_gram`` is its own (returning the
-    parent's): the same geometry, but `geomtrain.optim.mask_kind` says ``generic``, so the direction
-    solver uses the code path of a user-defined mask. The manifold must take no constructor arguments."""
-    base = type(manifold)
-
-    class CustomMask(base):
-        def project_gram(self, M: torch.Tensor) -> torch.Tensor:
-            return base.project_gram(self, M)
-
-    CustomMask.__name__ = CustomMask.__qualname__ = f"Custom{base.__name__}"
-    return CustomMask()
 
 
 def estimate_seconds(
@@ -278,24 +220,6 @@ def bench_optimizer(
         "matrices": matrices,
         "layers": _layer_rows(matrices, solvers),
     }
-
-
-def reference_solve(
-    manifold, W: torch.Tensor, G: torch.Tensor, directions=(), *, tol: float, max_iter: int, smoothing: float
-) -> tuple[torch.Tensor, DirectionStats, list[torch.Tensor]]:
-    r"""The float64 reference solve of the direction problem at ``(W, G)`` (batches too) and the
-    relative objective gap $(\mathrm{OPT} - \langle G, A\rangle)/\mathrm{OPT}$ of each ``A`` in
-    ``directions`` against it (the scale of $G$ cancels; negative when an infeasible $A$ overshoots).
-
-    ``tol``, ``max_iter`` and ``smoothing`` are the default solver's options: the caller's accuracy.
-    Returns ``(reference, stats, gaps)``: the float64 direction, its `DirectionStats` and, per
-    direction, a float64 tensor of the batch shape."""
-    from ..optim import spectral_direction
-
-    W, G = W.double(), G.double()
-    ref, stats = spectral_direction(manifold, W, G, tol=tol, max_iter=max_iter, smoothing=smoothing)
-    opt = (ref * G).sum(dim=(-2, -1))
-    return ref, stats, [(opt - (A.double() * G).sum(dim=(-2, -1))) / opt for A in directions]
 
 
 def _add_reference(man, W, G, recs, directions, log, label) -> None:
