@@ -9,7 +9,7 @@
 # 2. `geomtrain bench train --model gpt2`, every preset side by side (bench_train.json; with the host
 #    synchronisations per step, which the compact solver loops cut 5-8x on the CPU count: compare the
 #    step times with docs/training.md, measured before them);
-# 3. (on CUDA) scripts/gpu_profile.py: the solver's kernels timed, and a profile of warm solves (kernels.json);
+# 3. (on CUDA) lab/2026-12-04-gpu-profile/gpu_profile.py: the solver's kernels timed, and a profile of warm solves (kernels.json);
 # 4. a study of the `gpt2` config, one seed, every preset, for as many steps as the rest of the
 #    budget allows at the step times just measured (short runs, to be reported as such), packed
 #    with its report as gpt2_short.tar.gz (the device returns at most 8 files).
@@ -48,7 +48,7 @@ gt "$(seconds 0.2)" bench optimizer --device "$device" --layers "${LAYERS:-12}" 
 gt "$(seconds 0.2)" bench train --model "$model" --device "$device" --steps 3 --warmup 1 --out "$out/bench_train.json"
 
 # The solver's kernels (eigh with cuSOLVER and MAGMA, msign, products) and a profile of warm solves: about 30 s
-[ "$device" = cuda ] && timeout -k 10 90 python3 scripts/gpu_profile.py "$out/kernels.json" >>"$log" 2>&1
+[ "$device" = cuda ] && timeout -k 10 90 python3 lab/2026-12-04-gpu-profile/gpu_profile.py "$out/kernels.json" >>"$log" 2>&1
 
 # Steps per run: what 50% of the budget buys at the measured step times (an eval every 10%), at least 20.
 iters=$(python3 - "$out/bench_train.json" "$(seconds 0.5)" <<'EOF'

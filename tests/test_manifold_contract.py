@@ -1,7 +1,6 @@
 """The contract kit run over every built-in manifold and a user subclass (one test per property)."""
 
 import importlib.util
-import runpy
 import sys
 from pathlib import Path
 
@@ -9,14 +8,35 @@ import pytest
 import torch
 from conftest import BlockGram, forget_manifold
 
-from manifolds import BoundedDGram, DGram, Euclidean, Oblique, Stiefel, get_manifold
+from manifolds import BoundedDGram, DGram, Euclidean, GramManifold, Oblique, Stiefel, get_manifold
 from manifolds.testing import PROPERTIES, check_manifold, run_property
+
+class ParityOblique(GramManifold):
+    """A user manifold written as docs/custom-manifold.md says (``project_gram`` only): unit columns, and columns
+    i and j orthogonal where i + j is odd (the even-indexed columns span a space orthogonal to the odd ones)."""
+
+    name = "ParityOblique"
+
+    def project_gram(self, M):
+        i = torch.arange(M.shape[-1], device=M.device)
+        mask = (i[:, None] == i[None, :]) | ((i[:, None] + i[None, :]) % 2 == 1)
+        return M * mask.to(M.dtype)
+
 
 # BoundedDGram is a manifold with boundary: the kit holds in its interior, which is where its
 # ``random`` draws points (largest column norm <= 0.9 * bound). Bound 0.5 rescales nearly every
 # DGram draw (log-normal norms around 1), bound 3 almost none.
-MANIFOLDS = [Stiefel(), DGram(), Oblique(), Euclidean(), BlockGram(), BoundedDGram(0.5), BoundedDGram(3.0)]
-IDS = ["Stiefel", "DGram", "Oblique", "Euclidean", "BlockGram", "BoundedDGram-0.5", "BoundedDGram-3"]
+MANIFOLDS = [
+    Stiefel(),
+    DGram(),
+    Oblique(),
+    Euclidean(),
+    BlockGram(),
+    ParityOblique(),
+    BoundedDGram(0.5),
+    BoundedDGram(3.0),
+]
+IDS = ["Stiefel", "DGram", "Oblique", "Euclidean", "BlockGram", "ParityOblique", "BoundedDGram-0.5", "BoundedDGram-3"]
 
 
 @pytest.mark.parametrize("manifold", MANIFOLDS, ids=IDS)
@@ -51,11 +71,15 @@ def test_kit_catches_wrong_projection():
         check_manifold(BrokenStiefel(), shapes=((8, 4),), dtypes=(torch.float64,), max_examples=10)
 
 
-# The projection of the null-direction deflation prototype (scripts/null_direction_deflation.py): onto
-# zero-diagonal symmetric matrices with zero row sums, an orthogonal projection that mixes entries.
-project_zero_row_sums = runpy.run_path(str(Path(__file__).parent.parent / "scripts" / "null_direction_deflation.py"))[
-    "project_zero_row_sums"
-]
+def project_zero_row_sums(M):
+    r"""Orthogonal projection of a symmetric ``M`` onto the symmetric matrices with zero diagonal and zero row sums
+    (the null-direction deflation prototype's multipliers): $\operatorname{Off}(M) + 2\operatorname{diag}(\mu) -
+    (\mu 1^\top + 1 \mu^\top)$, where $(n - 2)\mu + (1^\top \mu) 1 = r$, the row sums of $\operatorname{Off}(M)$."""
+    n = M.shape[-1]
+    off = M - torch.diag_embed(M.diagonal(dim1=-2, dim2=-1))
+    r = off.sum(-1)
+    mu = (r - r.sum(-1, keepdim=True) / (2 * n - 2)) / (n - 2)
+    return off + torch.diag_embed(2 * mu) - (mu[..., :, None] + mu[..., None, :])
 
 
 class ZeroRowSums(DGram):

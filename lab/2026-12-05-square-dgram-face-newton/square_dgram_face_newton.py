@@ -17,10 +17,10 @@ residual RMS of ``--tol``:
 ``--warm``: the next step's problem instead, every method started from the state of this one
 (solved to ``--tol`` / 10), the way the optimizer warm-starts. Prints one row per method:
 eigendecompositions, Jacobian products, the final residual and the seconds. A prototype for
-docs/solver-experiments.md (square DGram), not a solver of the library.
+lab/2026-12-05-square-dgram-face-newton (square DGram), not a solver of the library.
 
-    OMP_NUM_THREADS=1 python scripts/square_dgram_face_newton.py --n 128 --k0 2 4 8
-    OMP_NUM_THREADS=1 python scripts/square_dgram_face_newton.py --n 768 --k0 4
+    OMP_NUM_THREADS=1 python lab/2026-12-05-square-dgram-face-newton/square_dgram_face_newton.py --n 128 --k0 2 4 8
+    OMP_NUM_THREADS=1 python lab/2026-12-05-square-dgram-face-newton/square_dgram_face_newton.py --n 768 --k0 4
 """
 
 from __future__ import annotations
@@ -32,7 +32,7 @@ import numpy as np
 import torch
 from scipy.sparse.linalg import LinearOperator, gmres
 
-from geomtrain.bench.optimizer import SPECTRA, benchmark_point, synthetic_gradient
+from geomtrain.bench.problems import SPECTRA, benchmark_point, synthetic_gradient
 from geomtrain.config import positive_int
 from geomtrain.optim.square_dgram import SQUARE_RELAX, SquareFrame
 from manifolds import DGram
@@ -134,7 +134,7 @@ def main() -> None:
         "--spread",
         type=float,
         default=None,
-        help="column norms 1 + spread * u, u uniform in [-1, 1] (as scripts/square_dgram_spread.py); default: "
+        help="column norms 1 + spread * u, u uniform in [-1, 1] (as the square-dgram-spread record); default: "
         "the benchmark's random DGram point",
     )
     parser.add_argument(

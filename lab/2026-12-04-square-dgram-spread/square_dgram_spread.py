@@ -10,11 +10,12 @@ max_iter was reached and the direction polished), the certified gap, the time ag
 true relative gap of each direction against a float64 reference solve (tol 1e-10, at most 4,000
 iterations, smoothing 1e-6; slow where the spread is small but not zero). ``--rows M`` takes a tall
 M x n point instead (Q with orthonormal columns), ``--spectrum`` another benchmark gradient
-(`geomtrain.bench.optimizer.synthetic_gradient`).
+(`geomtrain.bench.problems.synthetic_gradient`).
 
-    OMP_NUM_THREADS=1 python scripts/square_dgram_spread.py --n 256
-    OMP_NUM_THREADS=1 python scripts/square_dgram_spread.py --n 128 --reference
-    OMP_NUM_THREADS=1 python scripts/square_dgram_spread.py --n 128 --rows 512 --spectrum layernorm --seed 1
+    OMP_NUM_THREADS=1 python lab/2026-12-04-square-dgram-spread/square_dgram_spread.py --n 256
+    OMP_NUM_THREADS=1 python lab/2026-12-04-square-dgram-spread/square_dgram_spread.py --n 128 --reference
+    OMP_NUM_THREADS=1 python lab/2026-12-04-square-dgram-spread/square_dgram_spread.py --n 128 --rows 512 \\
+        --spectrum layernorm --seed 1
 """
 
 from __future__ import annotations
@@ -24,7 +25,7 @@ import time
 
 import torch
 
-from geomtrain.bench.optimizer import SPECTRA, reference_solve, synthetic_gradient
+from geomtrain.bench.problems import SPECTRA, reference_solve, synthetic_gradient
 from geomtrain.config import positive_int
 from geomtrain.optim import spectral_direction
 from manifolds import DGram, msign

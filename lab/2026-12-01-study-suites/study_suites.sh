@@ -8,14 +8,14 @@
 # and `restore SUITE` on the next machine. With SAVE=1 a SUITE line that stops unfinished saves by
 # itself, and any SUITE line restores a saved study that the checkout does not hold yet.
 #
-#   scripts/study_suites.sh SUITE [HOURS]
-#   scripts/study_suites.sh save SUITE | restore SUITE
+#   lab/2026-12-01-study-suites/study_suites.sh SUITE [HOURS]
+#   lab/2026-12-01-study-suites/study_suites.sh save SUITE | restore SUITE
 #
 # Suites: main-exact ablation-tangent ablation-published split-qkv lr-exact length-500 length-2000 length-8000
 # length-8000-seed1 compare
 set -euo pipefail
-cd "$(dirname "$0")/.."
-usage="usage: scripts/study_suites.sh SUITE [HOURS] | save SUITE | restore SUITE; SUITE: main-exact, ablation-tangent, ablation-published, split-qkv, lr-exact, length-500, length-2000, length-8000, length-8000-seed1, compare"
+cd "$(dirname "$0")/../.."  # the repository root: every path below is relative to it
+usage="usage: lab/2026-12-01-study-suites/study_suites.sh SUITE [HOURS] | save SUITE | restore SUITE; SUITE: main-exact, ablation-tangent, ablation-published, split-qkv, lr-exact, length-500, length-2000, length-8000, length-8000-seed1, compare"
 suite=${1:?$usage}
 hours=${2:-2}
 GEOMTRAIN=${GEOMTRAIN:-geomtrain}

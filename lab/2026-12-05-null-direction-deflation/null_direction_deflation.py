@@ -2,7 +2,7 @@
 
 A matrix that writes into a transformer's residual stream gets a gradient with $\\hat G v = 0$ exactly
 (tall form, $v = \\mathbf 1/\\sqrt n$: LayerNorm's backward pass removes the feature mean; see
-docs/solver-experiments.md). The dual optimum $S^\\star$ then satisfies $S^\\star v = 0$: $Y^\\star v = 0$,
+lab/README.md). The dual optimum $S^\\star$ then satisfies $S^\\star v = 0$: $Y^\\star v = 0$,
 the degenerate direction that slows the solver. Deflating it, for a Stiefel point $W$, with $U$
 an orthonormal basis of $v^\\perp$:
 
@@ -18,9 +18,10 @@ solver on the whole problem and of the deflated one, and for both the tangent re
 spectral norm and the gap to a float64 reference (tol 1e-10), with $\\|a\\|$ against $\\|A^\\star v\\|$.
 Then, for DGram points (column norms $1 + 0.3u$), the evidence that the same holds there:
 $\\|S^\\star v\\| / \\|S^\\star\\|$ and the two smallest singular values of $Y^\\star$ at the reference optimum.
-A prototype for docs/solver-experiments.md, not a solver of the library.
+A prototype (lab/2026-12-05-null-direction-deflation), not a solver of the library.
 
-    OMP_NUM_THREADS=1 python scripts/null_direction_deflation.py --shape 512 128 --seeds 4
+    OMP_NUM_THREADS=1 python lab/2026-12-05-null-direction-deflation/null_direction_deflation.py \\
+        --shape 512 128 --seeds 4
 """
 
 from __future__ import annotations
@@ -29,7 +30,7 @@ import argparse
 
 import torch
 
-from geomtrain.bench.optimizer import synthetic_gradient
+from geomtrain.bench.problems import synthetic_gradient
 from geomtrain.config import positive_int
 from geomtrain.optim import spectral_direction, tangent_residual
 from manifolds import DGram, Stiefel

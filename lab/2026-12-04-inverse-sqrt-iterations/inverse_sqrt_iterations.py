@@ -10,7 +10,7 @@ a float64 eigendecomposition, with $\tau = 10^{-3} n^{-1/2}$, at the tangent sta
 problems: Gaussian and `layernorm` gradients at 2304x768 (``--shape M N``) and a `mini` training
 momentum (the test fixture, 384x128), in float32 and float64.
 
-    OMP_NUM_THREADS=1 python scripts/inverse_sqrt_iterations.py
+    OMP_NUM_THREADS=1 python lab/2026-12-04-inverse-sqrt-iterations/inverse_sqrt_iterations.py
 """
 
 from __future__ import annotations
@@ -20,7 +20,7 @@ import argparse
 import numpy as np
 import torch
 
-from geomtrain.bench.optimizer import synthetic_gradient
+from geomtrain.bench.problems import synthetic_gradient
 from geomtrain.optim.gram import GramDual
 from manifolds import Stiefel
 

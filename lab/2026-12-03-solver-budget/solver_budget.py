@@ -6,10 +6,10 @@ matrix and step (warm-started from the previous step's multiplier; an unconverge
 polished: projected onto the tangent space and scaled to unit spectral norm, so it stays feasible
 and carries an honest, larger, certified gap), beside the exact solve, the one-shot `tangent`
 approximation and `unconstrained` Muon. One run at a time, one thread; rerunning skips finished
-runs and resumes stopped ones. Then writes the table (docs/solver-experiments.md cites it):
+runs and resumes stopped ones. Then writes the table beside this script (results.md, arms.json, runs/):
 
-    python scripts/solver_budget.py run [--arms NAME ...]     # train what is missing
-    python scripts/solver_budget.py report                      # docs/results/solver-budget/
+    python lab/2026-12-03-solver-budget/solver_budget.py run [--arms NAME ...]   # train what is missing
+    python lab/2026-12-03-solver-budget/solver_budget.py report                    # the table only
 
 Each arm is one ``geomtrain train`` command (printed before it runs); its folder records the
 config, the environment and the seed.
@@ -28,11 +28,12 @@ from pathlib import Path
 
 from geomtrain.study.collect import read_run
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]  # the repository root
 RUNS = ROOT / "runs" / "solver-budget"
-OUT = ROOT / "docs" / "results" / "solver-budget"
+OUT = Path(__file__).resolve().parent  # this record
 DATA = "data/classics+austen-bpe4k"
-# The length-500 suite's settings (scripts/study_suites.sh): its unconstrained run is reproduced to the digit.
+# The length-500 suite's settings (lab/2026-12-01-study-suites/study_suites.sh): its unconstrained run is
+# reproduced to the digit.
 COMMON = ["--model", "mini", "--data-dir", DATA, "--block-size", "64", "--max-iters", "500"]
 COMMON += ["--warmup-iters", "50", "--checkpoint-interval", "50", "--no-progress"]
 ARMS = {  # name: (seed, flags)
@@ -100,7 +101,7 @@ def report() -> None:
     rows = [r for r in map(summarise, ARMS) if r is not None]
     base = {r["seed"]: r["ms_per_step"] for r in rows if r["arm"].startswith("unconstrained")}
     lines = [
-        "# Solver budget in training (`scripts/solver_budget.py`)",
+        "# Solver budget in training (`solver_budget.py`)",
         "",
         "`mini`, context 64, `classics+austen-bpe4k`, 500 steps; one run at a time, one thread, beside "
         "another single-threaded job on the 2-core CPU (ratios are to `unconstrained` run the same way). "

@@ -1,6 +1,6 @@
 """Where the exact solver's time goes on a GPU: the kernels it is built from, timed side by side.
 
-    python scripts/gpu_profile.py OUT.json
+    python lab/2026-12-04-gpu-profile/gpu_profile.py OUT.json      # on a CUDA machine
 
 Times (median of 5 after 2 warm-up calls, CUDA-synchronised) a symmetric eigendecomposition
 (``torch.linalg.eigh``, the solver's polar evaluation) with cuSOLVER and with MAGMA, single and
@@ -13,6 +13,7 @@ kernels that take it, and the host synchronisations. Written for the docs' "On a
 
 from __future__ import annotations
 
+import argparse
 import json
 import statistics
 import sys
@@ -112,7 +113,9 @@ def profile_solves() -> dict:
 
 
 def main() -> int:
-    path = sys.argv[1]
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("out", help="the JSON to write (kernels first, then the profiles)")
+    path = parser.parse_args().out
     result = {"device": torch.cuda.get_device_name(), "torch": torch.__version__}
     result["kernels"] = kernels()
     atomic_write_json(path, result)  # the kernels survive a failed profile
