@@ -16,6 +16,7 @@ import dataclasses
 import sys
 from collections.abc import Callable
 
+from . import install_hint, require_extras
 from .config import positive_int
 
 __all__ = ["main", "build_parser", "COMMANDS", "UsageError"]
@@ -299,7 +300,8 @@ def main(argv: list[str] | None = None) -> int:
     # the name errors are reported under: a command and its mode (`bench train`, `study pack`)
     with_mode = argv[:1] in (["bench"], ["study"]) and len(argv) > 1 and not argv[1].startswith("-")
     command = " ".join(argv[:2] if with_mode else argv[:1])
-    try:
+    try:  # the command line needs the [train] extra; study, report and plot also [study] (matplotlib)
+        require_extras("train", *(["study"] if argv[:1] in (["study"], ["report"], ["plot"]) else []))
         args = build_parser().parse_args(argv)
         args.argv = argv
         return int(args.handler(args) or 0)
@@ -313,7 +315,12 @@ def main(argv: list[str] | None = None) -> int:
             f"geomtrain {command}: error: {exc.strerror or exc}{f': {exc.filename}' if exc.filename else ''}",
             file=sys.stderr,
         )
-    except ModuleNotFoundError as exc:  # a missing optional/data package names its pip command; any other is a bug
+    except ModuleNotFoundError as exc:  # a missing extra or optional package names its pip command; any other is a bug
+        hint = install_hint(exc.name)
+        if hint is not None:  # `geomtrain --help` has no command to name
+            where = f"geomtrain {command}" if command[:1].isalpha() else "geomtrain"
+            print(f"{where}: error: {exc}: run `{hint}`", file=sys.stderr)
+            return 2
         from .data import MissingPackageError
 
         if not isinstance(exc, MissingPackageError):
