@@ -53,6 +53,31 @@ _CHECK_ATOL = {torch.float32: 1e-5, torch.float64: 1e-10}
 _NEWTON_TOL = {torch.float32: 2e-6, torch.float64: 1e-13}
 
 
+def _scaled_residual(F: torch.Tensor, G: torch.Tensor) -> torch.Tensor:
+    r"""$|F_{ij}| / \max(1, \sqrt{G_{ii} G_{jj}})$: a constraint residual $F$ relative to the Gram matrix $G$."""
+    d = G.diagonal(dim1=-2, dim2=-1).clamp_min(0).sqrt()
+    return F.abs() / torch.clamp(d[..., :, None] * d[..., None, :], min=1.0)
+
+
+def _damped_step(project_gram, G, C, E, F, active, halvings: int = 20):
+    r"""Newton update $C - \alpha E$ of each ``active`` matrix, with the largest $\alpha \in \{1, \frac12,
+    \frac14, \dots\}$ that reduces $\|F\|_F$, $F = P(C G C - I)$; matrices with no such $\alpha$ keep $C$.
+    Returns the new ``C``, its ``F``, and whether any matrix moved."""
+    eye = torch.eye(G.shape[-1], dtype=G.dtype, device=G.device)
+    before = F.norm(dim=(-2, -1))
+    alpha = torch.ones_like(before)
+    for _ in range(halvings):
+        C_try = C - alpha[..., None, None] * E
+        F_try = project_gram(C_try @ G @ C_try - eye)
+        better = F_try.norm(dim=(-2, -1)) < before  # False for NaN
+        retry = active & ~better
+        if not bool(retry.any()):
+            break
+        alpha = torch.where(retry, 0.5 * alpha, alpha)
+    take = (active & better)[..., None, None]
+    return torch.where(take, C_try, C), torch.where(take, F_try, F), bool(take.any())
+
+
 def is_wide(x: torch.Tensor) -> bool:
     """True when the last two dims are (m, n) with m < n: the constraint then acts on rows."""
     return x.shape[-2] < x.shape[-1]
@@ -175,43 +200,79 @@ class GramManifold(geoopt.Manifold, metaclass=abc.ABCMeta):
 
     # ------------------------------------------------------------------ generic solves
     def _solve_masked(self, K: torch.Tensor, R: torch.Tensor) -> torch.Tensor:
-        r"""Solve $\mathrm{mask} \odot (K E + E K^\top) = R$ for $E$ supported on the mask.
+        r"""Solve $\mathrm{mask} \odot (K E + E K^\top) = R$ ($R$ symmetric) for a symmetric $E$ supported on the mask.
 
-        A dense solve over the $k$ masked entries: $M_{ab} = K_{i_a i_b}\delta_{j_a j_b} +
-        \delta_{i_a i_b} K_{j_a j_b}$ for entry pairs $a = (i_a, j_a)$, $b = (i_b, j_b)$.
+        A dense solve over the $k$ masked entries $E_{pq}$, $p \le q$: the coefficient of $E_{pq}$ in equation
+        $(i, j)$ is $K_{ip}\delta_{qj} + K_{iq}\delta_{pj} + K_{jp}\delta_{qi} + K_{jq}\delta_{pi}$, halved for $p = q$.
         """
         n = K.shape[-1]
-        mask = self.gram_mask(n, K)
-        idx = mask.reshape(-1).nonzero().squeeze(-1)
-        out = torch.zeros_like(R).reshape(*R.shape[:-2], n * n)
-        if idx.numel() == 0:
-            return out.reshape(R.shape)
-        i, j = idx // n, idx % n
-        same_i = (i[:, None] == i[None, :]).to(K.dtype)
-        same_j = (j[:, None] == j[None, :]).to(K.dtype)
-        M = K[..., i[:, None], i[None, :]] * same_j + same_i * K[..., j[:, None], j[None, :]]
-        rhs = R.reshape(*R.shape[:-2], n * n)[..., idx]
-        out[..., idx] = torch.linalg.solve(M, rhs.unsqueeze(-1)).squeeze(-1)
-        return out.reshape(R.shape)
+        i, j = torch.triu(self.gram_mask(n, K)).nonzero(as_tuple=True)
+        E = torch.zeros_like(R)
+        if i.numel() == 0:
+            return E
+        row_i, row_j, col_p, col_q = i[:, None], j[:, None], i[None, :], j[None, :]
+        M = (
+            K[..., row_i, col_p] * (col_q == row_j)
+            + K[..., row_i, col_q] * (col_p == row_j)
+            + K[..., row_j, col_p] * (col_q == row_i)
+            + K[..., row_j, col_q] * (col_p == row_i)
+        ) * torch.where(col_p == col_q, 0.5, 1.0).to(K.dtype)
+        e = torch.linalg.solve(M, R[..., i, j].unsqueeze(-1)).squeeze(-1)
+        E[..., i, j] = e
+        E[..., j, i] = e
+        return E
 
-    def _newton_correction(self, X: torch.Tensor) -> torch.Tensor:
-        r"""Generic retraction $X(I+S)$ with $P((I+S)X^\top X(I+S) - I) = 0$ (Newton in $S$)."""
-        T = to_tall(X)
-        G = T.mT @ T
-        n = G.shape[-1]
-        eye = torch.eye(n, dtype=G.dtype, device=G.device)
+    def _newton_projection(self, X: torch.Tensor) -> torch.Tensor:
+        r"""Generic projection $X_0 C D_f$ of a tall ``X``, computed in float64 whatever the dtype of ``X`` (tall form).
+
+        The columns are normalised first, $X_0 = X D^{-1}$ with $D = \operatorname{diag}(\|x_i\|)$: a
+        column scaled by $c$ keeps its angles (so every masked off-diagonal entry stays zero or not) and
+        changes its norm, which only the masked diagonal entries fix, to 1. From $X_0$ (unit columns, any
+        input scale) Newton solves $P(C G_0 C - I) = 0$, $G_0 = X_0^\top X_0$, for a symmetric $C$ with
+        $C - I = P(C - I)$, starting at $C = I$ and halving a step that does not reduce
+        $\|P(C G_0 C - I)\|_F$. Last, the columns of $Y = X_0 C$ whose norm $P$ leaves free are scaled back to
+        the norms of ``X`` ($D_f$), which keeps the point on $\mathcal M_P$.
+        Raises ``ValueError`` (one line: the manifold, the dtype, the residual reached) where the
+        result, cast back to the dtype of ``X``, is not on the manifold.
+        """
+        name, dtype = type(self).__name__, X.dtype
+        T = to_tall(X).to(torch.float64)
+        n = T.shape[-1]
+        eye = torch.eye(n, dtype=T.dtype, device=T.device)
+        fixed_norm = self.gram_mask(n, T).diagonal() > 0
+        norms = T.norm(dim=-2, keepdim=True)
+        if bool(((norms == 0) & fixed_norm).any()):
+            raise ValueError(f"{name}.projx cannot normalise a zero column whose norm P fixes to 1 ({dtype} input)")
+        X0 = T / torch.where(norms == 0, 1.0, norms)
+        G = X0.mT @ X0
         C = eye.expand_as(G).clone()
-        tol = _NEWTON_TOL[G.dtype] * max(1.0, float(G.diagonal(dim1=-2, dim2=-1).abs().max()))
-        for _ in range(self.max_newton_steps):
-            F = self.project_gram(C @ G @ C - eye)
-            if float(F.abs().max()) <= tol:
-                return from_tall(T @ C, like=X)
-            C = C - sym(self._solve_masked(C @ G, F))
-        raise RuntimeError(
-            f"{type(self).__name__}: generic Newton retraction did not converge in "
-            f"{self.max_newton_steps} steps (point too far from the manifold); take a smaller step "
-            "or override projx/retr with a closed form"
-        )
+        F = self.project_gram(G - eye)
+        steps = 0
+        while steps < self.max_newton_steps:
+            active = _scaled_residual(F, C @ G @ C).amax(dim=(-2, -1)) > _NEWTON_TOL[torch.float64]
+            if not bool(active.any()):
+                break
+            steps += 1
+            try:
+                E = self._solve_masked(C @ G, F)
+            except torch.linalg.LinAlgError:  # a singular Newton system: rank-deficient input
+                break
+            C, F, moved = _damped_step(self.project_gram, G, C, E, F, active)
+            if not moved:
+                break
+        Y = X0 @ C
+        restore = norms / Y.norm(dim=-2, keepdim=True).clamp_min(torch.finfo(Y.dtype).tiny)
+        out = from_tall((Y * torch.where(fixed_norm, 1.0, restore)).to(dtype), like=X)
+        atol = _CHECK_ATOL[dtype]
+        ok, _ = self.check_point_on_manifold(out, explain=True, atol=atol)
+        if not ok:
+            reached = float(self.constraint_violation(out).max()) if torch.isfinite(out).all() else float("nan")
+            raise ValueError(
+                f"{name}.projx could not reach the manifold from this {dtype} input: the scaled residual "
+                f"P(W^T W - I) is {reached:.3g} after {steps} Newton steps (in float64), above atol={atol:g}; "
+                "a rank-deficient input has no nearby point (override projx with a closed form for such inputs)"
+            )
+        return out
 
     # ------------------------------------------------------------------ validation
     def _validate(self, x: torch.Tensor, name: str = "x") -> None:
@@ -233,7 +294,7 @@ class GramManifold(geoopt.Manifold, metaclass=abc.ABCMeta):
 
     def proju(self, x: torch.Tensor, u: torch.Tensor) -> torch.Tensor:
         r"""Orthogonal projection onto $T_x$: $u - x S$, $P(GS + SG) = L_x(u)$ (generic solve)."""
-        S = sym(self._solve_masked(self.gram(x), self.tangent_constraint(x, u)))
+        S = self._solve_masked(self.gram(x), self.tangent_constraint(x, u))
         return u - from_tall(to_tall(x) @ S, like=x)
 
     def egrad2rgrad(self, x: torch.Tensor, u: torch.Tensor) -> torch.Tensor:
@@ -241,14 +302,23 @@ class GramManifold(geoopt.Manifold, metaclass=abc.ABCMeta):
         return self.proju(x, u)
 
     def projx(self, x: torch.Tensor) -> torch.Tensor:
-        r"""A point of $\mathcal M_P$ near ``x`` (generic: $x(I+S)$ by Newton; fixes points on it)."""
+        r"""A point of $\mathcal M_P$ near ``x``, from any nonzero scale (generic: normalised columns, then
+        Newton for $x_0(I + S)$; see `_newton_projection`). A point already on $\mathcal M_P$ (scaled residual
+        below the Newton tolerance of its dtype) is returned unchanged."""
         self._validate(x)
-        return self._newton_correction(x)
+        self.check_mask(min(x.shape[-2:]))
+        if x.numel() == 0 or float(self.constraint_violation(x).max()) <= _NEWTON_TOL[x.dtype]:
+            return x.clone()
+        return self._newton_projection(x)
 
     def retr(self, x: torch.Tensor, u: torch.Tensor) -> torch.Tensor:
-        r"""Retraction $R_x(u) = \operatorname{projx}(x + u)$: first order, fixes $R_x(0) = x$."""
+        r"""Retraction $R_x(u) = \operatorname{projx}(x + u)$: first order, and $R_x(0) = x$ bitwise (per
+        matrix of a batch: where ``u`` is all zero, ``x`` is returned as it is, whatever ``projx`` would
+        round)."""
         self._validate(u, "u")
-        return self.projx(x + u)
+        moved = self.projx(x + u)
+        still = (u == 0).flatten(-2).all(dim=-1)[..., None, None]
+        return torch.where(still, x, moved)
 
     def expmap(self, x: torch.Tensor, u: torch.Tensor) -> torch.Tensor:
         """Equal to `retr` (a first-order approximation of the exponential map)."""
@@ -283,10 +353,7 @@ class GramManifold(geoopt.Manifold, metaclass=abc.ABCMeta):
     def constraint_violation(self, x: torch.Tensor) -> torch.Tensor:
         r"""Entrywise $|P(G - I)_{ij}| / \max(1, \sqrt{G_{ii} G_{jj}})$: a scale-aware distance from
         the manifold (0 on it; for DGram, the cosines between constrained columns)."""
-        G = self.gram(x)
-        d = G.diagonal(dim1=-2, dim2=-1).clamp_min(0).sqrt()
-        scale = torch.clamp(d[..., :, None] * d[..., None, :], min=1.0)
-        return self.constraint_residual(x).abs() / scale
+        return _scaled_residual(self.constraint_residual(x), self.gram(x))
 
     def _check_point_on_manifold(self, x, *, atol=None, rtol=None):
         if x.dim() < 2:

@@ -27,6 +27,7 @@ the rounding error is about $n \kappa\, \varepsilon$: $16 \cdot 20 \cdot 2.2\tim
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable, Iterable, Sequence
 
 import torch
@@ -39,6 +40,7 @@ __all__ = [
     "TOLERANCE",
     "DEFAULT_SHAPES",
     "DEFAULT_DTYPES",
+    "DEFAULT_SCALES",
     "Case",
     "cases",
     "PROPERTIES",
@@ -50,39 +52,62 @@ __all__ = [
 TOLERANCE = {torch.float64: 1e-9, torch.float32: 2e-4}
 DEFAULT_SHAPES: tuple[tuple[int, ...], ...] = ((8, 4), (4, 8), (6, 6), (2, 7, 3), (16, 5))
 DEFAULT_DTYPES = (torch.float64, torch.float32)
+# Entry scales (standard deviations) of the inputs projx must bring onto the manifold: 0.02 is GPT-2's
+# initialisation, the others span six decades around the manifold's own scale.
+DEFAULT_SCALES = (1e-3, 0.02, 0.1, 1.0, 3.0, 1e3)
 
 
 class Case:
-    """One drawn example: a point ``x``, two tangent vectors, an ambient matrix ``z``, a ``lam``."""
+    """One drawn example: a point ``x``, two tangent vectors ``u`` and ``v``, an ambient matrix ``z``, a ``lam``,
+    and a ``scale`` for inputs that need not be near the manifold.
 
-    def __init__(self, manifold: GramManifold, shape: Sequence[int], dtype: torch.dtype, seed: int):
-        self.manifold, self.shape, self.dtype, self.seed = manifold, tuple(shape), dtype, seed
-        g = torch.Generator().manual_seed(seed)
-        # Build in float64 and cast: a float32 point is then on the manifold to float32 rounding.
-        x64 = manifold.random(*shape, dtype=torch.float64, generator=g)
-        self.x = x64.to(dtype)
-        if dtype != torch.float64:
-            self.x = manifold.projx(self.x)
-        randn = lambda *s: torch.randn(*s, dtype=torch.float64, generator=g).to(dtype)  # noqa: E731
-        self.z = randn(*shape)
-        self.u = manifold.proju(self.x, randn(*shape))
-        self.v = manifold.proju(self.x, randn(*shape))
-        k = min(shape[-2], shape[-1])
-        self.lam = randn(*shape[:-2], k, k)
+    The tensors are drawn on first use (all at once, so the draws depend on the seed only): a property that
+    needs none of them, as the mask check, runs even where ``random`` or ``projx`` would fail.
+    """
+
+    def __init__(self, manifold: GramManifold, shape: Sequence[int], dtype: torch.dtype, seed: int, scale=1.0):
+        self.manifold, self.shape, self.dtype, self.seed, self.scale = manifold, tuple(shape), dtype, seed, scale
         self.tol = TOLERANCE[dtype]
 
+    @functools.cached_property
+    def _draws(self) -> dict[str, torch.Tensor]:
+        manifold, shape, dtype = self.manifold, self.shape, self.dtype
+        g = torch.Generator().manual_seed(self.seed)
+        # Build in float64 and cast: a float32 point is then on the manifold to float32 rounding.
+        x = manifold.random(*shape, dtype=torch.float64, generator=g).to(dtype)
+        if dtype != torch.float64:
+            x = manifold.projx(x)
+        randn = lambda *s: torch.randn(*s, dtype=torch.float64, generator=g).to(dtype)  # noqa: E731
+        z = randn(*shape)
+        u = manifold.proju(x, randn(*shape))
+        v = manifold.proju(x, randn(*shape))
+        k = min(shape[-2], shape[-1])
+        return {"x": x, "z": z, "u": u, "v": v, "lam": randn(*shape[:-2], k, k)}
+
+    x = property(lambda self: self._draws["x"])
+    z = property(lambda self: self._draws["z"])
+    u = property(lambda self: self._draws["u"])
+    v = property(lambda self: self._draws["v"])
+    lam = property(lambda self: self._draws["lam"])
+
     def __repr__(self) -> str:
-        return f"Case({type(self.manifold).__name__}, shape={self.shape}, dtype={self.dtype}, seed={self.seed})"
+        return (
+            f"Case({type(self.manifold).__name__}, shape={self.shape}, dtype={self.dtype}, seed={self.seed}, "
+            f"scale={self.scale:g})"
+        )
 
 
-def cases(manifold: GramManifold, shapes=DEFAULT_SHAPES, dtypes=DEFAULT_DTYPES) -> st.SearchStrategy:
-    """Hypothesis strategy of `Case` for ``manifold`` over the given shapes and dtypes."""
+def cases(
+    manifold: GramManifold, shapes=DEFAULT_SHAPES, dtypes=DEFAULT_DTYPES, scales=DEFAULT_SCALES
+) -> st.SearchStrategy:
+    """Hypothesis strategy of `Case` for ``manifold`` over the given shapes, dtypes and input scales."""
     return st.builds(
         Case,
         st.just(manifold),
         st.sampled_from(list(shapes)),
         st.sampled_from(list(dtypes)),
         st.integers(min_value=0, max_value=2**31 - 1),
+        st.sampled_from(list(scales)),
     )
 
 
@@ -116,10 +141,10 @@ def project_gram_is_an_entrywise_mask(case: Case) -> None:
 
 
 def projx_lands_on_manifold(case: Case) -> None:
-    """projx of a generic (Gaussian, columns ~ unit norm) matrix is on the manifold."""
+    """projx of a Gaussian matrix with entries of standard deviation ``case.scale`` (1e-3 to 1e3, in the case's
+    dtype) is on the manifold: the weights a model starts from, at any scale, can be projected."""
     M = case.manifold
-    X = case.z / case.shape[-2] ** 0.5 if case.shape[-2] >= case.shape[-1] else case.z / case.shape[-1] ** 0.5
-    _on_manifold(M, M.projx(X), case, "projx(X)")
+    _on_manifold(M, M.projx(case.scale * case.z), case, f"projx(X) at scale {case.scale:g}")
 
 
 def projx_is_idempotent(case: Case) -> None:
@@ -135,8 +160,9 @@ def projx_fixes_points(case: Case) -> None:
 
 
 def retr_at_zero_is_identity(case: Case) -> None:
-    """retr(W, 0) = W."""
-    _close(case.manifold.retr(case.x, torch.zeros_like(case.x)), case.x, case.tol, "retr(W, 0) - W", case)
+    """retr(W, 0) = W bitwise (not to rounding: an optimizer step of zero must not move a weight)."""
+    y = case.manifold.retr(case.x, torch.zeros_like(case.x))
+    assert torch.equal(y, case.x), f"retr(W, 0) - W: max {float((y - case.x).abs().max()):.3g}, not 0, for {case}"
 
 
 def retr_lands_on_manifold(case: Case) -> None:
@@ -308,9 +334,10 @@ def run_property(
     shapes: Iterable[Sequence[int]] = DEFAULT_SHAPES,
     dtypes: Iterable[torch.dtype] = DEFAULT_DTYPES,
     max_examples: int | None = None,
+    scales: Iterable[float] = DEFAULT_SCALES,
 ) -> None:
     """Run one property under Hypothesis (the active settings profile unless ``max_examples``)."""
-    test = given(case=cases(manifold, tuple(shapes), tuple(dtypes)))(lambda case: prop(case))
+    test = given(case=cases(manifold, tuple(shapes), tuple(dtypes), tuple(scales)))(lambda case: prop(case))
     if max_examples is not None:
         test = settings(max_examples=max_examples)(test)
     test()
@@ -322,10 +349,25 @@ def check_manifold(
     dtypes: Iterable[torch.dtype] = DEFAULT_DTYPES,
     max_examples: int | None = 50,
     properties: Iterable[Callable[[Case], None]] = PROPERTIES,
+    scales: Iterable[float] = DEFAULT_SCALES,
 ) -> None:
-    """Run every property on ``manifold``; raises ``AssertionError`` naming the first that fails."""
+    """Run every property on ``manifold``; raises ``AssertionError`` naming the first that fails.
+
+    The mask comes first, at every constrained size of ``shapes``, before any point is drawn: every other
+    property (and ``random``) assumes an entrywise mask, and would fail with a less telling message.
+    An exception other than ``AssertionError`` (a ``ValueError`` from ``projx``, say) fails the property too.
+    """
+    name = type(manifold).__name__
+    shapes = tuple(tuple(s) for s in shapes)
+    for n in sorted({min(s[-2:]) for s in shapes}):
+        try:
+            manifold.check_mask(n)
+        except ValueError as err:
+            raise AssertionError(f"{name} fails {project_gram_is_an_entrywise_mask.__name__}: {err}") from None
     for prop in properties:
         try:
-            run_property(prop, manifold, shapes, dtypes, max_examples)
+            run_property(prop, manifold, shapes, dtypes, max_examples, scales)
         except AssertionError as exc:
-            raise AssertionError(f"{type(manifold).__name__} fails {prop.__name__}: {exc}") from exc
+            raise AssertionError(f"{name} fails {prop.__name__}: {exc}") from exc
+        except Exception as exc:
+            raise AssertionError(f"{name} fails {prop.__name__}: {type(exc).__name__}: {exc}") from exc

@@ -11,6 +11,7 @@ from conftest import BlockGram, forget_manifold
 from manifolds import BoundedDGram, DGram, Euclidean, GramManifold, Oblique, Stiefel, get_manifold
 from manifolds.testing import PROPERTIES, check_manifold, run_property
 
+
 class ParityOblique(GramManifold):
     """A user manifold written as docs/custom-manifold.md says (``project_gram`` only): unit columns, and columns
     i and j orthogonal where i + j is odd (the even-indexed columns span a space orthogonal to the odd ones)."""
