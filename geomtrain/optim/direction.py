@@ -34,7 +34,7 @@ from manifolds.matrix_sign import MSIGN_METHODS
 from . import gram_newton
 from .baselines import MSIGN_OPTIONS, PUBLISHED_OPTIONS, TANGENT_OPTIONS, msign_with, solve_published, solve_tangent
 from .gram import mask_kind, tangent_residual
-from .numerics import host_values
+from .numerics import Trace, host_values
 
 __all__ = [
     "spectral_direction",
@@ -190,7 +190,9 @@ def on_manifold_probe(T: torch.Tensor, s: torch.Tensor | None = None) -> torch.T
     return (y - w).norm(dim=-1) / n**0.5
 
 
-def _check(manifold, W: torch.Tensor, G: torch.Tensor, solver: str, options: dict) -> dict:
+def _check(manifold, W: torch.Tensor, G: torch.Tensor, solver: str, options: dict) -> tuple[dict, torch.Tensor, bool]:
+    r"""The options with their defaults, the per-matrix mask $G \ne 0$ (batch shape) and whether it is all True
+    (read with the input checks: one host read); raises a one-line ``ValueError`` on bad input."""
     check_solver_options(solver, options)
     if not isinstance(manifold, GramManifold):
         raise TypeError(f"spectral_direction needs a manifolds.GramManifold; got {type(manifold).__name__}")
@@ -212,13 +214,15 @@ def _check(manifold, W: torch.Tensor, G: torch.Tensor, solver: str, options: dic
         s = T.norm(dim=-2)
         columns = (s > 0).all()
         probe = torch.where(columns, on_manifold_probe(T, s).amax(), torch.zeros((), device=W.device))
-    g_finite, w_finite, columns, dual_finite, on_manifold = host_values(  # one read per device
+    nonzero = G.flatten(-2).ne(0).any(-1)  # per matrix: G != 0
+    g_finite, w_finite, columns, dual_finite, on_manifold, all_nonzero = host_values(  # one read per device
         [
             torch.isfinite(G).all(),
             torch.isfinite(W).all(),
             columns,
             torch.isfinite(dual).all() if dual is not None else true,
             probe <= ON_MANIFOLD_PROBE_TOL if probe is not None else true,
+            nonzero.all(),
         ]
     )
     if not g_finite:
@@ -234,7 +238,7 @@ def _check(manifold, W: torch.Tensor, G: torch.Tensor, solver: str, options: dic
             f"W is not on {type(manifold).__name__} (probe error {float(probe):.3g} > {ON_MANIFOLD_PROBE_TOL:g}); "
             "project it first: W = manifold.projx(W)"
         )
-    return {**SOLVER_OPTIONS[solver], **options}
+    return {**SOLVER_OPTIONS[solver], **options}, nonzero, all_nonzero
 
 
 def spectral_direction(
@@ -269,23 +273,21 @@ def spectral_direction(
         ``(A, stats)``: ``A`` shaped like ``W``, in ``W``'s dtype, and a `DirectionStats`.
 
     Euclidean (no constraint) returns ``msign(G)`` with the configured msign: plain Muon, for
-    every solver. A zero ``G`` gives ``A = 0``.
+    every solver. **Zero gradients**: a matrix with ``G = 0`` gets exactly ``A = 0`` without a solve (no
+    evaluation, residual 0, converged, gap 0, its ``dual``/``escalate`` state passed through unchanged, else a
+    zero multiplier), and the matrices with ``G != 0`` are solved as a batch of only them; ``trace`` follows
+    the first of those.
     """
-    opts = _check(manifold, W, G, solver, options)
+    opts, nonzero, all_nonzero = _check(manifold, W, G, solver, options)
     T, Gt = to_tall(W), to_tall(G, like=W)
     batch = T.shape[:-2]
     m, n = T.shape[-2:]
     T3, G3 = T.reshape(-1, m, n), Gt.reshape(-1, m, n)
-    if mask_kind(manifold) == "euclidean":
-        B = T3.shape[0]
-        A3 = msign_with(G3, opts)
-        raw = {
-            "evaluations": torch.ones(B, dtype=torch.long),
-            "residual": torch.zeros(B, dtype=torch.float64),
-            "converged": torch.ones(B, dtype=torch.bool),
-        }
+    solve = _solve_euclidean if mask_kind(manifold) == "euclidean" else _SOLVE[solver]
+    if all_nonzero:
+        A3, raw = solve(manifold, T3, G3, opts)
     else:
-        A3, raw = _SOLVE[solver](manifold, T3, G3, opts)
+        A3, raw = _solve_nonzero(solve, manifold, T3, G3, opts, nonzero.reshape(-1))
     gap, dual, trace, mult = raw.get("dual_gap"), raw.get("dual"), raw.get("trace"), raw.get("multiplier")
     stats = DirectionStats(
         solver=solver,
@@ -299,3 +301,67 @@ def spectral_direction(
         escalated=None if raw.get("escalated") is None else raw["escalated"].reshape(batch),
     )
     return from_tall(A3.reshape(T.shape), like=W), stats
+
+
+def _solve_euclidean(manifold, T: torch.Tensor, G: torch.Tensor, opts: dict) -> tuple[torch.Tensor, dict]:
+    r"""No constraint: $A = \operatorname{msign}(G)$ with the configured msign (plain Muon), one call per matrix."""
+    B = T.shape[0]
+    return msign_with(G, opts), {
+        "evaluations": torch.ones(B, dtype=torch.long),
+        "residual": torch.zeros(B, dtype=torch.float64),
+        "converged": torch.ones(B, dtype=torch.bool),
+    }
+
+
+def _solve_nonzero(solve, manifold, T: torch.Tensor, G: torch.Tensor, opts: dict, nonzero: torch.Tensor):
+    r"""``solve`` on the matrices of ``(B, m, n)`` with $G \ne 0$ only (``nonzero``, shape ``(B,)``), as a batch
+    of exactly those; the others get $A = 0$ and the statistics of an empty solve: no evaluation, residual 0,
+    converged, gap 0, ``dual``/``escalated`` the state passed in (``dual``/``escalate``) unchanged, else a zero
+    multiplier and False. The statistics are those ``solve`` reports (also when no matrix is solved)."""
+    B, n = T.shape[0], T.shape[-1]
+    idx = nonzero.nonzero().squeeze(-1)
+    given = {"dual": opts.get("dual"), "escalated": opts.get("escalate")}
+    given = {k: None if v is None else v.reshape(B, *((n, n) if k == "dual" else ())) for k, v in given.items()}
+    sub = dict(opts)
+    for key, name in (("dual", "dual"), ("escalated", "escalate")):
+        if given[key] is not None:
+            sub[name] = given[key][idx.to(given[key].device)]
+    if len(idx):
+        A_part, part = solve(manifold, T[idx], G[idx], sub)
+    else:  # nothing to solve: the statistics the solver reports, empty
+        A_part = torch.zeros_like(T[:0])
+        part = {key: _EMPTY_STATS[key](T, n) for key in ("evaluations", "residual", "converged", *_REPORTS[solve])}
+        part["trace"] = Trace() if opts.get("trace") else None
+    A = A_part.new_zeros((B, *T.shape[1:]))
+    A[idx.to(A.device)] = A_part
+    raw = {}
+    for key, value in part.items():
+        if not isinstance(value, torch.Tensor):  # the trace: of the first matrix solved
+            raw[key] = value
+            continue
+        full = value.new_zeros((B, *value.shape[1:]))
+        if key == "converged":
+            full.fill_(True)
+        elif given.get(key) is not None:  # the warm-start state of a zero G passes through
+            full.copy_(given[key].to(full))
+        full[idx.to(full.device)] = value
+        raw[key] = full
+    return A, raw
+
+
+# The statistics beyond evaluations/residual/converged that each solver reports, and empty ones (no matrix solved).
+_REPORTS = {
+    gram_newton.solve_gram_newton: ("dual_gap", "dual", "multiplier", "escalated"),
+    solve_tangent: (),
+    solve_published: ("dual",),
+    _solve_euclidean: (),
+}
+_EMPTY_STATS = {
+    "evaluations": lambda T, n: torch.zeros(0, dtype=torch.long),
+    "residual": lambda T, n: torch.zeros(0, dtype=torch.float64),
+    "converged": lambda T, n: torch.zeros(0, dtype=torch.bool),
+    "dual_gap": lambda T, n: torch.zeros(0, dtype=torch.float64),
+    "escalated": lambda T, n: torch.zeros(0, dtype=torch.bool),
+    "dual": lambda T, n: T.new_zeros((0, n, n)),
+    "multiplier": lambda T, n: T.new_zeros((0, n, n)),
+}

@@ -144,6 +144,17 @@ class _Item:
     manifold: GramManifold
     update: torch.Tensor  # the (Nesterov) momentum, as a matrix (batch) view
     name: str  # for skip reports: `_param_name`
+    still: bool = False  # the update is exactly zero: no solve, no retraction (Euclidean: weight decay only)
+
+
+@dataclass
+class _Commit:
+    """What a step writes to one parameter, applied only once every matrix of the step is solved: the new
+    weights (None: unchanged) and state entries (a value of None removes the entry)."""
+
+    p: torch.Tensor
+    weights: torch.Tensor | None = None
+    state: dict | None = None
 
 
 def _param_name(group: dict, group_index: int, param_index: int) -> str:
@@ -305,24 +316,23 @@ class ManifoldMuon(torch.optim.Optimizer):
             for pi, p in enumerate(group["params"])
             if p.grad is not None
         ]
-        finite = host_values([torch.isfinite(p.grad).all() for _, _, _, p in with_grad])  # one host read
-        for (gi, group, pi, p), ok in zip(with_grad, finite):
+        # Nothing is written before every matrix is solved (`_Commit`): a step that raises changes nothing.
+        moments = [self._momentum(group, p) for _, group, _, p in with_grad]
+        checks = host_values(  # one host read: finite gradients, zero updates
+            [torch.isfinite(p.grad).all() for _, _, _, p in with_grad] + [u.eq(0).all() for _, u in moments]
+        )
+        commits = []
+        for (gi, group, pi, p), (buf, u), ok, zero in zip(with_grad, moments, checks, checks[len(with_grad) :]):
             if not ok:
                 skipped.append(_skip_record(_param_name(group, gi, pi), _SKIP_GRADIENT))
                 continue
-            beta = group["momentum"]
-            state = self.state[p]
-            buf = state.get("momentum_buffer")
-            if buf is None:
-                buf = state["momentum_buffer"] = torch.zeros(p.shape, dtype=p.dtype, device=p.device)
-            buf.lerp_(p.grad, 1 - beta)
-            u = p.grad.lerp(buf, beta) if group["nesterov"] else buf.clone()
+            commits.append(_Commit(p, state={"momentum_buffer": buf}))
             if group["lr"] == 0:  # e.g. a warmup schedule at 0: momentum moves, weights do not
                 continue
             m = self._manifold_of[id(p)]
             if mask_kind(m) == "euclidean":
                 u = u.reshape(p.shape[0], -1)
-            items.append(_Item(len(items), p, group, m, u, _param_name(group, gi, pi)))
+            items.append(_Item(len(items), p, group, m, u, _param_name(group, gi, pi), still=zero))
 
         stats = torch.zeros(len(items), len(_STAT_FIELDS), dtype=torch.float64)
         stats[:, _STAT_FIELDS.index("dual_gap")] = float("nan")
@@ -330,8 +340,18 @@ class ManifoldMuon(torch.optim.Optimizer):
             (dist.get_world_size(), dist.get_rank()) if dist.is_available() and dist.is_initialized() else (1, 0)
         )
         mine = [it for it in items if it.index % world == rank]
-        for batch in self._batches(mine):
-            self._solve_and_apply(batch, stats)
+        for it in mine:
+            if it.still:  # a zero update: A = 0, no solve, no retraction, the warm-start state as it is
+                stats[it.index, _STAT_FIELDS.index("matrices")] = math.prod(to_tall(it.update).shape[:-2])
+                stats[it.index, _STAT_FIELDS.index("converged")] = 1.0
+                decay = it.group["lr"] * it.group["weight_decay"]
+                if mask_kind(it.manifold) == "euclidean" and decay:  # decoupled weight decay still applies
+                    commits.append(_Commit(it.p, weights=it.p * (1 - decay)))
+        for batch in self._batches([it for it in mine if not it.still]):
+            commits += self._solve_batch(batch, stats)
+        self._commit(commits)
+        for it in mine:
+            stats[it.index, _STAT_FIELDS.index("has_dual")] = float("dual" in self.state[it.p])
         if world > 1:
             self._share(items, stats, world)
         codes = stats[:, _STAT_FIELDS.index("skipped")].tolist()
@@ -349,6 +369,27 @@ class ManifoldMuon(torch.optim.Optimizer):
                 )
         self.last_stats = self._aggregate(stats, skipped, [it.name for it in items])
         return loss
+
+    def _momentum(self, group: dict, p: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        r"""The new momentum buffer $\beta b + (1-\beta) g$ (a new tensor; the state keeps the old one until the
+        commit) and the update $u$: $(1-\beta) g + \beta b$ (Nesterov) or the new buffer itself."""
+        buf = self.state[p].get("momentum_buffer")
+        buf = (torch.zeros(p.shape, dtype=p.dtype, device=p.device) if buf is None else buf).lerp(
+            p.grad, 1 - group["momentum"]
+        )
+        return buf, p.grad.lerp(buf, group["momentum"]) if group["nesterov"] else buf
+
+    def _commit(self, commits: list[_Commit]) -> None:
+        """Write the step: each `_Commit`'s weights and state entries."""
+        for c in commits:
+            if c.weights is not None:
+                c.p.copy_(c.weights)
+            state = self.state[c.p]
+            for key, value in (c.state or {}).items():
+                if value is None:
+                    state.pop(key, None)
+                else:
+                    state[key] = value
 
     @staticmethod
     def _batch_key(it: _Item) -> tuple:
@@ -376,9 +417,11 @@ class ManifoldMuon(torch.optim.Optimizer):
             out.setdefault(self._batch_key(it), []).append(it)
         return list(out.values())
 
-    def _solve_and_apply(self, batch: list[_Item], stats: torch.Tensor) -> None:
-        """Solve one batch and apply each matrix's update: the solve, per-matrix statistics, the update or
-        retraction and the warm-start state in one pass over the batch (longer than 60 lines on purpose)."""
+    def _solve_batch(self, batch: list[_Item], stats: torch.Tensor) -> list[_Commit]:
+        """Solve one batch: the directions, per-matrix statistics (written to ``stats``) and each matrix's new
+        weights and warm-start state, returned as `_Commit` s (nothing is written here). A matrix whose
+        direction is exactly zero is not retracted and keeps its warm-start state. (The solve, the guards and
+        the statistics in one pass over the batch: longer than 60 lines on purpose.)"""
         g0, m = batch[0].group, batch[0].manifold
         euclid = mask_kind(m) == "euclidean"
         # solve in tall form, one batch of (k, m, n) matrices
@@ -420,20 +463,22 @@ class ManifoldMuon(torch.optim.Optimizer):
             for it, lo, hi in zip(batch, bounds, bounds[1:])
         ]
         # every guard reads the whole batch on the host at once (on a GPU each read waits for the queue)
-        skips = [0 if ok else _SKIP_DIRECTION for ok in host_values([torch.isfinite(a).all() for a in directions])]
-        tall = None if euclid else (W, A, bounds)  # the batch as solved: tall and stacked
+        moving = None if euclid else A.flatten(1).ne(0).any(1)  # per matrix: A != 0 (retracted)
+        guards = host_values([torch.isfinite(a).all() for a in directions] + ([] if euclid else [moving.all()]))
+        skips = [0 if ok else _SKIP_DIRECTION for ok in guards[: len(batch)]]
+        moving = None if euclid or guards[-1] else moving.cpu()  # None: every matrix moves
+        tall = None if euclid else (W, A, bounds, moving)  # the batch as solved: tall and stacked
         updates = self._updates(batch, directions, skips, m, tall)
         computed = [i for i, new in enumerate(updates) if new is not None]
         for i, ok in zip(computed, host_values([torch.isfinite(updates[i]).all() for i in computed])):
             if not ok:
                 skips[i] = _SKIP_DIRECTION if euclid else _SKIP_RETRACTION
         applied = [i for i in computed if not skips[i]]
-        for i in applied:
-            batch[i].p.copy_(updates[i])
+        commits = {i: _Commit(batch[i].p, weights=updates[i], state={}) for i in applied}
         # with the warm-start state of each applied matrix: finite, or not kept (the next solve starts cold)
         keep_dual = not euclid and g0["solver"] == "gram_newton" and g0["warm_start"] and st.get("dual") is not None
         # (all in float64: host_values reads once per dtype)
-        checks = [] if euclid else [m.constraint_violation(_plain(batch[i].p)).max().double() for i in applied]
+        checks = [] if euclid else [m.constraint_violation(updates[i]).max().double() for i in applied]
         if keep_dual:
             checks += [torch.isfinite(st["dual"][bounds[i] : bounds[i + 1]]).all().double() for i in applied]
         values, n_off = host_values(checks), 0 if euclid else len(applied)
@@ -453,22 +498,35 @@ class ManifoldMuon(torch.optim.Optimizer):
             if i in off_of:
                 row[col["off_manifold"]] = off_of[i]
                 if dual_ok.get(i):
-                    d = st["dual"][sl]
-                    self.state[it.p]["dual"] = d.reshape(*to_tall(it.p).shape[:-2], *d.shape[-2:]).to(it.p.dtype)
-                    if st.get("escalated") is not None:  # one flag per matrix, uint8 (broadcast by DDP)
-                        self.state[it.p]["escalated"] = st["escalated"][sl].reshape(-1).to(torch.uint8)
+                    still = None if moving is None else ~moving[sl]
+                    commits[i].state = self._warm_state(it, st["dual"][sl], st.get("escalated"), sl, still)
                 elif keep_dual:  # a non-finite state is never written: the previous one goes too (start cold)
-                    self.state[it.p].pop("dual", None)
-                    self.state[it.p].pop("escalated", None)
-            row[col["has_dual"]] = float("dual" in self.state[it.p])
+                    commits[i].state = {"dual": None, "escalated": None}
+        return list(commits.values())
+
+    def _warm_state(self, it: _Item, dual: torch.Tensor, escalated, rows: slice, still) -> dict:
+        """The state entries ``dual`` and ``escalated`` (one uint8 flag per matrix, broadcast by DDP) of a solved
+        parameter; its matrices in ``still`` (bool per matrix, None: none) keep their previous entries."""
+        lead = to_tall(it.p).shape[:-2]
+        new = {"dual": dual.reshape(*lead, *dual.shape[-2:]).to(it.p.dtype)}
+        if escalated is not None:
+            new["escalated"] = escalated[rows].reshape(-1).to(torch.uint8)
+        old = self.state[it.p]
+        if still is not None and bool(still.any()):
+            for key, value in new.items():
+                if key in old:  # dual: (*lead, n, n); escalated: one flag per matrix
+                    keep = still.to(value.device).reshape(*value.shape[:-2], 1, 1) if key == "dual" else still
+                    new[key] = torch.where(keep.to(value.device), old[key], value)
+        return new
 
     @staticmethod
     def _updates(batch: list[_Item], directions: list[torch.Tensor], skips: list[int], m, tall) -> list:
-        """The new weights of each matrix (None where ``skips`` is set; sets ``_SKIP_REFUSED`` in ``skips``
-        where the retraction raises ``ValueError``). ``tall``: None for Euclidean batches, else the solve's
-        stacked tall weights and directions with the row bounds of each matrix. The manifold matrices of a
-        batch are retracted in one call (its input checks read the host once, not once per matrix); if
-        that call refuses, each matrix is retracted alone to find the one refused."""
+        r"""The new weights of each matrix (None where ``skips`` is set or no matrix moves; sets ``_SKIP_REFUSED``
+        in ``skips`` where the retraction raises ``ValueError``). ``tall``: None for Euclidean batches, else the
+        solve's stacked tall weights and directions, the row bounds of each parameter and which matrices have
+        $A \ne 0$ (None: all); only those are retracted, the others keep their weights bitwise. The manifold
+        matrices of a batch are retracted in one call (its input checks read the host once, not once per
+        matrix); if that call refuses, each parameter is retracted alone to find the one refused."""
         go = [i for i in range(len(batch)) if not skips[i]]
         updates: list[torch.Tensor | None] = [None] * len(batch)
         if tall is None:
@@ -479,23 +537,31 @@ class ManifoldMuon(torch.optim.Optimizer):
                 new = it.p.reshape(it.update.shape) * (1 - lr * it.group["weight_decay"])
                 updates[i] = (new - (lr * scale) * a.to(it.p.dtype)).reshape(it.p.shape)
             return updates
-        if not go:
+        W, A, bounds, moving = tall
+        rows = {}  # parameter -> its stacked matrices with A != 0: all (a slice) or some (an index)
+        for i in go:
+            lo, hi = bounds[i], bounds[i + 1]
+            if moving is None or bool(moving[lo:hi].all()):
+                rows[i] = slice(lo, hi)
+            elif bool(moving[lo:hi].any()):
+                rows[i] = (torch.arange(lo, hi)[moving[lo:hi]]).to(W.device)
+        if not rows:
             return updates
-        W, A, bounds = tall
-        rows = [slice(bounds[i], bounds[i + 1]) for i in go]
-        points = W if len(go) == len(batch) else torch.cat([W[r] for r in rows])
-        steps = torch.cat([-batch[i].group["lr"] * A[r].to(W.dtype) for i, r in zip(go, rows)])
+        points = W if moving is None and len(go) == len(batch) else torch.cat([W[r] for r in rows.values()])
+        steps = torch.cat([-batch[i].group["lr"] * A[r].to(W.dtype) for i, r in rows.items()])
         try:
-            moved = m.retr(points, steps)
+            parts = dict(zip(rows, torch.split(m.retr(points, steps), [len(W[r]) for r in rows.values()])))
         except ValueError:  # a refused point in the batch: retract one by one to find it
-            for i in go:
+            parts = {}
+            for i, r in rows.items():
                 try:
-                    updates[i] = m.retr(_plain(batch[i].p), -batch[i].group["lr"] * directions[i].to(batch[i].p.dtype))
+                    parts[i] = m.retr(W[r], -batch[i].group["lr"] * A[r].to(W.dtype))
                 except ValueError:  # DGram refusing a (near-)zero column: a skipped update; other errors surface
                     skips[i] = _SKIP_REFUSED
-            return updates
-        for i, part in zip(go, torch.split(moved, [r.stop - r.start for r in rows])):
-            p = batch[i].p
+        for i, part in parts.items():
+            p, (lo, hi), r = batch[i].p, (bounds[i], bounds[i + 1]), rows[i]
+            if not isinstance(r, slice):  # the matrices with A = 0 keep their weights
+                part = W[lo:hi].index_copy(0, r - lo, part)
             updates[i] = from_tall(part.reshape(to_tall(p).shape), like=p).reshape(p.shape)
         return updates
 

@@ -118,7 +118,7 @@ class Anderson:
 
     def __init__(self, depth: int, like: torch.Tensor):
         self.depth = depth
-        B, N = like.shape[0], like[0].numel()
+        B, N = like.shape[0], like.shape[1:].numel()  # B = 0 allowed (a batch with nothing left to solve)
         kw = {"dtype": like.dtype, "device": like.device}
         self.dX = torch.zeros(B, max(depth, 1), N, **kw)
         self.dF = torch.zeros(B, max(depth, 1), N, **kw)
