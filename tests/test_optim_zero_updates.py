@@ -248,3 +248,27 @@ def test_a_step_that_raises_changes_neither_weights_nor_state(history, fault, mo
     with pytest.raises((ValueError, RuntimeError), match="not on DGram|broken retraction"):
         opt.step()
     assert_unchanged(params, weights, opt, states, momentum_zero=False)
+
+
+def test_a_zero_slice_keeps_its_warm_start_state_in_a_cold_batch():
+    # A (2, 12, 6) parameter whose slice 0 has a zero update, batched with a new (12, 6) parameter that has no
+    # warm-start state yet (so the whole batch is solved cold): slice 0 keeps its weights, its dual variable and
+    # its precision flag bitwise; slice 1 gets new ones.
+    stiefel = get_manifold("stiefel")
+    stacked = torch.nn.Parameter(stiefel.random(2, 12, 6, generator=seeded(31)))
+    newcomer = torch.nn.Parameter(stiefel.random(12, 6, generator=seeded(32)))
+    opt = ManifoldMuon([{"params": [stacked, newcomer], "manifold": stiefel}], lr=0.05)
+    stacked.grad = torch.randn(stacked.shape, generator=seeded(33))
+    opt.step()  # the newcomer has no gradient yet: no state
+    state = opt.state[stacked]
+    state["momentum_buffer"][0] = 0
+    state["escalated"][0] = 1  # as if slice 0 had needed float64: a flag the cold float32 solve would not set
+    (weights,), (before,) = snapshot(opt, [stacked])
+    stacked.grad = torch.randn(stacked.shape, generator=seeded(34))
+    stacked.grad[0] = 0
+    newcomer.grad = torch.randn(newcomer.shape, generator=seeded(35))
+    opt.step()
+    assert same_bits(stacked[0], weights[0]) and not torch.equal(stacked[1].detach(), weights[1])
+    assert same_bits(state["dual"][0], before["dual"][0]) and not torch.equal(state["dual"][1], before["dual"][1])
+    assert int(state["escalated"][0]) == 1
+    assert "dual" in opt.state[newcomer]

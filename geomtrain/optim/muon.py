@@ -32,6 +32,15 @@ $$\text{manifold: } W \leftarrow R_W(-\eta A),\quad A = \texttt{spectral\_direct
 - **Warm start**: the dual variable of each matrix (``state["dual"]``) starts the next solve, and
   its precision flag (``state["escalated"]``, ``stats.escalated``) sends a float32 matrix whose last
   solve needed float64 there without the float32 probe.
+- **Zero updates**: a matrix whose update $u$ is exactly zero (zero gradient and zero momentum: a
+  zero-initialised gate in front of it, ReZero or adaLN-Zero, at step 1) has $A = 0$: it is not solved
+  and not retracted (its weights stay bitwise, as $R_W(0)$ is $W$ only up to rounding), and its
+  warm-start state stays as it was; a Euclidean one still gets its decoupled weight decay. The same holds
+  for any matrix whose direction comes out exactly zero, also one matrix of a ``(k, m, n)`` parameter.
+  The other matrices of its batch are solved and retracted as a batch of only them (bitwise the same).
+- **A step that raises changes nothing**: momentum, weights and warm-start state are written only after
+  every matrix is solved and retracted (`_Commit`), so an exception (a solver refusing its input, an
+  unexpected retraction error) leaves parameters and state as before the call.
 - **Non-finite gradients**: that matrix's step is skipped (momentum and weights untouched),
   counted and warned about once; an update that comes out non-finite is skipped the same way, and
   so is a retraction that raises ``ValueError`` (DGram refusing a point with a zero column). Any
