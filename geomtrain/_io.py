@@ -9,6 +9,8 @@
 - JSONL: ``append_jsonl`` (one record a line, flushed) and ``read_jsonl``, which tolerates a torn
   *last* line (a run killed mid-write) and reports any other bad line with its file and number.
 - ``sha256_file``; ``environment_record``: versions, machine, threads, git commit, command line.
+- ``FileLock``: an exclusive, kernel-held lock on a file (one run per run folder, one claim per
+  study run); a dead holder never blocks it.
 
 Private to the package: modules of `geomtrain` import it; users never need to.
 """
@@ -16,6 +18,7 @@ Private to the package: modules of `geomtrain` import it; users never need to.
 from __future__ import annotations
 
 import errno
+import fcntl
 import hashlib
 import json
 import math
@@ -23,6 +26,7 @@ import os
 import platform
 import subprocess
 import sys
+import time
 import warnings
 from collections.abc import Callable
 from pathlib import Path
@@ -45,6 +49,7 @@ __all__ = [
     "environment_record",
     "fsync_dir",
     "naming_file",
+    "FileLock",
 ]
 
 
@@ -273,3 +278,93 @@ def environment_record(device: Any = "cpu", **extra: Any) -> dict:
         info["cuda_device"] = torch.cuda.get_device_name(torch.device(device))
     info.update(extra)
     return info
+
+
+# ----------------------------------------------------------------------------- locks
+class FileLock:
+    """An exclusive lock on the file ``path``, held by this process until `release`.
+
+    ``fcntl.flock`` on the open file: taking it is atomic (of processes released at the same
+    instant exactly one wins) and the kernel drops it when the holder dies, so a killed holder
+    never blocks the next one. The holder writes its PID into the file and deletes the file on
+    release; a file that still names a PID when the lock is taken was left by a killed holder,
+    reported in ``took_over``. Local file systems only (flock on NFS is not reliable)."""
+
+    def __init__(self, path: str | os.PathLike):
+        self.path = Path(path)
+        self.took_over: int | None = None  # the PID of a dead holder whose lock file was taken over
+        self._fd: int | None = None
+
+    def __repr__(self) -> str:
+        return f"FileLock({str(self.path)!r}, held={self.held})"
+
+    @property
+    def held(self) -> bool:
+        return self._fd is not None
+
+    def acquire(self) -> int | None:
+        """Take the lock: ``None`` on success, else the holder's PID (``-1`` if it cannot be read).
+        ``OSError`` when the file cannot be created (a missing or read-only folder)."""
+        if self._fd is not None:
+            return None
+        while True:
+            fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except BlockingIOError:
+                os.close(fd)
+                return self._holder_pid()
+            if self._same_file(fd):
+                break
+            os.close(fd)  # released (and deleted) between our open and flock: lock the new file
+        old = os.read(fd, 32).decode(errors="replace").strip()
+        self.took_over = int(old) if old.isdigit() and int(old) != os.getpid() else None
+        os.lseek(fd, 0, os.SEEK_SET)
+        os.ftruncate(fd, 0)
+        os.write(fd, str(os.getpid()).encode())
+        self._fd = fd
+        return None
+
+    def _same_file(self, fd: int) -> bool:
+        try:
+            on_disk, ours = os.stat(self.path), os.fstat(fd)
+        except FileNotFoundError:
+            return False
+        return (on_disk.st_dev, on_disk.st_ino) == (ours.st_dev, ours.st_ino)
+
+    def _holder_pid(self) -> int:
+        for _ in range(20):  # a holder that has just taken the lock writes its PID a moment later
+            try:
+                text = self.path.read_text().strip()
+            except OSError:
+                text = ""
+            if text.isdigit():
+                return int(text)
+            time.sleep(0.005)
+        return -1
+
+    def live_holder(self) -> int | None:
+        """The PID of the process holding the lock now (``-1`` if unreadable), else ``None``."""
+        try:
+            fd = os.open(self.path, os.O_RDONLY)
+        except OSError:
+            return None
+        try:
+            fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
+        except BlockingIOError:
+            return os.getpid() if self._fd is not None else self._holder_pid()
+        else:
+            fcntl.flock(fd, fcntl.LOCK_UN)
+            return None
+        finally:
+            os.close(fd)
+
+    def release(self) -> None:
+        """Delete the lock file and drop the lock (a no-op when not held)."""
+        if self._fd is None:
+            return
+        try:
+            self.path.unlink(missing_ok=True)  # while still holding it: no one can take a file we delete
+        finally:
+            os.close(self._fd)
+            self._fd = None

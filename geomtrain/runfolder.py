@@ -8,12 +8,16 @@ A run folder holds::
     metrics.jsonl        {"kind": "train", "step", "loss", ...} and {"kind": "eval", "step", "val_loss"}
     diagnostics.jsonl    spectral and attention diagnostics per evaluation
     ckpt.pt              the last good checkpoint (atomic), verified against ckpt.json on load
-    ckpt.json            {"sha256", "bytes", "step", "previous": {...}}: the checkpoint's checksum
+    ckpt.json            {"sha256", "bytes", "step", "previous": {...}, "config"}: checksum and config
     status.json          running | finished | diverged | interrupted | failed, step, pid, losses
     tensorboard/         with ``tensorboard=True``: every number of metrics and diagnostics as a scalar
 
-Guarantees (tested in ``tests/test_faults.py``):
+Guarantees (tested in ``tests/test_faults.py`` and ``tests/test_run_lock.py``):
 
+- **One process per folder**: `open` takes ``.lock`` (`geomtrain._io.FileLock`, held by the
+  kernel) before it reads or writes anything, and `close` releases it. A second process is refused
+  with one line naming the holder's PID and changes nothing; the lock of a killed run is taken over
+  with a note.
 - **Never appended to by accident**: a folder that holds a run is refused unless the caller
   resumes it or asks to overwrite it.
 - **Never half-written**: every file but the JSONL logs is written atomically (temporary file,
@@ -22,12 +26,15 @@ Guarantees (tested in ``tests/test_faults.py``):
   and names both the new checkpoint's sha256 and the previous one's, so a kill between the two
   renames leaves a checkpoint that still verifies; anything else that does not match is
   corruption, refused with one line naming the file, and nothing is overwritten.
-- **Never silently changed**: a resume whose run-defining config keys differ is refused naming
-  them, unless allowed; then the change is recorded in ``config_history.jsonl``.
+- **Never silently changed**: the checkpoint's own config is the run's config. A resume whose
+  run-defining keys differ from it is refused naming them, unless allowed; any change (allowed
+  run-defining keys, or settings such as ``eval_interval``) is recorded in ``config_history.jsonl``.
+  A missing or damaged ``config.json`` is rebuilt from the checkpoint, with a note.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import io
 import math
@@ -42,6 +49,7 @@ from typing import Any
 import torch
 
 from ._io import (
+    FileLock,
     append_jsonl,
     atomic_write_bytes,
     atomic_write_json,
@@ -50,13 +58,14 @@ from ._io import (
     read_jsonl,
     truncate_jsonl,
 )
-from .config import RUN_DEFINING_KEYS, saved_config
+from .config import INVOCATION_KEYS, RUN_DEFINING_KEYS, TrainConfig, load_toml, make_config, saved_config
 
 __all__ = [
     "RunFolder",
     "RunFolderError",
     "CheckpointError",
     "config_changes",
+    "resume_config",
     "pid_alive",
     "load_verified_checkpoint",
     "flatten_numbers",
@@ -88,8 +97,25 @@ class CheckpointError(RunFolderError):
 
 
 def config_changes(old: dict, new: dict, keys=RUN_DEFINING_KEYS) -> dict[str, tuple[Any, Any]]:
-    """``{key: (old, new)}`` for the run-defining keys whose values differ."""
+    """``{key: (old, new)}`` for the ``keys`` (default: the run-defining ones) whose values differ."""
     return {k: (old.get(k), new.get(k)) for k in keys if old.get(k) != new.get(k)}
+
+
+def resume_config(given: dict[str, Any] | None = None, toml_path: str | os.PathLike | None = None) -> TrainConfig:
+    """The config a resume runs with: the run's own (`RunFolder.run_config`: the checkpoint's), with
+    the keys of ``toml_path`` and then the non-``None`` ``given`` ones on top, as changes (`train`
+    refuses run-defining ones unless allowed). The folder is ``out_dir`` from ``given`` (or the
+    default template filled from ``given``); `INVOCATION_KEYS` are never taken from the run. A
+    folder without a run gives `make_config` of the same arguments (a fresh start)."""
+    fresh = make_config(given, toml_path)
+    saved = RunFolder(fresh.resolved_out_dir()).run_config()
+    if saved is None:
+        return fresh
+    fields = {f.name for f in dataclasses.fields(TrainConfig)}
+    explicit = {**(load_toml(toml_path) if toml_path is not None else {})}
+    explicit.update({k: v for k, v in (given or {}).items() if v is not None})
+    base = {k: v for k, v in saved.items() if k in fields and k not in INVOCATION_KEYS}
+    return make_config({**base, "out_dir": fresh.out_dir, **explicit})
 
 
 def pid_alive(pid: int | None, host: str | None = None) -> bool | None:
@@ -137,8 +163,10 @@ class RunFolder:
         self.path = Path(path)
         self.master = master
         self.tensorboard = None  # a torch.utils.tensorboard.SummaryWriter once enabled
-        self._pending_history: dict | None = None  # a config change allowed by open(), recorded by write_run_info
+        self._pending_history: dict | None = None  # a change allowed by check_resume_config, recorded by write_run_info
         self._in_place: dict | None = None  # {"sha256", "bytes", "step"} of the ckpt.pt known to be on disk
+        self.lock = FileLock(self.path / ".lock")  # held by the writer from `open` to `close`
+        self.notes: list[str] = []  # things the caller should tell the user (a lock taken over, a rebuilt file)
 
     def __repr__(self) -> str:
         return f"RunFolder({str(self.path)!r})"
@@ -180,18 +208,25 @@ class RunFolder:
         return read_jsonl(self.file("diagnostics.jsonl"))
 
     # ------------------------------------------------------------------ opening
-    def open(
-        self, config: dict, *, resume: bool = False, overwrite: bool = False, allow_config_change: bool = False
-    ) -> bool:
-        """Make the folder ready for a run with ``config``; returns True when a checkpoint should be loaded.
+    def open(self, *, resume: bool = False, overwrite: bool = False) -> bool:
+        """Take the folder's lock, then make it ready for a run; True when a checkpoint should be loaded.
 
+        - another process holds the lock: `RunFolderError` naming its PID (nothing read or written);
         - a folder holding a run, without ``resume`` or ``overwrite``: `RunFolderError`;
         - ``overwrite``: the run files are deleted first (other files are left alone);
-        - ``resume`` without a checkpoint: starts clean (logs of the unfinished start removed);
-        - ``resume`` with different run-defining keys: `RunFolderError` naming them, unless
-          ``allow_config_change`` (then recorded in ``config_history.jsonl``)."""
+        - ``resume`` without a checkpoint: starts clean (logs of the unfinished start removed).
+        A resume's config is checked against the checkpoint by `check_resume_config`. On any error
+        the lock is released again."""
         if resume and overwrite:
             raise RunFolderError("--resume and --overwrite exclude each other")
+        self.take_lock()
+        try:
+            return self._open_locked(resume, overwrite)
+        except BaseException:
+            self.release_lock()
+            raise
+
+    def _open_locked(self, resume: bool, overwrite: bool) -> bool:
         if self.holds_run() and not (resume or overwrite):
             status = self.read_status() or {}
             raise RunFolderError(
@@ -205,23 +240,40 @@ class RunFolder:
         if overwrite:
             self._remove_run_files()
         if resume and self.has_checkpoint():
-            self._check_resume_config(config, allow_config_change)
             return True
         if resume and self.holds_run():
             self._remove_run_files()  # nothing to resume from: a clean start, no duplicated log lines
-        if self.master:
-            try:
-                self.path.mkdir(parents=True, exist_ok=True)
-            except OSError as exc:
-                raise RunFolderError(f"cannot create run folder {self.path}: {exc.strerror or exc}") from None
-            if not os.access(self.path, os.W_OK):
-                raise RunFolderError(f"run folder {self.path} is not writable")
+        if self.master and not os.access(self.path, os.W_OK):
+            raise RunFolderError(f"run folder {self.path} is not writable")
         return False
+
+    def take_lock(self) -> None:
+        """Create the folder if needed and take ``.lock`` (the writer only; other ranks return)."""
+        if not self.master or self.lock.held:
+            return
+        try:
+            self.path.mkdir(parents=True, exist_ok=True)
+            holder = self.lock.acquire()
+        except OSError as exc:
+            raise RunFolderError(f"cannot create run folder {self.path}: {exc.strerror or exc}") from None
+        if holder is not None:
+            raise RunFolderError(
+                f"{self.path} is in use: another process (pid {holder}) is running in it; wait for it, stop it "
+                "(SIGTERM checkpoints it) or choose another --out-dir"
+            )
+        if self.lock.took_over is not None:
+            self.notes.append(
+                f"took over the lock of {self.path} from pid {self.lock.took_over}, which is gone (killed?)"
+            )
+
+    def release_lock(self) -> None:
+        self.lock.release()
 
     def _refuse_if_in_use(self) -> None:
         """`RunFolderError` when ``status.json`` says running and its process is alive on this host
-        (two writers would interleave the logs). Only the writer checks: under DDP the other ranks
-        may get here after rank 0 has written its own running status."""
+        though it holds no lock (a run of an older version, or on another host sharing the folder).
+        Only the writer checks: under DDP the other ranks may get here after rank 0 has written its
+        own running status."""
         status = read_json(self.file("status.json"))
         if not self.master or not isinstance(status, dict) or status.get("status") != "running":
             return
@@ -252,26 +304,44 @@ class RunFolder:
                 self.file(name).unlink(missing_ok=True)
             shutil.rmtree(self.file("tensorboard"), ignore_errors=True)
 
-    def _check_resume_config(self, config: dict, allow: bool) -> None:
-        old = self.read_config()
-        if old is None:
+    def run_config(self) -> dict | None:
+        """The run's config: the checkpoint's own (from ``ckpt.json``, or the verified ``ckpt.pt`` of
+        a checkpoint written before ``ckpt.json`` carried it), else ``config.json``; ``None`` when
+        the folder holds neither. Keys added since are filled with their defaults (`saved_config`)."""
+        if self.has_checkpoint():
+            manifest = read_json(self.file("ckpt.json"))
+            if isinstance(manifest, dict) and isinstance(manifest.get("config"), dict):
+                return saved_config(manifest["config"])
+            return saved_config(self.load_checkpoint().get("config"))
+        return self.read_config()
+
+    def check_resume_config(self, config: dict, saved: dict | None, allow: bool) -> None:
+        """Check a resume's ``config`` against the checkpoint's ``saved`` one (the source of truth).
+
+        Different run-defining keys: `RunFolderError` naming them, unless ``allow``. Every change
+        (but of `INVOCATION_KEYS`) is recorded in ``config_history.jsonl`` once the run starts
+        (`write_run_info`). A missing or unreadable ``config.json`` is noted: it is rebuilt."""
+        if not isinstance(self.read_config(), dict):
+            self.notes.append(f"{self.file('config.json')} was missing or unreadable: rebuilt from the checkpoint")
+        if saved is None:
             return
-        changes = config_changes(old, config)
-        if not changes:
-            return
-        listed = "; ".join(f"{k}: {a!r} -> {b!r}" for k, (a, b) in changes.items())
-        if not allow:
+        saved = saved_config(saved)
+        keys = [k for k in {**saved, **config} if k not in INVOCATION_KEYS]
+        changes = config_changes(saved, config, keys)
+        defining = {k: v for k, v in changes.items() if k in RUN_DEFINING_KEYS}
+        if defining and not allow:
+            listed = "; ".join(f"{k}: {a!r} -> {b!r}" for k, (a, b) in defining.items())
             raise RunFolderError(
                 f"resume of {self.path} would change the run ({listed}); pass --allow-config-change "
                 "to continue with the new values (recorded in config_history.jsonl)"
             )
-        step = (read_json(self.file("ckpt.json")) or {}).get("step")
-        # recorded by write_run_info, i.e. once the checkpoint loaded into the changed run
-        self._pending_history = {
-            "step": step,
-            "time": time.time(),
-            "changes": {k: {"old": a, "new": b} for k, (a, b) in changes.items()},
-        }
+        if changes:
+            # recorded by write_run_info, i.e. once the checkpoint loaded into the changed run
+            self._pending_history = {
+                "step": (self._in_place or {}).get("step"),
+                "time": time.time(),
+                "changes": {k: {"old": a, "new": b} for k, (a, b) in changes.items()},
+            }
 
     # ------------------------------------------------------------------ writing
     def write_run_info(self, config: dict, environment: dict, assignment: list[dict], table: str) -> None:
@@ -317,9 +387,13 @@ class RunFolder:
         self.tensorboard = SummaryWriter(str(self.file("tensorboard")), purge_step=purge_step)
 
     def close(self) -> None:
-        if self.tensorboard is not None:
-            self.tensorboard.close()
-            self.tensorboard = None
+        """Close the TensorBoard writer and release the lock."""
+        try:
+            if self.tensorboard is not None:
+                self.tensorboard.close()
+                self.tensorboard = None
+        finally:
+            self.release_lock()
 
     def _scalars(self, prefix: str, record: dict) -> None:
         if self.tensorboard is None or "step" not in record:
@@ -355,7 +429,8 @@ class RunFolder:
             manifest = read_json(self.file("ckpt.json"))
             previous = {k: manifest.get(k) for k in ("sha256", "bytes", "step")} if isinstance(manifest, dict) else None
         entry = {"sha256": _sha256(data), "bytes": len(data), "step": state.get("step")}
-        atomic_write_json(self.file("ckpt.json"), {"format": CHECKPOINT_FORMAT, **entry, "previous": previous})
+        manifest = {"format": CHECKPOINT_FORMAT, **entry, "previous": previous, "config": state.get("config")}
+        atomic_write_json(self.file("ckpt.json"), manifest)
         atomic_write_bytes(self.file("ckpt.pt"), data)
         self._in_place = entry
 

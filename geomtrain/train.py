@@ -206,15 +206,17 @@ class Trainer:
         self.diag_batch = gdata.fixed_batch(self.val_tokens, cfg.diag_batch_size, self.block, cfg.seed + 1)[0]
 
     def _load_data(self) -> None:
-        """Token files verified (sizes, cached sha256, ids below the vocabulary) before any use."""
+        """Token files verified (sizes, cached sha256, ids below the vocabulary, a batch row of the
+        context in each split) before any use, so a bad folder is refused before a run folder is made."""
         cfg = self.cfg
         try:
             vocab = int(gdata.load_manifest(cfg.data_dir)["vocab_size"])
         except (OSError, ValueError, KeyError, TypeError):
             vocab = None  # verify_cached names the problem with the manifest
         manifest = gdata.verify_cached(cfg.data_dir, vocab_size=vocab)
-        self.train_tokens = gdata.load_split(cfg.data_dir, "train")
-        self.val_tokens = gdata.load_split(cfg.data_dir, "val")
+        block = cfg.block_size if cfg.block_size is not None else model_config(cfg.model).block_size
+        self.train_tokens = gdata.load_split(cfg.data_dir, "train", block_size=block)
+        self.val_tokens = gdata.load_split(cfg.data_dir, "val", block_size=block)
         self.vocab_size = int(manifest["vocab_size"])
 
     @torch.no_grad()
@@ -405,12 +407,36 @@ def train(
     master = not (dist.is_available() and dist.is_initialized()) or dist.get_rank() == 0
     folder = RunFolder(cfg.resolved_out_dir(), master=master)
     trainer = Trainer(cfg, assignments=assignments, custom_manifolds=custom_manifolds)
-    if folder.open(cfg.to_dict(), resume=resume, overwrite=overwrite, allow_config_change=allow_config_change):
-        trainer.load_state_dict(folder.load_checkpoint(map_location=trainer.device))
-        folder.truncate_logs(trainer.steps_done)
-        print_fn(f"resuming {folder.path} from step {trainer.steps_done}")
-    elif resume:
-        print_fn(f"no checkpoint in {folder.path} yet: starting from step 0")
+    has_checkpoint = folder.open(resume=resume, overwrite=overwrite)  # takes the folder's lock
+    try:
+        if has_checkpoint:
+            ckpt = folder.load_checkpoint(map_location=trainer.device)
+            folder.check_resume_config(cfg.to_dict(), ckpt.get("config"), allow_config_change)
+            trainer.load_state_dict(ckpt)
+            del ckpt
+            folder.truncate_logs(trainer.steps_done)
+            print_fn(f"resuming {folder.path} from step {trainer.steps_done}")
+        elif resume:
+            print_fn(f"no checkpoint in {folder.path} yet: starting from step 0")
+        if master:
+            for note in folder.notes:
+                print_fn(f"note: {note}")
+        status = _start_and_loop(trainer, folder, resume, print_fn)
+    finally:
+        folder.close()
+    if on_finish is not None:
+        on_finish(trainer.model)
+    if master:
+        print_fn(
+            f"{status['status']} at step {status['step']}: val loss {trainer.last_val} "
+            f"(best {_finite_or_none(trainer.best_val)}); outputs in {folder.path}"
+        )
+    return status
+
+
+def _start_and_loop(trainer: Trainer, folder: RunFolder, resume: bool, print_fn: Callable) -> dict:
+    """Write the run's info files, then run `_loop`; an exception in it is recorded as ``failed``."""
+    cfg, master = trainer.cfg, folder.master
     if cfg.tensorboard:
         folder.enable_tensorboard(purge_step=trainer.steps_done + 1 if trainer.steps_done else None)
     table = format_table(trainer.assignments)
@@ -426,22 +452,12 @@ def train(
         folder.write_json("init_from.json", {"init_from": cfg.init_from, "relative_move": trainer.projection})
         print_fn(_projection_table(cfg.init_from, trainer.projection))
     try:
-        status = _loop(trainer, folder, print_fn)
+        return _loop(trainer, folder, print_fn)
     except BaseException as exc:
         if not isinstance(exc, (KeyboardInterrupt, SystemExit)):
             with contextlib.suppress(OSError):
                 folder.write_status("failed", step=trainer.steps_done, error=f"{type(exc).__name__}: {exc}"[:500])
         raise
-    finally:
-        folder.close()
-    if on_finish is not None:
-        on_finish(trainer.model)
-    if master:
-        print_fn(
-            f"{status['status']} at step {status['step']}: val loss {trainer.last_val} "
-            f"(best {_finite_or_none(trainer.best_val)}); outputs in {folder.path}"
-        )
-    return status
 
 
 def _projection_table(path: str, moved: dict[str, float]) -> str:

@@ -11,6 +11,7 @@ import tarfile
 import pytest
 from conftest import tiny_study
 
+from geomtrain._io import FileLock
 from geomtrain.study import load_summary
 from geomtrain.study import main as study_main
 from geomtrain.study.pack import pack, unpack
@@ -108,16 +109,20 @@ def test_bad_archives_and_targets_are_refused_with_nothing_written(interrupted, 
     assert "holds no study.json" in capsys.readouterr().err
 
 
-def test_a_run_being_trained_is_not_packed(interrupted, tmp_path):
+@pytest.mark.parametrize("name", [".lock", ".claim"])
+def test_a_run_being_trained_is_not_packed(name, interrupted, tmp_path):
     out, runs, _ = interrupted
-    lock = runs / "hetero" / "s0" / ".lock"
-    lock.write_text(str(os.getpid()))  # a live process holds the run
+    lock = FileLock(runs / "hetero" / "s0" / name)
+    assert lock.acquire() is None  # this process trains the run (.lock) or a study has claimed it (.claim)
     try:
         with pytest.raises(StudyError, match="is being trained"):
             pack(out, tmp_path / "x.tar.xz")
         assert not (tmp_path / "x.tar.xz").exists()
     finally:
-        lock.unlink()
+        lock.release()
+    (runs / "hetero" / "s0" / name).write_text(str(os.getpid()))  # a lock file no process holds: packs
+    pack(out, tmp_path / "x.tar.xz")
+    (runs / "hetero" / "s0" / name).unlink()
 
 
 def test_a_study_resumed_on_other_data_is_refused(data_dir, tmp_path, capsys):

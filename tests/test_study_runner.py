@@ -11,7 +11,7 @@ from conftest import FAST_STUDY_SETS, tiny_study
 
 from geomtrain.cli import main as cli_main
 from geomtrain.data import load_manifest
-from geomtrain.study import RunLock, collect, load_summary, plan
+from geomtrain.study import claim_lock, collect, load_summary, plan
 from geomtrain.study import main as study_main
 from geomtrain.study.runner import train_one
 
@@ -169,19 +169,19 @@ def test_parallel_workers_give_the_same_results(data_dir, tmp_path):
         )
     timing = json.loads((two / "study.json").read_text())["timing"]
     assert timing["workers"] == [2] and set(timing["runs"]) == {"adamw/s0", "hetero/s0", "hetero-inv/s0"}
-    assert 0 < timing["elapsed_s"] and all(not p.exists() for p in (two / "runs").rglob(".lock"))
+    assert 0 < timing["elapsed_s"] and not [*(two / "runs").rglob(".lock"), *(two / "runs").rglob(".claim")]
 
 
-def test_run_lock(tmp_path):
-    lock = RunLock(tmp_path / "run")
-    assert lock.acquire() is None and (tmp_path / "run" / ".lock").read_text() == str(os.getpid())
-    (tmp_path / "run" / ".lock").write_text(str(os.getppid()))  # a live process holds it
-    assert RunLock(tmp_path / "run").acquire() == os.getppid()
-    (tmp_path / "run" / ".lock").write_text("999999999")  # a dead one: stale, taken over
-    other = RunLock(tmp_path / "run")
-    assert other.acquire() is None
+def test_claim_lock(tmp_path):
+    lock = claim_lock(tmp_path / "run")
+    assert lock.acquire() is None and (tmp_path / "run" / ".claim").read_text() == str(os.getpid())
+    assert claim_lock(tmp_path / "run").acquire() == os.getpid()  # a second claim is refused, naming the holder
+    lock.release()
+    assert not (tmp_path / "run" / ".claim").exists()
+    (tmp_path / "run" / ".claim").write_text("999999999")  # left by a killed study: taken over
+    other = claim_lock(tmp_path / "run")
+    assert other.acquire() is None and other.took_over == 999999999
     other.release()
-    assert not (tmp_path / "run" / ".lock").exists()
 
 
 def test_other_settings_in_the_folder_are_refused(data_dir, tmp_path, capsys):

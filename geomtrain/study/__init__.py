@@ -72,7 +72,7 @@ from .plan import (
     sweep_variants,
 )
 from .report import format_attention_table, format_table, report, write_report
-from .runner import RunLock, run_study
+from .runner import claim_lock, run_study
 from .toy import toy_attention
 
 __all__ = [
@@ -88,7 +88,7 @@ __all__ = [
     "shared_config",
     "plan",
     "run_study",
-    "RunLock",
+    "claim_lock",
     "collect",
     "read_run",
     "make_table",

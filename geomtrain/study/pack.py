@@ -28,10 +28,10 @@ import tarfile
 import time
 from pathlib import Path, PurePosixPath
 
-from .._io import atomic_write_bytes, read_json, sha256_file
+from .._io import FileLock, atomic_write_bytes, read_json, sha256_file
 from .collect import study_and_runs
 from .plan import StudyError
-from .runner import TERMINAL_STATUSES, RunLock
+from .runner import TERMINAL_STATUSES
 
 __all__ = ["PACK_FORMAT", "pack", "unpack"]
 
@@ -39,14 +39,14 @@ PACK_FORMAT = 1
 
 
 def _skipped(path: Path) -> bool:
-    """Run locks and the temporary files of atomic writes (``.NAME.tmp.PID``) never travel."""
+    """Run locks and claims and the temporary files of atomic writes (``.NAME.tmp.PID``) never travel."""
     name = path.name
-    return name == ".lock" or name.startswith(".lock.") or ".tmp." in name
+    return name in (".lock", ".claim") or name.startswith(".lock.") or ".tmp." in name
 
 
 def _live_lock(runs: Path) -> tuple[Path, int] | None:
-    for lock in runs.rglob(".lock"):
-        pid = RunLock(lock.parent).live_holder()
+    for lock in [*runs.rglob(".lock"), *runs.rglob(".claim")]:
+        pid = FileLock(lock).live_holder()
         if pid:
             return lock.parent, pid
     return None

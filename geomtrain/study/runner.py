@@ -3,8 +3,9 @@
 :func:`run_study` trains every (variant, seed) of a :class:`~geomtrain.study.plan.StudyPlan` that
 is not done yet, one after the other or (``workers > 1``) in spawned worker processes, records
 wall times in ``study.json`` and writes the report. Every run is seeded and independent, so the
-results do not depend on the number of workers. A :class:`RunLock` keeps studies that share a
-``--runs-dir`` from training the same run twice at once.
+results do not depend on the number of workers. A claim (:func:`claim_lock`, ``run_dir/.claim``)
+keeps studies that share a ``--runs-dir`` from training the same run twice at once; the run folder's
+own lock (``.lock``, taken by `geomtrain.train.train`) keeps anything else out of it.
 """
 
 from __future__ import annotations
@@ -17,15 +18,16 @@ import traceback
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
-from .._io import atomic_write_json, environment_record, read_json, read_jsonl
-from ..runfolder import RunFolder, RunFolderError, pid_alive
+from .._io import FileLock, atomic_write_json, environment_record, read_json, read_jsonl
+from ..config import INVOCATION_KEYS
+from ..runfolder import RunFolder, RunFolderError
 from .collect import collect
 from .plan import SUMMARY_FORMAT, StudyError, StudyPlan, Variant
 from .report import format_table, write_report
 
 __all__ = [
     "TERMINAL_STATUSES",
-    "RunLock",
+    "claim_lock",
     "run_state",
     "train_one",
     "ensure_data",
@@ -35,7 +37,6 @@ __all__ = [
 ]
 
 TERMINAL_STATUSES = ("finished", "diverged", "failed")
-_IGNORED_CONFIG_KEYS = ("progress", "stop_after", "out_dir")
 
 
 def _now() -> str:
@@ -48,7 +49,7 @@ def _silent(*args, **kwargs) -> None:
 
 # ----------------------------------------------------------------------------- one run
 def _config_diff(old: dict, new: dict) -> list[str]:
-    keys = sorted((set(old) | set(new)) - set(_IGNORED_CONFIG_KEYS))
+    keys = sorted((set(old) | set(new)) - set(INVOCATION_KEYS))
     return [f"{k}: {old.get(k)!r} -> {new.get(k)!r}" for k in keys if old.get(k) != new.get(k)]
 
 
@@ -72,51 +73,11 @@ def run_state(run_dir: Path, cfg) -> str:
     return "resume" if (run_dir / "ckpt.pt").exists() else "new"
 
 
-class RunLock:
-    """``run_dir/.lock`` (holding the PID) while a process trains that run: studies sharing a
-    ``--runs-dir`` never train the same run twice at once. A lock whose process is gone is stale
-    and taken over."""
-
-    def __init__(self, run_dir: Path):
-        self.path = Path(run_dir) / ".lock"
-        self.held = False
-
-    def acquire(self) -> int | None:
-        """Take the lock; return ``None`` on success, else the PID of the live holder."""
-        self.path.parent.mkdir(parents=True, exist_ok=True)
-        tmp = self.path.with_name(f".lock.{os.getpid()}")
-        tmp.write_text(str(os.getpid()))
-        try:
-            return self._link(tmp)
-        finally:
-            tmp.unlink(missing_ok=True)
-
-    def _link(self, tmp: Path) -> int | None:
-        for _ in range(2):
-            try:
-                os.link(tmp, self.path)  # atomic: fails if the lock exists, and never holds a partial PID
-            except FileExistsError:
-                pid = self.live_holder()
-                if pid and pid != os.getpid():
-                    return pid
-                self.path.unlink(missing_ok=True)  # stale
-                continue
-            self.held = True
-            return None
-        return -1
-
-    def live_holder(self) -> int | None:
-        """The PID in the lock file when that process is alive on this machine, else ``None``."""
-        try:
-            pid = int(self.path.read_text().strip() or 0)
-        except (OSError, ValueError):
-            return None
-        return pid if pid and pid_alive(pid) else None
-
-    def release(self) -> None:
-        if self.held:
-            self.path.unlink(missing_ok=True)
-            self.held = False
+def claim_lock(run_dir: Path) -> FileLock:
+    """``run_dir/.claim``: held by the study process that schedules the run while it (or its worker
+    process, which takes the run folder's ``.lock``) trains it."""
+    Path(run_dir).mkdir(parents=True, exist_ok=True)
+    return FileLock(Path(run_dir) / ".claim")
 
 
 def _last_logged_step(run_dir: Path) -> int:
@@ -377,7 +338,7 @@ class _Scheduler:
             if run_state(run_dir, cfg) == "done":
                 say(f"{tag}: already {read_json(run_dir / 'status.json', {}).get('status')} (skipped)")
                 continue
-            lock = RunLock(run_dir)
+            lock = claim_lock(run_dir)
             holder = lock.acquire()
             if holder is not None:
                 say(f"{tag}: being trained by another process (pid {holder}); skipped, rerun later to include it")
