@@ -42,6 +42,8 @@ import torch
 
 from manifolds import SPEC_SYNTAX, GramManifold, get_manifold, manifold_names
 
+from .config import did_you_mean
+
 __all__ = [
     "PRESETS",
     "ATTENTION_GLOBS",
@@ -53,6 +55,7 @@ __all__ = [
     "target_names",
     "resolve_target",
     "validate_rule",
+    "OWN_MANIFOLD_HINT",
     "is_matrix",
     "is_gpt_matrix",
     "assign",
@@ -158,17 +161,25 @@ def resolve_target(
     custom = {k.lower(): v for k, v in (custom_manifolds or {}).items()}
     if label in custom:
         return label, custom[label]
-    if label.partition("@")[0] not in manifold_names():
+    name = label.partition("@")[0]
+    if name not in manifold_names():
+        valid = target_names(custom)
         raise ValueError(
-            f"unknown manifold {target!r}; valid: {', '.join(target_names(custom))}; parametric: {SPEC_SYNTAX}"
+            f"unknown manifold {target!r}{did_you_mean(name, valid)}; valid: {', '.join(valid)}; "
+            f"parametric: {SPEC_SYNTAX}"
         )
     return label, get_manifold(target)
+
+
+OWN_MANIFOLD_HINT = "a manifold of your own: --manifolds MODULE (a module that calls manifolds.register)"
+"""How a rule of the command line or a config file reaches a manifold the user wrote."""
 
 
 def validate_rule(text: str | Rule, custom_names: Iterable[str] = ()) -> Rule:
     """Parse a rule and check that its target resolves (``custom_names`` count as valid); return it.
 
-    ``ValueError`` naming the rule and the valid targets otherwise (for ``TrainConfig.validate``).
+    ``ValueError`` naming the rule and the valid targets otherwise (for ``TrainConfig.validate``); for
+    a name no manifold is registered under, with the closest one and `OWN_MANIFOLD_HINT`.
     """
     rule = parse_rule(text) if isinstance(text, str) else text
     names = {n.lower() for n in custom_names}
@@ -177,7 +188,10 @@ def validate_rule(text: str | Rule, custom_names: Iterable[str] = ()) -> Rule:
     try:
         resolve_target(rule.target, dict.fromkeys(names))
     except ValueError as exc:
-        raise ValueError(f"rule {str(rule)!r}: {exc}") from None
+        name = "".join(rule.target.split()).lower().partition("@")[0] if isinstance(rule.target, str) else None
+        unregistered = name is not None and name not in (*manifold_names(), ADAMW)
+        hint = f"; {OWN_MANIFOLD_HINT}" if unregistered else ""
+        raise ValueError(f"rule {str(rule)!r}: {exc}{hint}") from None
     return rule
 
 

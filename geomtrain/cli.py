@@ -32,6 +32,18 @@ class OneLineParser(argparse.ArgumentParser):
     def error(self, message: str):
         raise UsageError(f"{self.prog}: error: {message}")
 
+    def parse_known_args(self, args=None, namespace=None):
+        """A sub-parser reports its own unknown arguments (so the error reads ``geomtrain train: error:``,
+        not ``geomtrain: error:``), each flag with the closest valid one."""
+        from .config import did_you_mean
+
+        namespace, extras = super().parse_known_args(args, namespace)
+        if extras:
+            flags = {o.lstrip("-"): o for o in self._option_string_actions if o.startswith("--")}
+            hint = lambda a: did_you_mean(a.lstrip("-").partition("=")[0], flags) if a.startswith("-") else ""  # noqa: E731
+            self.error(f"unrecognized arguments: {' '.join(a + hint(a) for a in extras)}")
+        return namespace, extras
+
 
 # ----------------------------------------------------------------------------- prepare
 def _add_prepare(sub) -> None:

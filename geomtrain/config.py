@@ -8,12 +8,13 @@ ones (DESIGN.md section 4); the small models get CPU-sized schedules.
 from __future__ import annotations
 
 import dataclasses
+import difflib
 import math
 import re
 import tomllib
 import types
 import typing
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -31,6 +32,8 @@ __all__ = [
     "RUN_DEFINING_KEYS",
     "saved_config",
     "import_manifold_modules",
+    "did_you_mean",
+    "unknown_keys_message",
 ]
 
 
@@ -226,7 +229,7 @@ def saved_config(saved: Mapping[str, Any] | None) -> dict[str, Any] | None:
 def field_kind(name: str) -> tuple[type, bool]:
     """``(kind, optional)`` of a `TrainConfig` field: kind is int, float, bool, str or list."""
     if name not in _FIELDS:
-        raise ValueError(f"unknown config key {name!r}; valid: {', '.join(_FIELDS)}")
+        raise ValueError(unknown_keys_message([name]))
     hint = typing.get_type_hints(TrainConfig)[name]
     args = typing.get_args(hint)
     optional = type(None) in args
@@ -234,6 +237,22 @@ def field_kind(name: str) -> tuple[type, bool]:
         hint = next(a for a in args if a is not type(None))
     kind = list if typing.get_origin(hint) is list or hint is list else hint
     return kind, optional
+
+
+def did_you_mean(word: str, choices: Iterable[str] | Mapping[str, str]) -> str:
+    """``" (did you mean 'X'?)"`` with X the closest of ``choices`` to ``word`` (`difflib.get_close_matches`,
+    similarity ratio >= 0.6), or ``""`` when none is that close. A mapping compares its keys and names
+    the value: ``{"max-iters": "--max-iters"}``, ``{"classics": "data/classics"}``."""
+    shown = choices if isinstance(choices, Mapping) else {choice: choice for choice in choices}
+    close = difflib.get_close_matches(word, list(shown), n=1)
+    return f" (did you mean {shown[close[0]]!r}?)" if close else ""
+
+
+def unknown_keys_message(keys: Sequence[str], where: str = "") -> str:
+    """``unknown config key 'max_iter' (did you mean 'max_iters'?){where}; valid: ...``: one line, each
+    unknown key with its closest valid one."""
+    named = ", ".join(f"{key!r}{did_you_mean(key, list(_FIELDS))}" for key in keys)
+    return f"unknown config key{'s' if len(keys) > 1 else ''} {named}{where}; valid: {', '.join(_FIELDS)}"
 
 
 def _check_type(name: str, value: Any) -> None:
@@ -370,16 +389,32 @@ positive_float = _bounded_number(float, "finite number > 0", lambda v: math.isfi
 
 
 def load_toml(path: str | Path) -> dict[str, Any]:
-    """Read overrides from a TOML file (top-level keys, or a ``[train]`` table)."""
+    """Read config keys from a TOML file: top-level keys and the keys of a ``[train]`` table, merged.
+
+    A key given both at the top level and in ``[train]`` is refused (neither silently wins), as is
+    any other table (``[model]``, ``[optim]``: this file has one namespace) and an unknown key
+    (one line, with the closest valid key)."""
     with open(path, "rb") as fh:
         try:
             data = tomllib.load(fh)
         except tomllib.TOMLDecodeError as exc:  # its message names the line, not the file
             raise ValueError(f"{path} is not valid TOML: {exc}") from None
-    data = data.get("train", data)
+    table = data.pop("train", {})
+    if not isinstance(table, dict):
+        raise ValueError(f"train in {path} must be a table ([train]) of config keys; got {table!r}")
+    others = [key for key, value in data.items() if isinstance(value, dict)]
+    if others:
+        raise ValueError(
+            f"table [{others[0]}] in {path} is not a config section; put config keys at the top level "
+            f"or in [train]{did_you_mean(others[0], ['train'])}"
+        )
+    both = sorted(set(data) & set(table))
+    if both:
+        raise ValueError(f"{path} sets {', '.join(both)} both at the top level and in [train]; keep one")
+    data.update(table)
     unknown = sorted(set(data) - set(_FIELDS))
     if unknown:
-        raise ValueError(f"unknown config key(s) {', '.join(unknown)} in {path}; valid: {', '.join(_FIELDS)}")
+        raise ValueError(unknown_keys_message(unknown, f" in {path}"))
     return data
 
 
@@ -395,7 +430,7 @@ def make_config(
     merged.update({k: v for k, v in (overrides or {}).items() if v is not None})
     unknown = sorted(set(merged) - set(_FIELDS))
     if unknown:
-        raise ValueError(f"unknown config key(s) {', '.join(unknown)}; valid: {', '.join(_FIELDS)}")
+        raise ValueError(unknown_keys_message(unknown))
     model = merged.get("model", TrainConfig.model)
     values = {**MODEL_DEFAULTS.get(model, {}), **merged}
     return TrainConfig(**values).validate(tuple(n.lower() for n in custom_names))

@@ -68,8 +68,12 @@ def read_curves(run_dir: str | Path) -> dict:
 
 
 def _line(ax, points, **kw) -> None:
+    """``points`` as a line; a single point (a run with one evaluation) as a marker, since a line
+    through one point draws nothing."""
     if points:
         x, y = zip(*points)
+        if len(points) == 1 and kw.get("marker") in (None, "", "None", "none"):
+            kw = {**kw, "marker": "o", "ms": 4}
         ax.plot(x, y, **kw)
 
 

@@ -19,6 +19,7 @@ Built in: ``stiefel``, ``dgram``, ``oblique``, ``euclidean`` and ``bdgram`` (`Bo
 
 from __future__ import annotations
 
+import difflib
 import inspect
 import re
 import types
@@ -55,6 +56,14 @@ def manifold_names() -> tuple[str, ...]:
 
 def _valid_choices() -> str:
     return f"valid: {', '.join(_FACTORIES)}; parametric: {SPEC_SYNTAX}"
+
+
+def _unknown(spec: str, key: str) -> str:
+    """``unknown manifold 'stifel' (did you mean 'stiefel'?); valid: ...``: the closest registered name
+    (`difflib.get_close_matches`, if one is close) and the valid ones."""
+    close = difflib.get_close_matches(key, list(_FACTORIES), n=1)
+    hint = f" (did you mean {close[0]!r}?)" if close else ""
+    return f"unknown manifold {spec!r}{hint}; {_valid_choices()}"
 
 
 def _check_name(name: object) -> str:
@@ -116,7 +125,7 @@ def parse_spec(spec: str) -> tuple[str, tuple, dict]:
     name, at, rest = spec.strip().partition("@")
     key = name.strip().lower()
     if not _NAME.fullmatch(key):
-        raise ValueError(f"unknown manifold {spec!r}; {_valid_choices()}")
+        raise ValueError(_unknown(spec, key))
     args: list = []
     kwargs: dict = {}
     if at:
@@ -154,7 +163,7 @@ def get_manifold(spec: str) -> GramManifold:
     """
     key, args, kwargs = parse_spec(spec)
     if key not in _FACTORIES:
-        raise ValueError(f"unknown manifold {spec!r}; {_valid_choices()}")
+        raise ValueError(_unknown(spec, key))
     factory = _FACTORIES[key]
     try:
         manifold = factory(*args, **kwargs)

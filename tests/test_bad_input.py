@@ -292,3 +292,89 @@ def test_ctrl_c_in_a_command_without_its_own_handling_is_one_line_exit_130(monke
     monkeypatch.setattr(training, "measure_training_speed", interrupted)
     code, _, err = cli(["bench", "train", "--model", "tiny", "--steps", "1"], capsys)
     assert (code, err) == (130, "geomtrain bench train: interrupted\n")
+
+
+# ----------------------------------------------------------------------------- names and data folders (issue 40)
+def test_misspelt_flag_is_one_line_under_its_command_with_the_closest_flag(capsys):
+    code, _, err = cli(["train", "--max-itres", "3"], capsys)
+    line = assert_one_line_error(code, err, "--max-itres (did you mean '--max-iters'?)")
+    assert line.startswith("geomtrain train: error: unrecognized arguments:")  # before: `geomtrain: error:`
+
+
+def test_unknown_set_key_names_the_closest_key(data_dir, tmp_path, capsys):
+    argv = ["study", "--model", "tiny", "--data-dir", data_dir, "--out", tmp_path / "x", "--dry-run"]
+    code, _, err = cli([*argv, "--set", "max_iter=3"], capsys)
+    assert_one_line_error(code, err, "unknown config key 'max_iter' (did you mean 'max_iters'?)")
+
+
+def test_misspelt_manifold_names_the_closest_and_how_to_bring_your_own(data_dir, tmp_path, capsys):
+    code, _, err = cli(_short(data_dir, tmp_path / "run", "--rule", "*.attn.*=stifel"), capsys)
+    assert_one_line_error(code, err, "unknown manifold 'stifel' (did you mean 'stiefel'?)", "--manifolds MODULE")
+    assert not (tmp_path / "run").exists()
+
+
+def _data_with_short_split(data_dir, tmp_path, split, n_tokens):
+    """A copy of the prepared folder whose ``split`` holds only its first ``n_tokens`` tokens, the manifest
+    saying so (it verifies: the file is what the manifest says)."""
+    import hashlib
+    import shutil
+    from pathlib import Path
+
+    import numpy as np
+
+    from geomtrain.data import TOKEN_DTYPE
+
+    out = tmp_path / "data"
+    out.mkdir()
+    for name in ("train.bin", "val.bin", "manifest.json"):
+        shutil.copy(Path(data_dir) / name, out / name)
+    raw = (out / f"{split}.bin").read_bytes()[: n_tokens * np.dtype(TOKEN_DTYPE).itemsize]
+    (out / f"{split}.bin").write_bytes(raw)
+    manifest = json.loads((out / "manifest.json").read_text())
+    manifest["splits"][split].update(tokens=n_tokens, sha256=hashlib.sha256(raw).hexdigest())
+    (out / "manifest.json").write_text(json.dumps(manifest))
+    return out
+
+
+@pytest.mark.parametrize("split", ["train", "val"])
+def test_empty_token_file_is_one_line_naming_it(split, data_dir, tmp_path, capsys):
+    data = _data_with_short_split(data_dir, tmp_path, split, 0)
+    code, _, err = cli(_short(data, tmp_path / "run"), capsys)
+    assert_one_line_error(code, err, str(data / f"{split}.bin"), "empty (0 tokens)")  # before: cannot mmap ...
+    assert not (tmp_path / "run").exists()
+
+
+@pytest.mark.parametrize("split", ["train", "val"])
+def test_split_shorter_than_a_batch_row_is_refused_before_a_run_folder_is_made(split, data_dir, tmp_path, capsys):
+    data = _data_with_short_split(data_dir, tmp_path, split, 16)  # _short's block_size 16 needs 17 tokens
+    code, _, err = cli(_short(data, tmp_path / "run"), capsys)
+    assert_one_line_error(code, err, str(data / f"{split}.bin"), "holds 16 tokens", "block_size 16")
+    assert not (tmp_path / "run").exists()  # before (train): a run folder with status `failed`
+
+
+def test_split_of_exactly_one_batch_row_trains(data_dir, tmp_path, capsys):
+    data = _data_with_short_split(data_dir, tmp_path, "train", 17)
+    code, _, err = cli(_short(data, tmp_path / "run"), capsys)
+    assert code == 0, err[-3000:]
+
+
+@pytest.mark.parametrize(
+    "typo, needles",
+    [
+        ("data/clasics", ["data folder data/clasics does not exist (did you mean 'data/classics'?)"]),
+        (
+            "data/nope",
+            ["data folder data/nope does not exist", "prepared folders: data/classics", "`geomtrain prepare`"],
+        ),
+    ],
+)
+def test_data_dir_that_does_not_exist_points_to_the_prepared_folders(
+    typo, needles, data_dir, tmp_path, monkeypatch, capsys
+):
+    (tmp_path / "data").mkdir()
+    (tmp_path / "data" / "classics").symlink_to(data_dir, target_is_directory=True)
+    monkeypatch.chdir(tmp_path)
+    code, _, err = cli(_short(typo, tmp_path / "run"), capsys)
+    line = assert_one_line_error(code, err, *needles)
+    assert f"--out {typo}" not in line  # before: `geomtrain prepare --out data/nope --force`, preparing into the typo
+    assert not (tmp_path / "run").exists()

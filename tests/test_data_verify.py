@@ -127,7 +127,10 @@ def test_truncated_or_missing_file_is_named(copy):
     path.unlink()
     with pytest.raises(data.DataError, match=r"val\.bin: missing; rebuild it with `geomtrain prepare"):
         data.verify_cached(out)
+    (out / "empty").mkdir()
     with pytest.raises(data.DataError, match=r"manifest\.json: missing"):
+        data.verify_cached(out / "empty")  # a folder without a manifest
+    with pytest.raises(data.DataError, match=r"data folder \S+nowhere does not exist; prepared folders: "):
         data.verify_cached(out / "nowhere")
 
 

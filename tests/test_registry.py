@@ -109,7 +109,9 @@ def test_parametric_specs_build_their_instances():
             r"unknown manifold 'sphere'; valid: stiefel, dgram, oblique, euclidean, bdgram.*; parametric: NAME@ARG",
         ),
         ("@1.5", r"unknown manifold '@1.5'; valid: stiefel, dgram"),
-        ("stief el", r"unknown manifold 'stief el'; valid: stiefel"),
+        ("stief el", r"unknown manifold 'stief el' \(did you mean 'stiefel'\?\); valid: stiefel"),
+        ("stifel", r"unknown manifold 'stifel' \(did you mean 'stiefel'\?\); valid: stiefel"),
+        ("DGarm@2", r"unknown manifold 'DGarm@2' \(did you mean 'dgram'\?\); valid: stiefel"),
         (
             "bdgram@big",
             r"bad manifold spec 'bdgram@big': bound must be a finite number > 0; got 'big'; "

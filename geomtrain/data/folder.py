@@ -51,6 +51,7 @@ __all__ = [
     "load_manifest",
     "load_split",
     "load_tokenizer",
+    "missing_folder_message",
     "prepare_command",
     "split_path",
     "verify",
@@ -99,16 +100,27 @@ def split_path(data_dir: str | os.PathLike, split: str) -> Path:
     return Path(data_dir) / f"{split}.bin"
 
 
-def open_tokens(path: Path) -> np.memmap:
-    """A token file as a read-only uint16 memmap (FileNotFoundError saying to prepare)."""
+def open_tokens(path: Path, block_size: int | None = None) -> np.memmap:
+    """A token file as a read-only uint16 memmap: FileNotFoundError saying to prepare if it is missing,
+    :class:`DataError` naming it if it is empty or, given ``block_size``, shorter than one batch row
+    (``block_size + 1`` tokens: the inputs and the targets shifted by one)."""
     if not path.is_file():
         raise FileNotFoundError(f"{path} not found: prepare the data first (geomtrain.data.prepare)")
+    n_tokens = path.stat().st_size // np.dtype(TOKEN_DTYPE).itemsize
+    if n_tokens == 0:  # np.memmap cannot map an empty file
+        raise DataError(f"{path} is empty (0 tokens): nothing to draw batches from; prepare the folder from more text")
+    if block_size is not None and n_tokens < block_size + 1:
+        raise DataError(
+            f"{path} holds {n_tokens} tokens, too few for block_size {block_size} (one batch row needs "
+            f"block_size + 1 = {block_size + 1}); use a smaller --block-size or prepare the folder from more text"
+        )
     return np.memmap(path, dtype=TOKEN_DTYPE, mode="r")
 
 
-def load_split(data_dir: str | os.PathLike, split: str) -> np.memmap:
-    """The tokens of one split as a read-only ``np.memmap`` of uint16."""
-    return open_tokens(split_path(data_dir, split))
+def load_split(data_dir: str | os.PathLike, split: str, block_size: int | None = None) -> np.memmap:
+    """The tokens of one split as a read-only ``np.memmap`` of uint16; with ``block_size``, refused
+    (:class:`DataError`, one line) unless it holds a batch row of that context (`open_tokens`)."""
+    return open_tokens(split_path(data_dir, split), block_size)
 
 
 def load_tokenizer(data_dir: str | os.PathLike) -> Tokenizer | BPETokenizer:
@@ -313,6 +325,27 @@ def verify(data_dir: str | os.PathLike, *, check_hashes: bool | str = True) -> l
     return _check_folder(Path(data_dir), check_hashes)[1]
 
 
+def missing_folder_message(data_dir: str | os.PathLike) -> str:
+    """One line for a data folder that does not exist: the prepared folder (holding a manifest) beside
+    it or under :data:`DEFAULT_DATA_ROOT` whose name is closest, if one is close; else the command
+    that prepares the default corpus, and the prepared folders found."""
+    from ..config import did_you_mean
+
+    data_dir = Path(data_dir)
+    roots = (data_dir.parent, Path(DEFAULT_DATA_ROOT))
+    prepared: dict[Path, Path] = {}  # resolved -> as found (the first root's spelling)
+    for manifest in (m for r in roots if r.is_dir() for m in sorted(r.glob(f"*/{MANIFEST_NAME}"))):
+        prepared.setdefault(manifest.parent.resolve(), manifest.parent)
+    found = ", ".join(map(str, prepared.values())) or f"none in {' or '.join(map(str, dict.fromkeys(roots)))}"
+    close = did_you_mean(data_dir.name, {p.name: str(p) for p in prepared.values()})
+    if close:
+        return f"data folder {data_dir} does not exist{close}; prepared folders: {found}"
+    return (
+        f"data folder {data_dir} does not exist; prepared folders: {found}; `geomtrain prepare` prepares "
+        f"the default corpus into {DEFAULT_DATA_DIR}"
+    )
+
+
 def verify_cached(data_dir: str | os.PathLike, vocab_size: int | None = None) -> dict:
     """Check a prepared folder at train start; return its manifest.
 
@@ -320,8 +353,11 @@ def verify_cached(data_dir: str | os.PathLike, vocab_size: int | None = None) ->
     files changed since they were last hashed (so the second start reads nothing); then, if
     ``vocab_size`` is given (the model's), that every token id is below it. Raises
     :class:`DataError` (a ValueError) with one line: the first problem, naming its file, and the
-    ``geomtrain prepare ... --force`` command that rebuilds the folder."""
+    ``geomtrain prepare ... --force`` command that rebuilds the folder; for a folder that does not
+    exist, `missing_folder_message`."""
     data_dir = Path(data_dir)
+    if not data_dir.exists():
+        raise DataError(missing_folder_message(data_dir))
     manifest, problems, facts = _check_folder(data_dir, "cached")
     if not problems and vocab_size is not None:
         for split in SPLITS:
