@@ -19,10 +19,12 @@ product is $L_W^*(\Lambda) = W P(\Lambda + \Lambda^\top)$.
 symmetric solving $P(GS + SG) = L_W(U)$, $G = W^\top W$ (that is
 $U - L_W^*(L_W L_W^*)^{-1} L_W U$).
 
-**Retraction** (generic): $R(X) = X (I + S)$ with $S = P(S)$ symmetric solving
-$P\big((I+S) X^\top X (I+S) - I\big) = 0$ by Newton's method from $S = 0$. On the manifold
-$S = 0$, so points are returned unchanged; along a tangent $X = W + tU$ the residual is $O(t^2)$,
-so $S = O(t^2)$ and the retraction is first order. Stiefel is contained in every $\mathcal M_P$.
+**Retraction** (generic): $R(X) = X_0 (I + S) D_f$ where $X_0$ is $X$ with unit columns (so any
+input scale works), $S = P(S)$ symmetric solves $P\big((I+S) X_0^\top X_0 (I+S) - I\big) = 0$ by
+Newton's method from $S = 0$ (in float64, then checked in the input's dtype), and $D_f$ gives the
+columns whose norm $P$ leaves free their norms back. Points on the manifold are returned unchanged
+(and $R_W(0) = W$ bitwise); along a tangent $X = W + tU$ the residual is $O(t^2)$, so $S = O(t^2)$
+and the retraction is first order. Stiefel is contained in every $\mathcal M_P$.
 
 A subclass defines a manifold by implementing `project_gram` only; the
 generic solves cost $O(k^3)$ for $k$ masked Gram entries, fine for small $n$ and as a
