@@ -122,7 +122,11 @@ def _add_train(sub) -> None:
 
     p = sub.add_parser("train", help="train a GPT-2 with a manifold assignment")
     p.add_argument("--config", metavar="FILE.toml", help="TOML file with config keys (flags override it)")
-    p.add_argument("--resume", action="store_true", help="continue the run in OUT_DIR from its checkpoint")
+    p.add_argument(
+        "--resume",
+        action="store_true",
+        help="continue the run in OUT_DIR from its checkpoint, with the run's own config (flags given are changes)",
+    )
     p.add_argument("--overwrite", action="store_true", help="replace a run already in OUT_DIR")
     p.add_argument(
         "--allow-config-change",
@@ -164,10 +168,14 @@ def _add_train(sub) -> None:
 
 def _cmd_train(args) -> int:
     from .config import TrainConfig, make_config
+    from .runfolder import resume_config
     from .train import distributed_from_env, train
 
     overrides = {f.name: getattr(args, f.name) for f in dataclasses.fields(TrainConfig)}
-    cfg = make_config(overrides, toml_path=args.config)
+    if args.resume:  # the run's own config; the flags given are changes to it
+        cfg = resume_config(overrides, toml_path=args.config)
+    else:
+        cfg = make_config(overrides, toml_path=args.config)
     with distributed_from_env():
         status = train(cfg, resume=args.resume, overwrite=args.overwrite, allow_config_change=args.allow_config_change)
     if status["status"] == "interrupted":

@@ -30,6 +30,7 @@ __all__ = [
     "parse_assignments",
     "parse_solver_options",
     "RUN_DEFINING_KEYS",
+    "INVOCATION_KEYS",
     "saved_config",
     "import_manifold_modules",
     "did_you_mean",
@@ -211,6 +212,10 @@ RUN_DEFINING_KEYS = (
     "dtype",
 )
 """Keys whose change makes a different run: a resume that changes one is refused unless allowed."""
+
+INVOCATION_KEYS = ("out_dir", "stop_after", "progress")
+"""Keys of one invocation, not of the run: a resume does not take them from the run (the folder is
+where the run is; ``stop_after`` and the progress bar are this invocation's) and they are no change."""
 
 
 def saved_config(saved: Mapping[str, Any] | None) -> dict[str, Any] | None:
