@@ -56,7 +56,7 @@ def evaluate_checkpoint(
         if value < 1:
             raise ValueError(f"{name} must be >= 1; got {value}")
     gdata.verify_cached(data_dir, vocab_size=model.config.vocab_size)
-    tokens = gdata.load_split(data_dir, split)
+    tokens = gdata.load_split(data_dir, split, block_size=model.config.block_size)
     dev = next(model.parameters()).device
     losses = []
     for x, y in gdata.iter_eval_batches(tokens, batch_size, model.config.block_size, iters, seed):
