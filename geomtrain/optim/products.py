@@ -1,0 +1,112 @@
+r"""Products-only kernels shared by the solvers ``projected_tangent``, ``dual_ascent`` and ``admm``.
+
+Nothing here decomposes a matrix: every step is a matrix product, an entrywise operation or a norm, so it
+runs in bf16/fp32 on an accelerator at the speed of its products. For the built-in masks (Stiefel,
+DGram, Oblique) at a point $W$ of the manifold (tall form) with column norms squared $d_i$:
+
+- **Normal multiplier.** $S = P(W^\top U + U^\top W) \oslash (d_i + d_j)$ is the symmetric $S = P(S)$
+  with $U - WS$ tangent (`normal_multiplier`): $W^\top W = \operatorname{diag}(d)$ on Stiefel and DGram
+  ($P(W^\top W S + S W^\top W)_{ij} = (d_i + d_j) S_{ij}$), and $S$ is diagonal on Oblique. So
+  $P_T(U) = U - WS$ (`tangent_part`) costs two $mn^2$ products.
+- **Spectral-norm upper bound** (`op_norm_upper_bound`): $k$ squarings of the normalised Gram matrix
+  $N_0 = X^\top X / \|X^\top X\|_F$ give $\sigma_{\max}(X)^2 \le \|X^\top X\|_F \prod_{j=1}^k f_j^{2^{-j}}$,
+  $f_j = \|N_{j-1}^2\|_F$ (the Schatten-$2^{k+2}$ norm of $X$): a guaranteed bound, loose by at most
+  $n^{1/2^{k+2}}$ (all singular values equal; $k = 7$: 1.3% at $n = 768$), tight where the top singular
+  value stands apart. A power iteration gives a lower bound only, so it cannot make a direction safe.
+- **Feasibility fix** (`feasible_direction`): $A = P_T(X) / \bar\sigma$ with $\bar\sigma$ that
+  bound times a rounding margin: tangent to rounding, $\|A\|_{\mathrm{op}} \le 1$ whatever $X$ was.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from manifolds import GramManifold
+
+from .gram import mask_kind
+
+__all__ = [
+    "PRODUCT_KINDS",
+    "BOUND_SQUARINGS",
+    "check_products_kind",
+    "normal_multiplier",
+    "tangent_part",
+    "op_norm_upper_bound",
+    "feasible_direction",
+    "scale_to_ball",
+    "rounding_margin",
+    "mean_singular_value",
+]
+
+# The masks whose normal multiplier has the closed form above (Euclidean has no constraint at all).
+PRODUCT_KINDS = ("stiefel", "dgram", "oblique", "euclidean")
+# Squarings of the n x n Gram matrix in the spectral-norm bound: 7 (n^3 each, ~0.5 msign at a square shape)
+# leave it within n^(1/512) of sigma_max: <= 1.3% at n = 768 when every singular value is the largest.
+BOUND_SQUARINGS = 7
+
+
+def check_products_kind(manifold: GramManifold, solver: str) -> str:
+    """The mask kind of ``manifold``; a one-line ``ValueError`` for a custom mask (no products-only multiplier)."""
+    kind = mask_kind(manifold)
+    if kind not in PRODUCT_KINDS:
+        raise ValueError(
+            f"solver {solver!r} needs a built-in mask (Stiefel, DGram, Oblique, Euclidean or subclasses keeping "
+            f"their project_gram); {type(manifold).__name__} has a custom one: use solver 'gram_newton'"
+        )
+    return kind
+
+
+def normal_multiplier(manifold: GramManifold, W: torch.Tensor, U: torch.Tensor) -> torch.Tensor:
+    r"""$S = P(W^\top U + U^\top W) \oslash (d_i + d_j)$, $d = \operatorname{diag}(W^\top W)$, for tall ``(..., m, n)``:
+    the symmetric $S = P(S)$ with $U - WS$ tangent at $W$ (built-in masks; two products, no solve)."""
+    d = (W * W).sum(dim=-2)
+    C = W.mT @ U
+    return manifold.project_gram(C + C.mT) / (d[..., :, None] + d[..., None, :])
+
+
+def tangent_part(manifold: GramManifold, W: torch.Tensor, U: torch.Tensor) -> torch.Tensor:
+    r"""$P_T(U) = U - W S$ with $S$ = `normal_multiplier` (the orthogonal tangent projection, products only)."""
+    return U - W @ normal_multiplier(manifold, W, U)
+
+
+def op_norm_upper_bound(X: torch.Tensor, squarings: int = BOUND_SQUARINGS) -> torch.Tensor:
+    r"""An upper bound on $\|X\|_{\mathrm{op}}$ per matrix of a tall ``(..., m, n)`` (0 for $X = 0$), by
+    ``squarings`` normalised squarings of $X^\top X$ (see the module docstring); batch-shaped, ``X``'s dtype."""
+    M = X.mT @ X
+    c = M.norm(dim=(-2, -1))
+    zero = c == 0
+    N = M / torch.where(zero, torch.ones_like(c), c)[..., None, None]
+    log_bound = torch.where(zero, torch.zeros_like(c), c).log()
+    for j in range(1, squarings + 1):
+        N = N @ N
+        f = N.norm(dim=(-2, -1))
+        f = torch.where(zero, torch.ones_like(f), f)
+        N = N / f[..., None, None]
+        log_bound = log_bound + f.log() / 2**j
+    return torch.where(zero, torch.zeros_like(c), (0.5 * log_bound).exp())
+
+
+def rounding_margin(X: torch.Tensor, squarings: int = BOUND_SQUARINGS) -> float:
+    r"""$1 + (m + k n)\,\epsilon$: the first-order worst-case rounding of the bound's products (a length-$m$ dot
+    product, then $k$ length-$n$ ones), relative; at 3072x768 in float32 $1 + 5 \cdot 10^{-4}$."""
+    m, n = X.shape[-2:]
+    return 1.0 + (m + squarings * n) * torch.finfo(X.dtype).eps
+
+
+def feasible_direction(manifold: GramManifold, W: torch.Tensor, X: torch.Tensor) -> torch.Tensor:
+    r"""$A = P_T(X) / \bar\sigma$ with $\bar\sigma \ge \|P_T(X)\|_{\mathrm{op}}$ (`scale_to_ball`): tangent,
+    $\|A\|_{\mathrm{op}} \le 1$ and within the bound's slack of 1; $X = 0$ gives $A = 0$ exactly."""
+    return scale_to_ball(tangent_part(manifold, W, X.to(W.dtype)))
+
+
+def scale_to_ball(X: torch.Tensor) -> torch.Tensor:
+    r"""$X / \bar\sigma$ with $\bar\sigma \ge \|X\|_{\mathrm{op}}$ (`op_norm_upper_bound` times `rounding_margin`):
+    on or just inside the unit spectral ball; $X = 0$ stays 0."""
+    bound = op_norm_upper_bound(X) * rounding_margin(X)
+    return X / torch.where(bound == 0, torch.ones_like(bound), bound)[..., None, None]
+
+
+def mean_singular_value(Y: torch.Tensor, Q: torch.Tensor) -> torch.Tensor:
+    r"""$\langle Y, Q\rangle / n$ with $Q \approx \operatorname{msign}(Y)$: the mean singular value of ``Y`` (its
+    nuclear norm over $n$), ``(..., 1, 1)``; the scale of a multiplier step in the units of $Y$."""
+    return (Y * Q).sum(dim=(-2, -1), keepdim=True) / Y.shape[-1]

@@ -1,0 +1,69 @@
+"""Solver ``dual_ascent``: feasible whatever its multiplier, near the exact optimum, warm-startable, products only."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from products_checks import (
+    FORBIDDEN,
+    MANIFOLDS,
+    SHAPES,
+    count_operators,
+    exact_optimum,
+    feasibility,
+    objective_ratio,
+    problem,
+)
+
+from geomtrain.optim.dual_ascent import OPTIONS, dual_ascent_direction
+
+# float32: L_W(A) is a sum of m products of O(1/sqrt(m)) entries, rounding ~ sqrt(m) * 6e-8 < 1e-6 at m <= 96;
+# 1e-5 leaves a factor 10. ||A||_op: the bound's margin covers rounding; 1e-6 is float32 SVD's own error.
+TANGENT_TOL, OP_TOL = 1e-5, 1e-6
+
+
+@pytest.mark.parametrize("kind", list(MANIFOLDS))
+@pytest.mark.parametrize("shape", SHAPES)
+@pytest.mark.parametrize("steps", [1, 2])
+def test_feasible_and_near_optimum(kind, shape, steps):
+    W, G = problem(kind, *shape, seed=sum(shape))
+    A, S = dual_ascent_direction(MANIFOLDS[kind](), W, G, None, {**OPTIONS, "steps": steps})
+    residual, op = feasibility(kind, W, A)
+    assert residual < TANGENT_TOL and op <= 1 + OP_TOL, (residual, op)
+    assert S.shape == (shape[1], shape[1]) and torch.isfinite(S).all() and torch.equal(S, S.mT)
+    opt, gap = exact_optimum(kind, W, G)
+    ratio = objective_ratio(G, A, opt)
+    # feasible, so never above the certified optimum; measured 0.80-0.92 of OPT with 5 Polar Express steps on
+    # these log-spread spectra: 0.7 catches a wrong sign or scale of the multiplier step (then < 0.5)
+    assert 0.7 <= ratio <= 1 + gap + 1e-5, ratio
+
+
+@pytest.mark.parametrize("kind", ["stiefel", "dgram"])
+def test_carried_multiplier_stays_feasible_and_finite(kind):
+    W, G = problem(kind, 64, 16, seed=11)
+    S = None
+    for step in range(8):  # the streaming use: the state of one solve starts the next, G drifting
+        G = G + 0.2 * torch.randn(G.shape, generator=torch.Generator().manual_seed(step))
+        A, S = dual_ascent_direction(MANIFOLDS[kind](), W, G, S, dict(OPTIONS))
+        residual, op = feasibility(kind, W, A)
+        assert residual < TANGENT_TOL and op <= 1 + OP_TOL and torch.isfinite(S).all()
+    opt, _ = exact_optimum(kind, W, G)
+    assert objective_ratio(G, A, opt) >= 0.7
+
+
+def test_zero_gradient_gives_zero_and_keeps_the_multiplier():
+    W, G = problem("dgram", 48, 16, seed=1)
+    _, S = dual_ascent_direction(MANIFOLDS["dgram"](), W, G, None, dict(OPTIONS))
+    Wb, Gb, Sb = torch.stack([W, W]), torch.stack([G, torch.zeros_like(G)]), torch.stack([S, S])
+    A, S_new = dual_ascent_direction(MANIFOLDS["dgram"](), Wb, Gb, Sb, dict(OPTIONS))
+    assert torch.equal(A[1], torch.zeros_like(W)) and torch.equal(S_new[1], S)
+    assert A[0].abs().max() > 0 and not torch.equal(S_new[0], S)
+
+
+@pytest.mark.parametrize("kind", list(MANIFOLDS))
+def test_products_only(kind):
+    W, G = problem(kind, 96, 32, seed=5)
+    with count_operators() as counts:
+        dual_ascent_direction(MANIFOLDS[kind](), W, G, None, {**OPTIONS, "steps": 2})
+    assert not set(counts) & set(FORBIDDEN), counts
+    assert counts["bmm"] + counts["mm"] > 0  # the counter sees the solve
