@@ -2,9 +2,11 @@
 
 - `spectral_direction(manifold, W, G, solver=...)`: the direction and its `DirectionStats`.
 - `ManifoldMuon`: the `torch.optim.Optimizer`.
+- `register_solver(Solver(...))`, `get_solver(name)`, `solver_names()`: the solver registry.
 
-Modules: `direction` (entry point), `gram` (the Gram-space dual), `gram_newton` (the default
-solver), `douglas_rachford` (degenerate duals), `baselines` (``tangent``, ``published``),
+Modules: `direction` (entry point), `solver` (the `Solver` record), `registry` (the registry),
+`gram` (the Gram-space dual), `gram_newton` (the ``exact`` solver, the default),
+`douglas_rachford` (degenerate duals), `baselines` (``tangent``, ``published``),
 `numerics` (kernels), `muon` (the optimizer).
 """
 
@@ -14,11 +16,16 @@ from .direction import (
     SOLVERS,
     DirectionStats,
     check_solver_options,
+    get_solver,
     mask_kind,
+    register_solver,
+    solver_names,
     spectral_direction,
     tangent_residual,
 )
 from .muon import SHAPE_SCALES, SKIP_REASONS, ManifoldMuon
+from .registry import unregister_solver
+from .solver import Solver, StateSlot
 
 __all__ = [
     "ManifoldMuon",
@@ -32,4 +39,10 @@ __all__ = [
     "SOLVER_OPTIONS",
     "DEFAULT_SOLVER",
     "check_solver_options",
+    "Solver",
+    "StateSlot",
+    "register_solver",
+    "unregister_solver",
+    "get_solver",
+    "solver_names",
 ]

@@ -15,8 +15,18 @@ from manifolds import GramManifold, msign
 
 from .gram import constraint_count, tangent_residual
 from .numerics import Trace, first_objective
+from .solver import NON_NEGATIVE, Solver, StateSlot
 
-__all__ = ["solve_tangent", "solve_published", "MSIGN_OPTIONS", "TANGENT_OPTIONS", "PUBLISHED_OPTIONS", "msign_with"]
+__all__ = [
+    "solve_tangent",
+    "solve_published",
+    "MSIGN_OPTIONS",
+    "TANGENT_OPTIONS",
+    "PUBLISHED_OPTIONS",
+    "msign_with",
+    "TANGENT",
+    "PUBLISHED",
+]
 
 MSIGN_OPTIONS = {"msign": "polar_express", "msign_steps": 5, "msign_dtype": None, "trace": False}
 TANGENT_OPTIONS = dict(MSIGN_OPTIONS)
@@ -24,7 +34,6 @@ PUBLISHED_OPTIONS = {
     "steps": 20,
     "alpha": 0.1,
     "tol": 1e-6,
-    "dual": None,
     **MSIGN_OPTIONS,
     "msign_dtype": torch.bfloat16,
 }  # the paper's bf16 msign
@@ -35,8 +44,10 @@ def msign_with(X: torch.Tensor, opts: dict) -> torch.Tensor:
     return msign(X, opts["msign"], steps=opts["msign_steps"], compute_dtype=opts["msign_dtype"])
 
 
-def solve_tangent(manifold: GramManifold, T: torch.Tensor, G: torch.Tensor, opts: dict) -> tuple[torch.Tensor, dict]:
-    """$A = \\operatorname{msign}(\\operatorname{proju}(W, G))$: one msign, no certificate."""
+def solve_tangent(
+    manifold: GramManifold, T: torch.Tensor, G: torch.Tensor, state: dict | None, opts: dict
+) -> tuple[torch.Tensor, dict, None]:
+    """$A = \\operatorname{msign}(\\operatorname{proju}(W, G))$: one msign, no certificate, no state."""
     A = msign_with(manifold.proju(T, G), opts)
     B = T.shape[0]
     res = tangent_residual(manifold, T, A).double().cpu()
@@ -44,19 +55,26 @@ def solve_tangent(manifold: GramManifold, T: torch.Tensor, G: torch.Tensor, opts
     if opts["trace"]:
         trace = Trace()
         trace.add(res[0], first_objective(G, A))
-    return A, {
-        "evaluations": torch.ones(B, dtype=torch.long),
-        "residual": res,
-        "converged": torch.ones(B, dtype=torch.bool),
-        "trace": trace,
-    }
+    return (
+        A,
+        {
+            "evaluations": torch.ones(B, dtype=torch.long),
+            "residual": res,
+            "converged": torch.ones(B, dtype=torch.bool),
+            "trace": trace,
+        },
+        None,
+    )
 
 
-def solve_published(manifold: GramManifold, T: torch.Tensor, G: torch.Tensor, opts: dict) -> tuple[torch.Tensor, dict]:
-    """The published dual ascent (see the module docstring)."""
+def solve_published(
+    manifold: GramManifold, T: torch.Tensor, G: torch.Tensor, state: dict | None, opts: dict
+) -> tuple[torch.Tensor, dict, dict]:
+    """The published dual ascent (see the module docstring); the state is ``{"dual": Lambda}``."""
     steps, alpha, tol = int(opts["steps"]), float(opts["alpha"]), float(opts["tol"])
     n = T.shape[-1]
-    Lam = -0.25 * manifold.tangent_constraint(T, G) if opts["dual"] is None else opts["dual"].reshape(-1, n, n).to(T)
+    dual = (state or {}).get("dual")
+    Lam = -0.25 * manifold.tangent_constraint(T, G) if dual is None else dual.reshape(-1, n, n).to(T)
     calls = 0
     A = H = None
     trace = Trace() if opts["trace"] else None
@@ -72,10 +90,30 @@ def solve_published(manifold: GramManifold, T: torch.Tensor, G: torch.Tensor, op
         Lam = Lam - alpha * (1 - k / steps) * H
     B = T.shape[0]
     res = (H.square().sum(dim=(-2, -1)) / count).sqrt()
-    return A, {
-        "evaluations": torch.full((B,), calls, dtype=torch.long),
-        "residual": res.double().cpu(),
-        "converged": (H.norm(dim=(-2, -1)) / n < tol).cpu(),
-        "dual": Lam,
-        "trace": trace,
-    }
+    return (
+        A,
+        {
+            "evaluations": torch.full((B,), calls, dtype=torch.long),
+            "residual": res.double().cpu(),
+            "converged": (H.norm(dim=(-2, -1)) / n < tol).cpu(),
+            "trace": trace,
+        },
+        {"dual": Lam},
+    )
+
+
+TANGENT = Solver(
+    name="tangent",
+    solve=solve_tangent,
+    options=TANGENT_OPTIONS,
+    summary="one msign of the tangent-projected G: cheapest, not tangent, no certificate",
+)
+PUBLISHED = Solver(
+    name="published",
+    solve=solve_published,
+    options=PUBLISHED_OPTIONS,
+    rules={"tol": (NON_NEGATIVE, "a finite number >= 0 (0: always run every step)")},
+    state=(StateSlot("dual", "dual", "matrix"),),  # accepted by spectral_direction; the optimizer starts cold
+    optimizer_msign=False,
+    summary="the paper's dual ascent as published: 20 bf16 msign calls, not scale-invariant",
+)

@@ -13,28 +13,37 @@ $\mathrm{OPT} = \min_S \|G + W S\|_*$ and $A = \operatorname{msign}(Y(S^\star))$
 the dual in $S$ is $\tfrac12 L_W(\operatorname{msign}(Y))$: the dual is solved exactly when the
 direction is tangent. Any $S$ certifies a duality gap.
 
-Solvers (one module each): ``"gram_newton"`` (default; `geomtrain.optim.gram_newton`, on the
-Gram-space dual of `geomtrain.optim.gram`, with `geomtrain.optim.douglas_rachford` for degenerate
-duals), ``"tangent"`` and ``"published"`` (`geomtrain.optim.baselines`). $G$ is normalised to
-$\|G\|_F = 1$ first by every solver except ``"published"``: the argmax does not change.
+Solvers are registered (`geomtrain.optim.registry`): ``"exact"`` (default, alias ``"gram_newton"``;
+`geomtrain.optim.gram_newton`, on the Gram-space dual of `geomtrain.optim.gram`, with
+`geomtrain.optim.douglas_rachford` for degenerate duals), ``"tangent"`` and ``"published"``
+(`geomtrain.optim.baselines`), and any registered with `register_solver`. $G$ is normalised to
+$\|G\|_F = 1$ first by every built-in solver except ``"published"``: the argmax does not change.
 """
 
 from __future__ import annotations
 
 import math
-import numbers
 from dataclasses import dataclass
 
 import torch
 
 from manifolds import GramManifold
 from manifolds.base import from_tall, to_tall
-from manifolds.matrix_sign import MSIGN_METHODS
 
-from . import gram_newton
-from .baselines import MSIGN_OPTIONS, PUBLISHED_OPTIONS, TANGENT_OPTIONS, msign_with, solve_published, solve_tangent
+from .baselines import msign_with
 from .gram import mask_kind, tangent_residual
 from .numerics import Trace, host_values
+from .registry import (
+    DEFAULT_SOLVER,
+    SOLVER_OPTIONS,
+    SOLVERS,
+    check_solver_options,
+    get_solver,
+    register_solver,
+    solver_names,
+    solver_option_rule,
+)
+from .solver import STAT_KEYS, Solver
 
 __all__ = [
     "spectral_direction",
@@ -44,19 +53,13 @@ __all__ = [
     "SOLVER_OPTIONS",
     "check_solver_options",
     "solver_option_rule",
+    "get_solver",
+    "register_solver",
+    "solver_names",
     "on_manifold_probe",
     "tangent_residual",
     "mask_kind",
 ]
-
-SOLVERS = ("gram_newton", "tangent", "published")
-DEFAULT_SOLVER = "gram_newton"
-SOLVER_OPTIONS: dict[str, dict] = {
-    "gram_newton": {**gram_newton.OPTIONS, **MSIGN_OPTIONS},
-    "tangent": TANGENT_OPTIONS,
-    "published": PUBLISHED_OPTIONS,
-}
-_SOLVE = {"gram_newton": gram_newton.solve_gram_newton, "tangent": solve_tangent, "published": solve_published}
 
 
 @dataclass
@@ -64,23 +67,26 @@ class DirectionStats:
     r"""What a solve reports, per matrix (tensors of the batch shape, on the CPU).
 
     Attributes:
-        solver: the solver's name.
-        evaluations: polar evaluations (eigendecompositions for ``gram_newton``, msign calls for
+        solver: the solver's registered name (``"exact"`` also where it was asked for as ``"gram_newton"``).
+        evaluations: polar evaluations (eigendecompositions for ``exact``, msign calls for
             the others).
         residual: RMS of $L_W(A)$ over the constrained Gram entries, of the returned $A$ (divided by the
             RMS column norm of $W$ with ``relative_tol``).
         converged: residual at most ``tol`` (``tangent``: always True).
-        dual_gap: ``gram_newton`` only: $(U - \langle \hat G, A\rangle)/U$ with $U \ge \mathrm{OPT}$ a dual
-            value, $\hat G = G/\|G\|_F$: an upper bound on the relative suboptimality of $A$.
-        dual: the warm-start state, shape ``(..., n, n)``, to pass back as ``dual=`` on the next call
-            (``gram_newton``: the multiplier $S$, as ``multiplier``, or for square DGram the
+        dual_gap: ``exact`` (and any solver reporting it): $(U - \langle \hat G, A\rangle)/U$ with
+            $U \ge \mathrm{OPT}$ a dual value, $\hat G = G/\|G\|_F$: an upper bound on the relative
+            suboptimality of $A$.
+        dual: ``state["dual"]``, shape ``(..., n, n)``, to pass back as ``dual=`` on the next call
+            (``exact``: the multiplier $S$, as ``multiplier``, or for square DGram the
             Douglas-Rachford iterate; ``published``: its $\Lambda$), or None.
-        multiplier: ``gram_newton`` only: the multiplier $S$ (tall form, ``(..., n, n)``) at which
+        multiplier: ``exact`` only: the multiplier $S$ (tall form, ``(..., n, n)``) at which
             ``dual_gap`` is certified: $\|\hat G + WS\|_* \ge \mathrm{OPT}$.
-        escalated: ``gram_newton`` only: bool, solved in float64 although the input is float32 (an
+        escalated: ``state["escalated"]``, ``exact`` only: bool, solved in float64 although the input is float32 (an
             ill-conditioned dual); pass it back as ``escalate=`` with ``dual=`` to skip the float32 probe.
         trace: with ``trace=True``: per-evaluation ``residual``, ``objective`` and ``dual_bound``
             lists of the first matrix.
+        state: the solver's whole warm-start state, ``{slot.key: tensor}`` (batch shape in front), or None:
+            each entry goes back as the `StateSlot`'s option (``dual=``, ``escalate=``).
     """
 
     solver: str
@@ -92,70 +98,7 @@ class DirectionStats:
     multiplier: torch.Tensor | None = None
     trace: dict | None = None
     escalated: torch.Tensor | None = None
-
-
-# What each scalar option may be: (test, what the error says it must be). Tensor options (dual, escalate) are
-# checked against the problem's shape in spectral_direction.
-def _finite_above(low: float, inclusive: bool):
-    return lambda v: _is_real(v) and math.isfinite(v) and (v >= low if inclusive else v > low)
-
-
-def _is_real(v) -> bool:
-    return isinstance(v, numbers.Real) and not isinstance(v, bool)  # numbers.*: NumPy scalars count too
-
-
-def _is_int(v) -> bool:
-    return isinstance(v, numbers.Integral) and not isinstance(v, bool)
-
-
-_OPTION_RULES = {
-    "tol": (_finite_above(0.0, False), "a finite number > 0"),
-    "max_iter": (lambda v: _is_int(v) and v >= 1, "an integer >= 1"),
-    "anderson": (lambda v: _is_int(v) and v >= 0, "an integer >= 0 (0: no mixing)"),
-    "smoothing": (_finite_above(0.0, True), "a finite number >= 0"),
-    "compute_dtype": (lambda v: v in (None, torch.float32, torch.float64), "None, torch.float32 or torch.float64"),
-    "warm_reset": (lambda v: _is_real(v) and v > 0, "a number > 0 (inf: never restart cold)"),
-    "cg_iters": (lambda v: _is_int(v) and v >= 1, "an integer >= 1"),
-    "cg_tol": (_finite_above(0.0, False), "a finite number > 0"),
-    "relative_tol": (lambda v: isinstance(v, bool), "True or False"),
-    "trace": (lambda v: isinstance(v, bool), "True or False"),
-    "msign": (lambda v: v in MSIGN_METHODS, f"one of {', '.join(MSIGN_METHODS)}"),
-    "msign_steps": (lambda v: _is_int(v) and v >= 1, "an integer >= 1"),
-    "msign_dtype": (
-        lambda v: v is None or (isinstance(v, torch.dtype) and v.is_floating_point),
-        "None or a floating torch dtype",
-    ),
-    "steps": (lambda v: _is_int(v) and v >= 1, "an integer >= 1"),
-    "alpha": (_finite_above(0.0, False), "a finite number > 0"),
-}
-_PUBLISHED_RULES = {"tol": (_finite_above(0.0, True), "a finite number >= 0 (0: always run every step)")}
-
-
-def check_solver_options(solver: str, options: dict) -> None:
-    """Raise a one-line ``ValueError`` naming the valid choices for an unknown solver, an unknown option or
-    a value out of range (``tol=0``, ``anderson=-1``, ``msign="foo"``, ...); the tensor options ``dual`` and
-    ``escalate`` are checked against the problem by `spectral_direction`."""
-    if solver not in SOLVERS:
-        raise ValueError(f"unknown solver {solver!r}; valid: {', '.join(SOLVERS)}")
-    unknown = set(options) - set(SOLVER_OPTIONS[solver])
-    if unknown:
-        raise ValueError(
-            f"unknown option(s) {', '.join(sorted(unknown))} for solver {solver!r}; "
-            f"valid: {', '.join(SOLVER_OPTIONS[solver])}"
-        )
-    for name, value in options.items():
-        must = solver_option_rule(name, value, solver)
-        if must is not None:
-            raise ValueError(f"bad solver option {name}={value!r} for solver {solver!r}: must be {must}")
-
-
-def solver_option_rule(name: str, value, solver: str = DEFAULT_SOLVER) -> str | None:
-    """None where ``value`` is valid for the scalar option ``name`` of ``solver``, else what it must be (e.g.
-    ``"an integer >= 1"``). The tensor options ``dual`` and ``escalate`` are always None here."""
-    if name in ("dual", "escalate"):
-        return None
-    valid, must = (_PUBLISHED_RULES if solver == "published" else {}).get(name, _OPTION_RULES[name])
-    return None if valid(value) else must
+    state: dict | None = None
 
 
 def _check_state_shape(name: str, value, shape: tuple, dtype_ok, what: str) -> None:
@@ -190,19 +133,26 @@ def on_manifold_probe(T: torch.Tensor, s: torch.Tensor | None = None) -> torch.T
     return (y - w).norm(dim=-1) / n**0.5
 
 
-def _check(manifold, W: torch.Tensor, G: torch.Tensor, solver: str, options: dict) -> tuple[dict, torch.Tensor, bool]:
+def _check(manifold, W: torch.Tensor, G: torch.Tensor, spec: Solver, options: dict) -> tuple[dict, torch.Tensor, bool]:
     r"""The options with their defaults, the per-matrix mask $G \ne 0$ (batch shape) and whether it is all True
     (read with the input checks: one host read); raises a one-line ``ValueError`` on bad input."""
-    check_solver_options(solver, options)
+    check_solver_options(spec, options)
     if not isinstance(manifold, GramManifold):
         raise TypeError(f"spectral_direction needs a manifolds.GramManifold; got {type(manifold).__name__}")
     if W.shape != G.shape or W.dim() < 2:
         raise ValueError(f"W and G must have the same shape (..., m, n); got {tuple(W.shape)} and {tuple(G.shape)}")
     if not (W.is_floating_point() and G.is_floating_point()):
         raise ValueError(f"W and G must be floating-point tensors; got {W.dtype} and {G.dtype}")
-    batch, n, dual = tuple(W.shape[:-2]), min(W.shape[-2:]), options.get("dual")
-    _check_state_shape("dual", dual, (*batch, n, n), lambda t: t.is_floating_point(), "a float tensor")
-    _check_state_shape("escalate", options.get("escalate"), batch, lambda t: t.dtype == torch.bool, "a bool tensor")
+    batch, n = tuple(W.shape[:-2]), min(W.shape[-2:])
+    dual = None
+    for option, slot in spec.state_options().items():
+        if slot.kind == "matrix":
+            _check_state_shape(
+                option, options.get(option), (*batch, n, n), torch.Tensor.is_floating_point, "a float tensor"
+            )
+            dual = options.get(option) if dual is None else dual
+        else:
+            _check_state_shape(option, options.get(option), batch, lambda t: t.dtype == torch.bool, "a bool tensor")
     true = torch.ones((), dtype=torch.bool, device=G.device)
     kind, T = mask_kind(manifold), to_tall(W)
     if kind == "generic":  # a user's project_gram: the solves below assume an entrywise 0/1 mask
@@ -238,11 +188,16 @@ def _check(manifold, W: torch.Tensor, G: torch.Tensor, solver: str, options: dic
             f"W is not on {type(manifold).__name__} (probe error {float(probe):.3g} > {ON_MANIFOLD_PROBE_TOL:g}); "
             "project it first: W = manifold.projx(W)"
         )
-    return {**SOLVER_OPTIONS[solver], **options}, nonzero, all_nonzero
+    return {**spec.options, **options}, nonzero, all_nonzero
 
 
 def spectral_direction(
-    manifold: GramManifold, W: torch.Tensor, G: torch.Tensor, *, solver: str = DEFAULT_SOLVER, **options: object
+    manifold: GramManifold,
+    W: torch.Tensor,
+    G: torch.Tensor,
+    *,
+    solver: str | Solver = DEFAULT_SOLVER,
+    **options: object,
 ) -> tuple[torch.Tensor, DirectionStats]:
     r"""Unit-spectral-norm tangent direction maximising $\langle G, A\rangle$ at ``W``.
 
@@ -250,11 +205,13 @@ def spectral_direction(
         manifold: a :class:`manifolds.GramManifold` (any mask; built-in masks get closed forms).
         W: point(s) on the manifold, ``(..., m, n)``; wide matrices are constrained on rows.
         G: gradient or momentum, shaped like ``W``, finite.
-        solver: ``"gram_newton"`` (default: converged, scale-invariant, warm-startable, certified),
-            ``"tangent"`` (one msign of the tangent-projected $G$) or ``"published"`` (the
-            paper's dual ascent as published: not scale-invariant, 20 bf16 msign calls).
-        **options: solver options; see ``SOLVER_OPTIONS[solver]`` for names and defaults.
-            ``gram_newton``: ``tol`` (RMS tangent residual to stop at: absolute, in the units of $W$, so a
+        solver: a registered name (`solver_names`) or a `Solver`: ``"exact"`` (default, alias
+            ``"gram_newton"``: converged, scale-invariant, warm-startable, certified), ``"tangent"`` (one
+            msign of the tangent-projected $G$) or ``"published"`` (the paper's dual ascent as published:
+            not scale-invariant, 20 bf16 msign calls).
+        **options: solver options; see ``SOLVER_OPTIONS[solver]`` for names and defaults, and the
+            warm-start state (`DirectionStats.state`) under its `StateSlot` options.
+            ``exact``: ``tol`` (RMS tangent residual to stop at: absolute, in the units of $W$, so a
             DGram matrix with column norms $c$ is solved to about ``tol``$/c$ relative), ``max_iter``
             (evaluations at most), ``anderson`` (mixing depth, 0 = off), ``smoothing``
             ($\tau / \sigma_{\mathrm{rms}}(G)$: singular values of the dual point below $\tau$ are
@@ -278,90 +235,99 @@ def spectral_direction(
     zero multiplier), and the matrices with ``G != 0`` are solved as a batch of only them; ``trace`` follows
     the first of those.
     """
-    opts, nonzero, all_nonzero = _check(manifold, W, G, solver, options)
+    spec = get_solver(solver)
+    opts, nonzero, all_nonzero = _check(manifold, W, G, spec, options)
     T, Gt = to_tall(W), to_tall(G, like=W)
     batch = T.shape[:-2]
     m, n = T.shape[-2:]
     T3, G3 = T.reshape(-1, m, n), Gt.reshape(-1, m, n)
-    solve = _solve_euclidean if mask_kind(manifold) == "euclidean" else _SOLVE[solver]
+    B = T3.shape[0]
+    given = {}
+    for option, slot in spec.state_options().items():
+        value = opts.pop(option, None)
+        if value is not None:
+            given[slot.key] = value.reshape(B, *((n, n) if slot.kind == "matrix" else ()))
+    euclidean = mask_kind(manifold) == "euclidean"
+    solve = _solve_euclidean if euclidean else spec.solve
     if all_nonzero:
-        A3, raw = solve(manifold, T3, G3, opts)
+        A3, raw, state = solve(manifold, T3, G3, given or None, opts)
     else:
-        A3, raw = _solve_nonzero(solve, manifold, T3, G3, opts, nonzero.reshape(-1))
-    gap, dual, trace, mult = raw.get("dual_gap"), raw.get("dual"), raw.get("trace"), raw.get("multiplier")
+        A3, raw, state = _solve_nonzero(solve, () if euclidean else spec.state, manifold, T3, G3, opts, given, nonzero)
+    state = None if state is None else {k: v.reshape((*batch, *v.shape[1:])) for k, v in state.items()}
+    trace, extra = raw.get("trace"), {k: raw[k].reshape((*batch, *raw[k].shape[1:])) for k in _REPORTS if k in raw}
     stats = DirectionStats(
-        solver=solver,
-        evaluations=raw["evaluations"].reshape(batch),
-        residual=raw["residual"].reshape(batch),
-        converged=raw["converged"].reshape(batch),
-        dual_gap=None if gap is None else gap.reshape(batch),
-        dual=None if dual is None else dual.reshape(*batch, n, n),
-        multiplier=None if mult is None else mult.reshape(*batch, n, n),
+        solver=spec.name,
+        **{k: raw[k].reshape(batch) for k in STAT_KEYS},
+        **extra,
+        dual=None if state is None else state.get("dual"),
+        escalated=None if state is None else state.get("escalated"),
         trace=None if trace is None else trace.as_dict(),
-        escalated=None if raw.get("escalated") is None else raw["escalated"].reshape(batch),
+        state=state,
     )
     return from_tall(A3.reshape(T.shape), like=W), stats
 
 
-def _solve_euclidean(manifold, T: torch.Tensor, G: torch.Tensor, opts: dict) -> tuple[torch.Tensor, dict]:
+def _solve_euclidean(manifold, T: torch.Tensor, G: torch.Tensor, state, opts: dict) -> tuple[torch.Tensor, dict, None]:
     r"""No constraint: $A = \operatorname{msign}(G)$ with the configured msign (plain Muon), one call per matrix."""
     B = T.shape[0]
-    return msign_with(G, opts), {
-        "evaluations": torch.ones(B, dtype=torch.long),
-        "residual": torch.zeros(B, dtype=torch.float64),
-        "converged": torch.ones(B, dtype=torch.bool),
-    }
+    return (
+        msign_with(G, opts),
+        {
+            "evaluations": torch.ones(B, dtype=torch.long),
+            "residual": torch.zeros(B, dtype=torch.float64),
+            "converged": torch.ones(B, dtype=torch.bool),
+        },
+        None,
+    )
 
 
-def _solve_nonzero(solve, manifold, T: torch.Tensor, G: torch.Tensor, opts: dict, nonzero: torch.Tensor):
-    r"""``solve`` on the matrices of ``(B, m, n)`` with $G \ne 0$ only (``nonzero``, shape ``(B,)``), as a batch
+def _solve_nonzero(solve, slots, manifold, T: torch.Tensor, G: torch.Tensor, opts: dict, given: dict, nonzero):
+    r"""``solve`` on the matrices of ``(B, m, n)`` with $G \ne 0$ only (``nonzero``, batch shape), as a batch
     of exactly those; the others get $A = 0$ and the statistics of an empty solve: no evaluation, residual 0,
-    converged, gap 0, ``dual``/``escalated`` the state passed in (``dual``/``escalate``) unchanged, else a zero
-    multiplier and False. The statistics are those ``solve`` reports (also when no matrix is solved)."""
+    converged, gap 0, their warm-start state as ``given`` (``{slot.key: (B, ...)}``) unchanged, else zero
+    (False). ``slots``: the solver's `StateSlot` s (what an empty solve's state holds)."""
     B, n = T.shape[0], T.shape[-1]
-    idx = nonzero.nonzero().squeeze(-1)
-    given = {"dual": opts.get("dual"), "escalated": opts.get("escalate")}
-    given = {k: None if v is None else v.reshape(B, *((n, n) if k == "dual" else ())) for k, v in given.items()}
-    sub = dict(opts)
-    for key, name in (("dual", "dual"), ("escalated", "escalate")):
-        if given[key] is not None:
-            sub[name] = given[key][idx.to(given[key].device)]
+    idx = nonzero.reshape(-1).nonzero().squeeze(-1)
+    sub = {key: value[idx.to(value.device)] for key, value in given.items()}
     if len(idx):
-        A_part, part = solve(manifold, T[idx], G[idx], sub)
-    else:  # nothing to solve: the statistics the solver reports, empty
+        A_part, part, state = solve(manifold, T[idx], G[idx], sub or None, opts)
+    else:  # nothing to solve: the statistics and state the solver reports, empty
         A_part = torch.zeros_like(T[:0])
-        part = {key: _EMPTY_STATS[key](T, n) for key in ("evaluations", "residual", "converged", *_REPORTS[solve])}
+        part = {key: _EMPTY_STATS[key](T, n) for key in (*STAT_KEYS, *_REPORTS)}
         part["trace"] = Trace() if opts.get("trace") else None
+        empty = {"matrix": T.new_zeros((0, n, n)), "flag": torch.zeros(0, dtype=torch.bool)}
+        state = {s.key: given[s.key][:0] if s.key in given else empty[s.kind] for s in slots}  # given: its dtype
+        state = state or None
     A = A_part.new_zeros((B, *T.shape[1:]))
     A[idx.to(A.device)] = A_part
-    raw = {}
-    for key, value in part.items():
-        if not isinstance(value, torch.Tensor):  # the trace: of the first matrix solved
-            raw[key] = value
-            continue
-        full = value.new_zeros((B, *value.shape[1:]))
-        if key == "converged":
-            full.fill_(True)
-        elif given.get(key) is not None:  # the warm-start state of a zero G passes through
-            full.copy_(given[key].to(full))
-        full[idx.to(full.device)] = value
-        raw[key] = full
-    return A, raw
+    raw = {
+        key: value if not isinstance(value, torch.Tensor) else _scatter(value, idx, B, key == "converged", None)
+        for key, value in part.items()
+    }
+    if state is not None:
+        state = {key: _scatter(value, idx, B, False, given.get(key)) for key, value in state.items()}
+    return A, raw, state
 
 
-# The statistics beyond evaluations/residual/converged that each solver reports, and empty ones (no matrix solved).
-_REPORTS = {
-    gram_newton.solve_gram_newton: ("dual_gap", "dual", "multiplier", "escalated"),
-    solve_tangent: (),
-    solve_published: ("dual",),
-    _solve_euclidean: (),
-}
+def _scatter(value: torch.Tensor, idx: torch.Tensor, B: int, fill: bool, base: torch.Tensor | None) -> torch.Tensor:
+    """``value`` (one row per solved matrix) at rows ``idx`` of a batch of ``B``: the other rows ``base`` (the
+    state passed in) where given, else True (``fill``) or zero."""
+    full = value.new_zeros((B, *value.shape[1:]))
+    if fill:
+        full.fill_(True)
+    elif base is not None:
+        full.copy_(base.to(full))
+    full[idx.to(full.device)] = value
+    return full
+
+
+# The statistics beyond evaluations/residual/converged that a solver may report (`Solver.reports`), and empty
+# ones (no matrix solved).
+_REPORTS = ("dual_gap", "multiplier")
 _EMPTY_STATS = {
     "evaluations": lambda T, n: torch.zeros(0, dtype=torch.long),
     "residual": lambda T, n: torch.zeros(0, dtype=torch.float64),
     "converged": lambda T, n: torch.zeros(0, dtype=torch.bool),
     "dual_gap": lambda T, n: torch.zeros(0, dtype=torch.float64),
-    "escalated": lambda T, n: torch.zeros(0, dtype=torch.bool),
-    "dual": lambda T, n: T.new_zeros((0, n, n)),
     "multiplier": lambda T, n: T.new_zeros((0, n, n)),
 }

@@ -43,9 +43,10 @@ from manifolds import GramManifold
 from .douglas_rachford import DR_ANDERSON, douglas_rachford
 from .gram import CERTIFICATE_SMOOTHING, ROUNDING_FLOOR, Evaluation, GramDual, inverse_sqrt_weights, mask_kind
 from .numerics import Anderson, Trace, WorkingSet, eigh_psd, normalise, sym
+from .solver import Solver, StateSlot
 from .square_dgram import SQUARE_ANDERSON, solve_square_dgram
 
-__all__ = ["solve_gram_newton", "OPTIONS"]
+__all__ = ["solve_gram_newton", "solve_exact", "OPTIONS", "SOLVER"]
 
 OPTIONS = {
     "tol": 1e-4,
@@ -56,10 +57,9 @@ OPTIONS = {
     "warm_reset": 0.1,
     "cg_iters": 10,
     "cg_tol": 1e-2,
-    "dual": None,
-    "escalate": None,
     "relative_tol": False,
 }
+"""The scalar options and their defaults (the warm-start state travels as ``dual=``/``escalate=``)."""
 
 # An entry stops when its best residual fell by less than this factor over this many evaluations:
 # where the dual optimum is degenerate (square DGram/Oblique: Y loses rank) progress becomes slow.
@@ -407,3 +407,24 @@ def _newton(
     calls = best.pop("calls").cpu()
     best["R"] = (best["V"] * best["r"].unsqueeze(-2)) @ best["V"].mT  # zero where never evaluated (V = 0)
     return best, calls
+
+
+def solve_exact(manifold: GramManifold, W: torch.Tensor, G: torch.Tensor, state: dict | None, options: dict):
+    """`solve_gram_newton` in the `geomtrain.optim.solver.Solver` form: the state is ``{"dual": S or the
+    Douglas-Rachford iterate, "escalated": solved in float64}``."""
+    state = state or {}
+    opts = {**options, "dual": state.get("dual"), "escalate": state.get("escalated")}
+    A, raw = solve_gram_newton(manifold, W, G, opts)
+    return A, raw, {"dual": raw.pop("dual"), "escalated": raw.pop("escalated")}
+
+
+SOLVER = Solver(
+    name="exact",
+    solve=solve_exact,
+    options={**OPTIONS, "msign": "polar_express", "msign_steps": 5, "msign_dtype": None, "trace": False},
+    state=(StateSlot("dual", "dual", "matrix"), StateSlot("escalated", "escalate", "flag")),
+    warm_starts=True,
+    reports=("dual_gap", "multiplier"),
+    aliases=("gram_newton",),
+    summary="Gauss-Newton on the Gram-space dual: converged to tol, warm-started, certified (dual_gap)",
+)

@@ -83,8 +83,8 @@ from manifolds.matrix_sign import MSIGN_METHODS
 from .direction import (
     DEFAULT_SOLVER,
     SOLVER_OPTIONS,
-    SOLVERS,
     check_solver_options,
+    get_solver,
     mask_kind,
     solver_option_rule,
     spectral_direction,
@@ -187,7 +187,8 @@ class ManifoldMuon(torch.optim.Optimizer):
         momentum: $\beta$.
         nesterov: use the Nesterov form of the momentum.
         weight_decay: decoupled weight decay of Euclidean matrices (ignored on manifolds).
-        solver: ``"gram_newton"`` (default), ``"tangent"`` or ``"published"``.
+        solver: a registered solver (`geomtrain.optim.registry`): ``"exact"`` (default; alias
+            ``"gram_newton"``), ``"tangent"``, ``"published"`` or one a user registered.
         solver_options: options for `spectral_direction` (``tol``, ``max_iter``, ...).
         warm_start: start each solve from the matrix's previous dual variable.
         shape_scale: ``"muon"`` ($\sqrt{\max(1, \text{rows}/\text{cols})}$), ``"match_rms_adamw"``
@@ -259,8 +260,7 @@ class ManifoldMuon(torch.optim.Optimizer):
             must = solver_option_rule(name, group[name])
             if must is not None:
                 raise ValueError(f"{name} must be {must}; got {group[name]!r}")
-        if group["solver"] not in SOLVERS:
-            raise ValueError(f"unknown solver {group['solver']!r}; valid: {', '.join(SOLVERS)}")
+        get_solver(group["solver"])  # a one-line error naming the registered solvers
         if group["shape_scale"] not in SHAPE_SCALES:
             raise ValueError(f"unknown shape_scale {group['shape_scale']!r}; valid: {', '.join(SHAPE_SCALES)}")
         valid = [k for k in SOLVER_OPTIONS[group["solver"]] if k not in ("dual", "escalate")]  # the optimizer's
@@ -449,10 +449,11 @@ class ManifoldMuon(torch.optim.Optimizer):
         else:
             W = torch.cat([to_tall(_plain(it.p)).reshape(-1, *to_tall(it.p).shape[-2:]) for it in batch])
             opts = {"msign": g0["msign_method"], "msign_steps": g0["msign_steps"], "msign_dtype": g0["msign_dtype"]}
-            opts = {k: v for k, v in opts.items() if k in SOLVER_OPTIONS[g0["solver"]] and g0["solver"] != "published"}
+            spec = get_solver(g0["solver"])
+            opts = {k: v for k, v in opts.items() if k in spec.options and spec.optimizer_msign}
             opts.update(g0["solver_options"])
             duals = [self.state[it.p].get("dual") for it in batch]
-            if g0["warm_start"] and g0["solver"] == "gram_newton" and all(d is not None for d in duals):
+            if g0["warm_start"] and spec.warm_starts and all(d is not None for d in duals):
                 opts["dual"] = torch.cat([d.reshape(-1, *d.shape[-2:]) for d in duals]).double()
                 flags = [self.state[it.p].get("escalated") for it in batch]
                 if all(f is not None for f in flags):
@@ -485,7 +486,8 @@ class ManifoldMuon(torch.optim.Optimizer):
         applied = [i for i in computed if not skips[i]]
         commits = {i: _Commit(batch[i].p, weights=updates[i], state={}) for i in applied}
         # with the warm-start state of each applied matrix: finite, or not kept (the next solve starts cold)
-        keep_dual = not euclid and g0["solver"] == "gram_newton" and g0["warm_start"] and st.get("dual") is not None
+        warm = get_solver(g0["solver"]).warm_starts and g0["warm_start"]
+        keep_dual = not euclid and warm and st.get("dual") is not None
         # (all in float64: host_values reads once per dtype)
         checks = [] if euclid else [m.constraint_violation(updates[i]).max().double() for i in applied]
         if keep_dual:
@@ -579,7 +581,8 @@ class ManifoldMuon(torch.optim.Optimizer):
         for it in items:
             owner = it.index % world
             dist.broadcast(it.p.data, src=owner)
-            if it.group["solver"] == "gram_newton" and it.group["warm_start"] and mask_kind(it.manifold) != "euclidean":
+            warm = get_solver(it.group["solver"]).warm_starts and it.group["warm_start"]
+            if warm and mask_kind(it.manifold) != "euclidean":
                 st = self.state[it.p]
                 if "dual" not in st:  # first step on a non-owner: allocate the buffer to receive into
                     n = min(it.p.shape[-2:])

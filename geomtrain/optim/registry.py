@@ -1,0 +1,165 @@
+r"""The solver registry: one place that turns a name (``"exact"``, ``"tangent"``) into a `Solver`.
+
+Built in: ``exact`` (the default: `geomtrain.optim.gram_newton`, certified; ``gram_newton`` is an alias
+that old configs, run folders and checkpoints use), ``tangent`` and ``published``
+(`geomtrain.optim.baselines`). A new solver is one module defining ``SOLVER = Solver(...)`` (see
+`geomtrain.optim.solver`) and one call ``register_solver(SOLVER)``: built-in ones are listed in
+``_BUILTINS`` below, a user's anywhere before the optimizer is built. Everything that lists or
+validates solvers (`spectral_direction`, `ManifoldMuon`, `TrainConfig.validate`, the CLI, the benchmarks)
+reads this registry.
+"""
+
+from __future__ import annotations
+
+import difflib
+import importlib
+import re
+from collections.abc import Iterator, Mapping, Sequence
+
+from .solver import OPTION_RULES, Solver, option_rule
+
+__all__ = [
+    "register_solver",
+    "unregister_solver",
+    "get_solver",
+    "solver_names",
+    "check_solver_options",
+    "solver_option_rule",
+    "SOLVERS",
+    "SOLVER_OPTIONS",
+    "DEFAULT_SOLVER",
+]
+
+DEFAULT_SOLVER = "exact"
+_NAME = re.compile(r"[a-z0-9_\-]+")
+_SOLVERS: dict[str, Solver] = {}
+_ALIASES: dict[str, str] = {}
+
+
+def solver_names() -> tuple[str, ...]:
+    """The registered names (not the aliases), in registration order."""
+    return tuple(_SOLVERS)
+
+
+def _unknown(name: object) -> str:
+    close = difflib.get_close_matches(str(name), [*_SOLVERS, *_ALIASES], n=1)
+    hint = f" (did you mean {close[0]!r}?)" if close else ""
+    return f"unknown solver {name!r}{hint}; valid: {', '.join(_SOLVERS)}"
+
+
+def get_solver(name: str | Solver) -> Solver:
+    """The `Solver` registered under ``name`` or one of its aliases (a `Solver` is returned as it is);
+    a one-line ``ValueError`` naming the valid ones otherwise."""
+    if isinstance(name, Solver):
+        return name
+    key = _ALIASES.get(name, name) if isinstance(name, str) else None
+    if key not in _SOLVERS:
+        raise ValueError(_unknown(name))
+    return _SOLVERS[key]
+
+
+def register_solver(solver: Solver, *, overwrite: bool = False) -> Solver:
+    """Register ``solver`` under ``solver.name`` and its aliases; returns it.
+
+    Checks up front that the name is well formed, not taken (unless ``overwrite``), and that every option
+    has a rule (`Solver.rule`), so its values are checked before any work."""
+    if not isinstance(solver, Solver):
+        raise TypeError(f"register_solver takes a geomtrain.optim.solver.Solver; got {type(solver).__name__}")
+    for name in (solver.name, *solver.aliases):
+        if not isinstance(name, str) or not _NAME.fullmatch(name):
+            raise ValueError(f"bad solver name {name!r}: use lower-case letters, digits, '_' or '-'")
+        taken = _ALIASES.get(name, name if name in _SOLVERS else None)
+        if taken is not None and taken != solver.name and not overwrite:
+            raise ValueError(f"solver name {name!r} is taken (by {taken!r}); pass overwrite=True to replace it")
+    if solver.name in _SOLVERS and not overwrite:
+        raise ValueError(f"solver {solver.name!r} is already registered; pass overwrite=True to replace it")
+    missing = [k for k in solver.options if k not in solver.rules and k not in OPTION_RULES]
+    if missing:
+        raise ValueError(f"solver {solver.name!r}: option(s) {', '.join(missing)} need a rule in Solver.rules")
+    if not callable(solver.solve):
+        raise TypeError(f"solver {solver.name!r}: solve must be callable")
+    _SOLVERS[solver.name] = solver
+    for alias in solver.aliases:
+        _ALIASES[alias] = solver.name
+    return solver
+
+
+def unregister_solver(name: str) -> None:
+    """Remove a registered solver and its aliases (``ValueError`` naming the valid ones if unknown)."""
+    solver = get_solver(name)
+    del _SOLVERS[solver.name]
+    for alias in solver.aliases:
+        _ALIASES.pop(alias, None)
+
+
+def check_solver_options(solver: str | Solver, options: Mapping) -> None:
+    """Raise a one-line ``ValueError`` naming the valid choices for an unknown solver, an unknown option or
+    a value out of range (``tol=0``, ``anderson=-1``, ``msign="foo"``, ...); the state options (``dual``,
+    ``escalate``) are checked against the problem by `spectral_direction`."""
+    spec = get_solver(solver)
+    valid = [*spec.options, *spec.state_options()]
+    unknown = set(options) - set(valid)
+    if unknown:
+        raise ValueError(
+            f"unknown option(s) {', '.join(sorted(unknown))} for solver {spec.name!r}; valid: {', '.join(valid)}"
+        )
+    for name, value in options.items():
+        must = option_rule(spec, name, value)
+        if must is not None:
+            raise ValueError(f"bad solver option {name}={value!r} for solver {spec.name!r}: must be {must}")
+
+
+def solver_option_rule(name: str, value, solver: str | Solver = DEFAULT_SOLVER) -> str | None:
+    """None where ``value`` is valid for the scalar option ``name`` of ``solver``, else what it must be."""
+    return option_rule(get_solver(solver), name, value)
+
+
+class _Names(Sequence):
+    """`SOLVERS`: the registered names, live; ``in`` also accepts an alias (``"gram_newton" in SOLVERS``)."""
+
+    def __getitem__(self, i):
+        return solver_names()[i]
+
+    def __len__(self) -> int:
+        return len(_SOLVERS)
+
+    def __contains__(self, name: object) -> bool:
+        return isinstance(name, str) and _ALIASES.get(name, name) in _SOLVERS
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(solver_names())
+
+    def __repr__(self) -> str:
+        return repr(solver_names())
+
+
+class _Options(Mapping):
+    """`SOLVER_OPTIONS`: name (or alias) -> every option with its default, the state options at None."""
+
+    def __getitem__(self, name: str) -> dict:
+        try:
+            spec = get_solver(name)
+        except ValueError:
+            raise KeyError(name) from None
+        return {**spec.options, **{option: None for option in spec.state_options()}}
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(solver_names())
+
+    def __len__(self) -> int:
+        return len(_SOLVERS)
+
+
+SOLVERS: Sequence[str] = _Names()
+SOLVER_OPTIONS: Mapping[str, dict] = _Options()
+
+# (module of geomtrain.optim, name of its Solver): a built-in solver is one line here
+_BUILTINS = (("gram_newton", "SOLVER"), ("baselines", "TANGENT"), ("baselines", "PUBLISHED"))
+
+
+def _register_builtins() -> None:
+    for module, attribute in _BUILTINS:
+        register_solver(getattr(importlib.import_module(f"{__package__}.{module}"), attribute))
+
+
+_register_builtins()
