@@ -25,7 +25,7 @@ from __future__ import annotations
 import torch
 
 from .base import SUPPORTED_DTYPES, GramManifold, from_tall, size_tuple, to_tall
-from .matrix_sign import polar
+from .matrix_sign import NEAR_ORTHOGONAL, polar, polar_near_orthogonal
 
 __all__ = ["DGram"]
 
@@ -53,11 +53,18 @@ class DGram(GramManifold):
         S = self.tangent_constraint(x, u) / (d[..., :, None] + d[..., None, :])
         return u - from_tall(T @ S, like=x)
 
+    @property
+    def polar_fallbacks(self) -> int:
+        """How many matrices `projx` sent to the exact polar factor (far from DGram) instead of Newton-Schulz."""
+        return getattr(self, "_polar_fallbacks", 0)
+
     def projx(self, x: torch.Tensor) -> torch.Tensor:
-        r"""$Q \operatorname{diag}(\operatorname{diag}(Q^\top X))$ with $Q = \operatorname{msign}(X)$."""
+        r"""$Q \operatorname{diag}(\operatorname{diag}(Q^\top X))$ with $Q = \operatorname{msign}(X)$; with
+        ``polar_method="auto"``, near DGram $Q$ is the polar factor of the column-normalised $X D^{-1}$ by products
+        (`near_dgram_polar`), counted in `polar_fallbacks` where it is not."""
         self._validate(x)
         T = to_tall(x)
-        Q = polar(T, self.polar_method)
+        Q = self.near_dgram_polar(T) if self.polar_method == "auto" else polar(T, self.polar_method)
         norms = (Q * T).sum(dim=-2, keepdim=True)
         tiny = torch.finfo(x.dtype).eps * T.shape[-1] * norms.abs().amax(dim=-1, keepdim=True)
         if bool((norms <= tiny).any()):
@@ -66,6 +73,31 @@ class DGram(GramManifold):
                 "DGram points must have nonzero columns"
             )
         return from_tall(Q * norms, like=x)
+
+    def near_dgram_polar(self, T: torch.Tensor) -> torch.Tensor:
+        r"""For tall ``(..., m, n)``: $\operatorname{polar}(T D^{-1})$, $D$ the column norms, by Newton-Schulz
+        (`polar_near_orthogonal`, matrix products only) for each matrix whose normalised Gram matrix has
+        $\|D^{-1}T^\top T D^{-1} - I\|_F \le$ ``NEAR_ORTHOGONAL`` (a retraction step from DGram: its
+        off-diagonal entries are $O(\eta^2)$); every other matrix (or one with a zero column) gets
+        $\operatorname{msign}(T)$ from `polar` (``"auto"``: the exact SVD on CPU) and adds one to `polar_fallbacks`.
+        Both give $Q$ with $Q^\top T$ positive definite, and on DGram
+        $Q\operatorname{diag}(\operatorname{diag}(Q^\top T)) = T$; they differ by $O(\eta^2)$ off it (both are
+        first-order retractions)."""
+        lead, (m, n) = T.shape[:-2], T.shape[-2:]
+        T3 = T.reshape(-1, m, n)
+        norms = T3.norm(dim=-2, keepdim=True)
+        X0 = T3 / torch.where(norms == 0, torch.ones_like(norms), norms)
+        eye = torch.eye(n, dtype=T3.dtype, device=T3.device)
+        near = ((X0.mT @ X0 - eye).norm(dim=(-2, -1)) <= NEAR_ORTHOGONAL) & (norms > 0).all(dim=-1).squeeze(-1)
+        Q = torch.empty_like(T3)
+        far = (~near).nonzero().squeeze(-1)
+        if len(far):
+            self._polar_fallbacks = self.polar_fallbacks + len(far)
+            Q[far] = polar(T3[far], "auto")
+        close = near.nonzero().squeeze(-1)
+        if len(close):
+            Q[close] = polar_near_orthogonal(X0[close])
+        return Q.reshape(*lead, m, n)
 
     def _check_point_on_manifold(self, x, *, atol=None, rtol=None):
         ok, reason = super()._check_point_on_manifold(x, atol=atol, rtol=rtol)
