@@ -154,7 +154,14 @@ SOLVERS: Sequence[str] = _Names()
 SOLVER_OPTIONS: Mapping[str, dict] = _Options()
 
 # (module of geomtrain.optim, name of its Solver): a built-in solver is one line here
-_BUILTINS = (("gram_newton", "SOLVER"), ("baselines", "TANGENT"), ("baselines", "PUBLISHED"))
+_BUILTINS = (
+    ("gram_newton", "SOLVER"),
+    ("baselines", "TANGENT"),
+    ("baselines", "PUBLISHED"),
+    ("projected_tangent", "SOLVER"),
+    ("dual_ascent", "SOLVER"),
+    ("admm", "SOLVER"),
+)
 
 
 def _register_builtins() -> None:
