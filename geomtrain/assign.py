@@ -42,7 +42,7 @@ import torch
 
 from manifolds import SPEC_SYNTAX, GramManifold, get_manifold, manifold_names
 
-from .config import did_you_mean
+from .suggest import did_you_mean
 
 __all__ = [
     "PRESETS",

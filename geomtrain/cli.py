@@ -35,7 +35,7 @@ class OneLineParser(argparse.ArgumentParser):
     def parse_known_args(self, args=None, namespace=None):
         """A sub-parser reports its own unknown arguments (so the error reads ``geomtrain train: error:``,
         not ``geomtrain: error:``), each flag with the closest valid one."""
-        from .config import did_you_mean
+        from .suggest import did_you_mean
 
         namespace, extras = super().parse_known_args(args, namespace)
         if extras:

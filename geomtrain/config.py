@@ -8,16 +8,17 @@ ones (DESIGN.md section 4); the small models get CPU-sized schedules.
 from __future__ import annotations
 
 import dataclasses
-import difflib
 import math
 import re
 import tomllib
 import types
 import typing
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
+
+from .suggest import did_you_mean
 
 __all__ = [
     "TrainConfig",
@@ -70,6 +71,7 @@ class TrainConfig:
     muon_solver: str | None = None  # None = the optimizer's default solver
     muon_solver_options: list[str] = field(default_factory=list)  # "KEY=VALUE" options of the solver
     muon_weight_decay: float = 0.0  # decoupled, Euclidean (unconstrained) matrices only
+    muon_certify_every: int = 0  # every N Muon steps: the exact float64 dual gap of each direction; 0 = off
     # evaluation, diagnostics, robustness
     eval_interval: int = 50
     eval_iters: int = 10
@@ -103,7 +105,8 @@ class TrainConfig:
     def validate(self, custom_names: tuple[str, ...] = ()) -> TrainConfig:
         """Raise ``ValueError`` (one line, naming the valid choices) on a bad value; return self.
 
-        The one validation site: flags, TOML, ``--set``, the study and resume all end here.
+        The one validation site: flags, TOML, ``--set``, the study and resume all end here. Long
+        because it checks every field in turn, each check one or two lines.
         ``custom_names``: extra manifold names rules may use (passed to ``train(custom_manifolds=)``)."""
         from .assign import PRESETS, validate_rule
         from .model import MODEL_CONFIGS
@@ -118,7 +121,7 @@ class TrainConfig:
         for text in self.rules:
             validate_rule(text, custom_names)
         if self.muon_solver is not None:
-            from .optim import SOLVERS
+            from .optim import SOLVERS  # the registry, live: a registered solver or an alias ("gram_newton")
 
             if self.muon_solver not in SOLVERS:
                 raise ValueError(
@@ -141,8 +144,9 @@ class TrainConfig:
         ):
             if getattr(self, name) < 1:
                 raise ValueError(f"{name} must be >= 1; got {getattr(self, name)}")
-        if self.warmup_iters < 0:
-            raise ValueError(f"warmup_iters must be >= 0; got {self.warmup_iters}")
+        for name in ("warmup_iters", "muon_certify_every"):
+            if getattr(self, name) < 0:
+                raise ValueError(f"{name} must be >= 0; got {getattr(self, name)}")
         if not self.lr > 0:  # NaN too; the finite test below names the rest
             raise ValueError(f"lr must be a finite number > 0; got {self.lr!r}")
         for name in ("lr", "min_lr", "muon_lr", "weight_decay", "grad_clip", "muon_weight_decay", "divergence_margin"):
@@ -242,15 +246,6 @@ def field_kind(name: str) -> tuple[type, bool]:
         hint = next(a for a in args if a is not type(None))
     kind = list if typing.get_origin(hint) is list or hint is list else hint
     return kind, optional
-
-
-def did_you_mean(word: str, choices: Iterable[str] | Mapping[str, str]) -> str:
-    """``" (did you mean 'X'?)"`` with X the closest of ``choices`` to ``word`` (`difflib.get_close_matches`,
-    similarity ratio >= 0.6), or ``""`` when none is that close. A mapping compares its keys and names
-    the value: ``{"max-iters": "--max-iters"}``, ``{"classics": "data/classics"}``."""
-    shown = choices if isinstance(choices, Mapping) else {choice: choice for choice in choices}
-    close = difflib.get_close_matches(word, list(shown), n=1)
-    return f" (did you mean {shown[close[0]]!r}?)" if close else ""
 
 
 def unknown_keys_message(keys: Sequence[str], where: str = "") -> str:

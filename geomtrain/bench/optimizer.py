@@ -414,6 +414,9 @@ def _parse_shapes(specs) -> tuple:
 
 
 def _cmd_optimizer(args: argparse.Namespace) -> int:
+    """``geomtrain bench optimizer``: resolve device and threads, run `bench_optimizer`, print and save.
+
+    Long because it maps each flag onto the benchmark's arguments in turn; no logic of its own."""
     argv = getattr(args, "argv", [])[1:]
     device = args.device
     if device == "auto":
@@ -486,7 +489,9 @@ def _cmd_optimizer(args: argparse.Namespace) -> int:
 
 
 def add_parser(sub) -> None:
-    """Register ``optimizer`` on the ``geomtrain bench`` subparsers."""
+    """Register ``optimizer`` on the ``geomtrain bench`` subparsers.
+
+    Long because it declares the options one after the other; no logic."""
     p = sub.add_parser(
         "optimizer",
         help="Manifold Muon solvers vs plain Muon at GPT-2-small shapes",

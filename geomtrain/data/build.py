@@ -72,6 +72,7 @@ def prepare(
     fetch: bool = True,
 ) -> dict:
     """Tokenize a corpus into ``train.bin``/``val.bin`` + ``manifest.json``; return the manifest.
+    (Long because the phases below, check, fetch, tokenize, write, run in one visible order.)
 
     ``tokenizer`` is one of ``TOKENIZERS``. For ``"gpt2"`` the default ``out_dir`` is
     ``data/<dataset>``; for ``"bpe4k"``/``"bpe8k"``/``"bpe16k"`` it is ``data/<dataset>-<tokenizer>``

@@ -329,7 +329,7 @@ def missing_folder_message(data_dir: str | os.PathLike) -> str:
     """One line for a data folder that does not exist: the prepared folder (holding a manifest) beside
     it or under :data:`DEFAULT_DATA_ROOT` whose name is closest, if one is close; else the command
     that prepares the default corpus, and the prepared folders found."""
-    from ..config import did_you_mean
+    from ..suggest import did_you_mean
 
     data_dir = Path(data_dir)
     roots = (data_dir.parent, Path(DEFAULT_DATA_ROOT))
