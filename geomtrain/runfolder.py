@@ -12,7 +12,7 @@ A run folder holds::
     status.json          running | finished | diverged | interrupted | failed, step, pid, losses
     tensorboard/         with ``tensorboard=True``: every number of metrics and diagnostics as a scalar
 
-Guarantees (tested in ``tests/test_faults.py`` and ``tests/test_run_lock.py``):
+Guarantees (tested in ``tests/train/test_faults.py`` and ``tests/train/test_run_lock.py``):
 
 - **One process per folder**: `open` takes ``.lock`` (`geomtrain._io.FileLock`, held by the
   kernel) before it reads or writes anything, and `close` releases it. A second process is refused

@@ -4,6 +4,7 @@ and what several test files share: the ``data_dir`` fixture, the ``BlockGram`` t
 
 import os
 import sys
+from pathlib import Path
 
 import matplotlib
 import pytest
@@ -12,6 +13,12 @@ from hypothesis import HealthCheck, settings
 
 from geomtrain.config import TrainConfig, make_config
 from manifolds import GramManifold, manifold_names, unregister
+
+# tests/_support holds the shared helpers and subprocess workers, imported by bare name
+# (`from fault_helpers import ...`); the test files live in folders that mirror the package.
+SUPPORT = Path(__file__).resolve().parent / "_support"
+if str(SUPPORT) not in sys.path:
+    sys.path.insert(0, str(SUPPORT))
 
 matplotlib.use("Agg")
 

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 LAB = ROOT / "lab"
 RECORDS = sorted(p for p in LAB.iterdir() if p.is_dir())
 SCRIPTS = sorted(LAB.glob("*/*.py"))

@@ -6,6 +6,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import dist_train_worker
 from dist_train_worker import run_config
 
 from geomtrain.train import load_checkpoint, train
@@ -17,9 +18,9 @@ def _losses(run_dir):
 
 
 def test_two_rank_ddp_matches_single_process(data_dir, tmp_path):
-    worker = Path(__file__).with_name("dist_train_worker.py")
+    worker = Path(dist_train_worker.__file__)  # tests/_support/dist_train_worker.py
     report = tmp_path / "report.json"
-    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(Path(__file__).parent.parent)}
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(Path(__file__).resolve().parents[2])}
     cmd = [
         sys.executable,
         "-m",

@@ -1,4 +1,4 @@
-"""Shared setup of the fault-injection tests (tests/test_faults*.py, tests/test_bad_input.py).
+"""Shared setup of the fault-injection tests (tests/train/test_faults*.py, test_bad_input.py, test_run_lock.py).
 
 A pytest plugin (``pytest_plugins = ["fault_helpers"]``), so its session fixtures are built once
 for all those modules: one prepared ``classics`` folder, one uninterrupted reference run and one
@@ -23,7 +23,7 @@ import torch
 
 from geomtrain.cli import main as cli_main
 
-REPO = Path(__file__).resolve().parent.parent
+REPO = Path(__file__).resolve().parents[2]
 WORKER = Path(__file__).resolve().parent / "fault_worker.py"
 MAX_ITERS = 12
 CHECKPOINT_EVERY = 4  # = eval_interval: a checkpoint at every evaluation (steps 4, 8, 12)
@@ -76,7 +76,7 @@ def cli(argv: list[str], capsys) -> tuple[int, str, str]:
 
 
 def worker(fault: str, argv: list[str], timeout: float = 240) -> subprocess.CompletedProcess:
-    """``python -m geomtrain ARGV`` in a subprocess, with ``fault`` injected (tests/fault_worker.py)."""
+    """``python -m geomtrain ARGV`` in a subprocess, with ``fault`` injected (tests/_support/fault_worker.py)."""
     return subprocess.run(
         [sys.executable, str(WORKER), fault, *map(str, argv)],
         cwd=REPO,

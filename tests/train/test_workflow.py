@@ -169,7 +169,7 @@ def test_init_from_a_hugging_face_folder_projects_onto_the_manifolds(data_dir, t
 
 
 def test_docs_name_the_workflow_commands():
-    text = (Path(__file__).parent.parent / "docs" / "training.md").read_text()
+    text = (Path(__file__).resolve().parents[2] / "docs" / "training.md").read_text()
     for needle in ("geomtrain eval", "geomtrain plot", "--tensorboard", "--init-from", "--manifolds"):
         assert needle in text, needle
 

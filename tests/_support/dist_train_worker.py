@@ -1,4 +1,4 @@
-"""Launched by torchrun from tests/test_train_distributed.py: train, then write per-rank checksums."""
+"""Launched by torchrun from tests/train/test_train_distributed.py: train, then write per-rank checksums."""
 
 import json
 import sys

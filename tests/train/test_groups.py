@@ -348,7 +348,7 @@ def test_hf_gpt2_any_matrix_rule_keeps_embeddings_on_adamw(hf_gpt2):
 
 
 # ---------------------------------------------------------------------------------------- the docs page
-DOCS = Path(__file__).resolve().parents[1] / "docs" / "any-model.md"
+DOCS = Path(__file__).resolve().parents[2] / "docs" / "any-model.md"
 
 
 def fenced(language):

@@ -101,7 +101,7 @@ def test_svd_polar_survives_float32_lapack_breakdown(fixture):
 
     import numpy as np
 
-    X = torch.from_numpy(np.load(pathlib.Path(__file__).parent / "fixtures" / fixture)["x"])
+    X = torch.from_numpy(np.load(pathlib.Path(__file__).resolve().parents[1] / "fixtures" / fixture)["x"])
     assert X.dtype == torch.float32
     # the SVD path (polar_method="svd"; "auto" takes these near-orthonormal inputs to Newton-Schulz, below)
     Q = Stiefel(polar_method="svd").projx(X)
@@ -316,7 +316,7 @@ def test_bounded_dgram_refuses_bad_bounds(bound):
 
 
 # ----------------------------------------------------------------------------- BoundedDGram boundary
-# The contract kit covers the interior (tests/test_manifold_contract.py); these cover the boundary.
+# The contract kit covers the interior (tests/manifolds/test_manifold_contract.py); these cover the boundary.
 def test_bounded_dgram_clips_to_the_bound():
     torch.manual_seed(0)
     M = BoundedDGram(1.0)

@@ -1,6 +1,6 @@
 """Fault injection, part 1: a training process killed (SIGKILL) or stopped (SIGTERM, SIGINT).
 
-Each run is a subprocess ``python -m geomtrain train`` (through tests/fault_worker.py, which
+Each run is a subprocess ``python -m geomtrain train`` (through tests/_support/fault_worker.py, which
 injects the fault), then ``--resume`` in this process; the result is compared step by step (exact
 losses, evaluations, final weights and optimizer state) with one uninterrupted run of the same
 config. Checkpoints are at steps 4, 8 and 12.

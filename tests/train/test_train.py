@@ -237,7 +237,7 @@ def test_every_config_field_is_documented():
 
     from geomtrain.config import TrainConfig
 
-    text = (Path(__file__).parent.parent / "docs" / "training.md").read_text()
+    text = (Path(__file__).resolve().parents[2] / "docs" / "training.md").read_text()
     missing = [f.name for f in dataclasses.fields(TrainConfig) if f"`{f.name}`" not in text]
     assert not missing, f"document these TrainConfig fields in docs/training.md: {missing}"
 

@@ -8,7 +8,7 @@ import pytest
 
 from geomtrain.study import figures, make_table, report
 
-RESULTS = Path(__file__).resolve().parent.parent / "docs" / "results"
+RESULTS = Path(__file__).resolve().parents[2] / "docs" / "results"
 
 
 def _fake_run(variant, seed, status, n=6, grow=1.0):

@@ -10,7 +10,7 @@ import pytest
 from geomtrain.cli import main as cli_main
 from geomtrain.study.compare import compare, cumulative_muon_step, length_trend, paper_cumulative_step
 
-RESULTS = Path(__file__).resolve().parents[1] / "docs" / "results"
+RESULTS = Path(__file__).resolve().parents[2] / "docs" / "results"
 
 
 def test_compare_reads_the_gaps_and_the_ordering_off_the_summaries(tmp_path):

@@ -26,7 +26,7 @@ from packaging.utils import canonicalize_name
 import geomtrain
 from geomtrain import cli
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 PROJECT = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
 EXTRA_PACKAGES = ["tqdm", "hypothesis", "matplotlib", "tiktoken", "tokenizers"]  # none may be in the core env
 

@@ -1,6 +1,7 @@
-"""``python -m geomtrain ARGS`` with one fault injected, for the subprocess tests of tests/test_faults*.py.
+"""``python -m geomtrain ARGS`` with one fault injected, for the subprocess tests of
+tests/train/test_faults*.py.
 
-usage: python tests/fault_worker.py FAULT ARGS...
+usage: python tests/_support/fault_worker.py FAULT ARGS...
 
 FAULT is one of
 

@@ -134,7 +134,7 @@ def _load_docs_example():
     # Imported once per process, as a user module is: it registers "blockgram" when it runs.
     name = "block_gram"
     if name not in sys.modules:
-        path = Path(__file__).parent.parent / "docs" / "examples" / "block_gram.py"
+        path = Path(__file__).resolve().parents[2] / "docs" / "examples" / "block_gram.py"
         spec = importlib.util.spec_from_file_location(name, path)
         module = importlib.util.module_from_spec(spec)
         sys.modules[name] = module
