@@ -108,3 +108,12 @@ def tiny_study(data_dir, out, *extra) -> int:
 
     args = ["--model", "tiny", "--data-dir", data_dir, "--iters", "6", "--set", "eval_interval=3"]
     return study_main([*args, "--out", str(out), "--quiet", *FAST_STUDY_SETS, *extra])
+
+
+@pytest.fixture(scope="session")
+def tiny_study_folder(data_dir, tmp_path_factory):
+    """A finished `tiny_study` of the ``adamw`` and ``hetero`` presets, one seed, reported (summary.json
+    and figures written), built once per test session; tests must not modify it."""
+    out = tmp_path_factory.mktemp("study") / "study"
+    assert tiny_study(data_dir, out, "--presets", "adamw,hetero") == 0
+    return out
