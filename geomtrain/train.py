@@ -112,7 +112,7 @@ def build_optimizers(model: torch.nn.Module, assignments, cfg: TrainConfig):
         kwargs["solver"] = cfg.muon_solver
     if cfg.muon_solver_options:
         kwargs["solver_options"] = cfg.solver_options()
-    return adamw, ManifoldMuon(muon_groups, **kwargs)
+    return adamw, ManifoldMuon(muon_groups, certify_every=cfg.muon_certify_every, **kwargs)
 
 
 def rng_state() -> dict:

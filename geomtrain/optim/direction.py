@@ -233,7 +233,7 @@ def spectral_direction(
     every solver. **Zero gradients**: a matrix with ``G = 0`` gets exactly ``A = 0`` without a solve (no
     evaluation, residual 0, converged, gap 0, its ``dual``/``escalate`` state passed through unchanged, else a
     zero multiplier), and the matrices with ``G != 0`` are solved as a batch of only them; ``trace`` follows
-    the first of those.
+    the first of those. (Over 60 lines with this docstring, which documents every built-in option.)
     """
     spec = get_solver(solver)
     opts, nonzero, all_nonzero = _check(manifold, W, G, spec, options)

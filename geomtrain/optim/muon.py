@@ -39,7 +39,7 @@ $$\text{manifold: } W \leftarrow R_W(-\eta A),\quad A = \texttt{spectral\_direct
   for any matrix whose direction comes out exactly zero, also one matrix of a ``(k, m, n)`` parameter.
   The other matrices of its batch are solved and retracted as a batch of only them (bitwise the same).
 - **A step that raises changes nothing**: momentum, weights and warm-start state are written only after
-  every matrix is solved and retracted (`_Commit`), so an exception (a solver refusing its input, an
+  every matrix is solved and retracted (`Commit`), so an exception (a solver refusing its input, an
   unexpected retraction error) leaves parameters and state as before the call.
 - **Non-finite gradients**: that matrix's step is skipped (momentum and weights untouched),
   counted and warned about once; an update that comes out non-finite is skipped the same way, and
@@ -53,85 +53,61 @@ $$\text{manifold: } W \leftarrow R_W(-\eta A),\quad A = \texttt{spectral\_direct
 
 ``optimizer.last_stats`` after each ``step()`` (plain Python numbers, JSON-ready):
 ``n_matrices`` (a ``(k, m, n)`` parameter counts ``k``), ``msign_calls`` (total polar evaluations:
-eigendecompositions of ``gram_newton``, msign calls of the others), ``iterations_max``
+eigendecompositions of ``exact``, msign calls of the others), ``iterations_max``
 (most polar evaluations of one matrix), ``residual_max``/``residual_mean`` (RMS tangent residual
 of the directions), ``dual_gap_max`` (relative, where the solver knows it, else ``None``),
 ``n_unconverged`` and ``unconverged`` (the names of the matrices whose direction was polished at
 ``max_iter``), ``off_manifold_max`` (largest `constraint_violation` after the retraction),
 ``n_skipped_nonfinite`` (this step), ``n_skipped_nonfinite_total`` and ``skipped`` (this step's
 skipped matrices, ``[{"param": name, "reason": one of SKIP_REASONS}]``, where ``name`` is the group's
-``param_names`` entry, as ``torch.optim`` keeps for named parameters, else ``"group G param I"``).
+``param_names`` entry, as ``torch.optim`` keeps for named parameters, else ``"group G param I"``), and with
+``certify_every=N`` on steps N, 2N, ...: ``certified_gap_max`` (the exact float64 relative dual gap of the
+directions the solver returned, made feasible first, `geomtrain.optim.certificate`) and
+``certified_residual_max`` (their tangent residual), else ``None``. ``step_stats`` holds the same as a
+`StepStats`.
+
+The step has the shape of ``torch.optim.Muon``: gather (`_init_group`), the batched direction kernel
+(`geomtrain.optim.muon_step.batched_directions`: the solver call), apply (`apply_directions`: retraction
+and guards), commit.
 """
 
 from __future__ import annotations
 
-import itertools
 import math
 import numbers
 import warnings
 from collections.abc import Iterable
-from dataclasses import dataclass
 
 import geoopt
 import torch
 import torch.distributed as dist
 
-from manifolds import Euclidean, GramManifold, msign
-from manifolds.base import from_tall, to_tall
+from manifolds import Euclidean, GramManifold
+from manifolds.base import to_tall
 from manifolds.matrix_sign import MSIGN_METHODS
 
-from .direction import (
-    DEFAULT_SOLVER,
-    SOLVER_OPTIONS,
-    check_solver_options,
-    get_solver,
-    mask_kind,
-    solver_option_rule,
-    spectral_direction,
+from .direction import DEFAULT_SOLVER, SOLVER_OPTIONS, check_solver_options, get_solver, mask_kind, solver_option_rule
+from .muon_step import (
+    SHAPE_SCALES,
+    SKIP_GRADIENT,
+    SKIP_REASONS,
+    Commit,
+    MatrixItem,
+    StatsTable,
+    StepStats,
+    apply_directions,
+    batched_directions,
+    group_batches,
+    shape_factor,
+    share,
+    skip_record,
 )
 from .numerics import host_values
+from .solver import is_int
 
-__all__ = ["ManifoldMuon", "SHAPE_SCALES", "SKIP_REASONS", "shape_factor"]
-
-SHAPE_SCALES = ("muon", "match_rms_adamw", "none")
-"""Euclidean step scale s for an (out, in) = (A, B) weight: "muon" sqrt(max(1, A/B)) (Keller Jordan's,
-torch.optim.Muon's ``adjust_lr_fn="original"``), "match_rms_adamw" 0.2 sqrt(max(A, B)) (torch's
-``adjust_lr_fn="match_rms_adamw"``, Moonshot's), "none" 1."""
-
-
-def shape_factor(rule: str, rows: int, cols: int) -> float:
-    """The Euclidean step scale of `SHAPE_SCALES` for an (out, in) = (rows, cols) weight."""
-    if rule == "muon":
-        return max(1.0, rows / cols) ** 0.5
-    if rule == "match_rms_adamw":
-        return 0.2 * max(rows, cols) ** 0.5
-    return 1.0
-
+__all__ = ["ManifoldMuon", "SHAPE_SCALES", "SKIP_REASONS", "StepStats", "shape_factor"]
 
 _EUCLIDEAN = Euclidean()
-# Per parameter: "matrices" (1, or k for a (k, m, n) batch), "msign_calls" (summed over them) and
-# "calls_max" (of one matrix), residual / dual gap (worst), converged (all), off_manifold, skipped.
-_STAT_FIELDS = (
-    "matrices",
-    "msign_calls",
-    "calls_max",
-    "residual",
-    "dual_gap",
-    "converged",
-    "off_manifold",
-    "skipped",  # 0, or the SKIP_REASONS code of a skipped update
-    "has_dual",
-)
-
-_SKIP_GRADIENT, _SKIP_DIRECTION, _SKIP_REFUSED, _SKIP_RETRACTION = 1, 2, 3, 4
-SKIP_REASONS = {
-    _SKIP_GRADIENT: "non-finite gradient",
-    _SKIP_DIRECTION: "non-finite direction",
-    _SKIP_REFUSED: "retraction refused the point",
-    _SKIP_RETRACTION: "non-finite retraction",
-}
-"""Why a matrix update was skipped, by the code stored in its statistics row (``last_stats["skipped"]``)."""
-
 
 # A manifold parameter must start on its manifold (otherwise the first direction is solved at a point the
 # solver's algebra does not describe; measured: a Gaussian 24x8 Stiefel start gave residual 2.2, unconverged).
@@ -145,36 +121,10 @@ def _plain(t: torch.Tensor) -> torch.Tensor:
     return t.detach().as_subclass(torch.Tensor)
 
 
-@dataclass
-class _Item:
-    index: int
-    p: torch.Tensor
-    group: dict
-    manifold: GramManifold
-    update: torch.Tensor  # the (Nesterov) momentum, as a matrix (batch) view
-    name: str  # for skip reports: `_param_name`
-    still: bool = False  # the update is exactly zero: no solve, no retraction (Euclidean: weight decay only)
-
-
-@dataclass
-class _Commit:
-    """What a step writes to one parameter, applied only once every matrix of the step is solved: the new
-    weights (None: unchanged) and state entries (a value of None removes the entry)."""
-
-    p: torch.Tensor
-    weights: torch.Tensor | None = None
-    state: dict | None = None
-
-
 def _param_name(group: dict, group_index: int, param_index: int) -> str:
     """The parameter's name from the group's ``param_names`` (torch.optim's key), else its position."""
     names = group.get("param_names")
     return names[param_index] if names else f"group {group_index} param {param_index}"
-
-
-def _skip_record(name: str, code: int) -> dict:
-    """One entry of ``last_stats["skipped"]``."""
-    return {"param": name, "reason": SKIP_REASONS[code]}
 
 
 class ManifoldMuon(torch.optim.Optimizer):
@@ -199,6 +149,9 @@ class ManifoldMuon(torch.optim.Optimizer):
         msign_dtype: its compute dtype (default: the parameter's).
         manifold: the manifold of groups that do not set one (default ``None``: from a geoopt
             ``ManifoldParameter``, else Euclidean).
+        certify_every: every this many steps (``step_count`` divisible by it; 0: never) compute the exact
+            float64 dual gap of every manifold direction the solver returned (`geomtrain.optim.certificate`)
+            into ``last_stats["certified_gap_max"]`` and its tangent residual ``certified_residual_max``.
     """
 
     def __init__(
@@ -216,7 +169,10 @@ class ManifoldMuon(torch.optim.Optimizer):
         msign_steps: int = 5,
         msign_dtype: torch.dtype | None = None,
         manifold: GramManifold | None = None,
+        certify_every: int = 0,
     ):
+        if not (is_int(certify_every) and certify_every >= 0):
+            raise ValueError(f"certify_every must be an integer >= 0 (0: off); got {certify_every!r}")
         defaults = dict(
             lr=lr,
             momentum=momentum,
@@ -237,7 +193,9 @@ class ManifoldMuon(torch.optim.Optimizer):
             self._check_group(group)
             for p in group["params"]:
                 self._manifold_of[id(p)] = self._resolve(group, p)
+        self.step_stats = StepStats()
         self.last_stats: dict = {}
+        self.certify_every, self.step_count = int(certify_every), 0
         self.n_skipped_nonfinite_total = 0
         self._warned_nonfinite = False
 
@@ -314,57 +272,38 @@ class ManifoldMuon(torch.optim.Optimizer):
     # ------------------------------------------------------------------ step
     @torch.no_grad()
     def step(self, closure=None):
+        """One step: gather (`_init_group`), the batched directions (the solver call), apply (retraction and
+        guards), then commit everything at once; ``last_stats`` is the step's `StepStats`."""
         loss = None
         if closure is not None:
             with torch.enable_grad():
                 loss = closure()
-        items, skipped = [], []
-        with_grad = [
-            (gi, group, pi, p)
-            for gi, group in enumerate(self.param_groups)
-            for pi, p in enumerate(group["params"])
-            if p.grad is not None
-        ]
-        # Nothing is written before every matrix is solved (`_Commit`): a step that raises changes nothing.
-        moments = [self._momentum(group, p) for _, group, _, p in with_grad]
-        checks = host_values(  # one host read: finite gradients, zero updates
-            [torch.isfinite(p.grad).all() for _, _, _, p in with_grad] + [u.eq(0).all() for _, u in moments]
-        )
-        commits = []
-        for (gi, group, pi, p), (buf, u), ok, zero in zip(with_grad, moments, checks, checks[len(with_grad) :]):
-            if not ok:
-                skipped.append(_skip_record(_param_name(group, gi, pi), _SKIP_GRADIENT))
-                continue
-            commits.append(_Commit(p, state={"momentum_buffer": buf}))
-            if group["lr"] == 0:  # e.g. a warmup schedule at 0: momentum moves, weights do not
-                continue
-            m = self._manifold_of[id(p)]
-            if mask_kind(m) == "euclidean":
-                u = u.reshape(p.shape[0], -1)
-            items.append(_Item(len(items), p, group, m, u, _param_name(group, gi, pi), still=zero))
-
-        stats = torch.zeros(len(items), len(_STAT_FIELDS), dtype=torch.float64)
-        stats[:, _STAT_FIELDS.index("dual_gap")] = float("nan")
+        self.step_count += 1
+        certify_now = self.certify_every > 0 and self.step_count % self.certify_every == 0
+        items, commits, skipped = self._init_group()
+        table = StatsTable(len(items))
         world, rank = (
             (dist.get_world_size(), dist.get_rank()) if dist.is_available() and dist.is_initialized() else (1, 0)
         )
         mine = [it for it in items if it.index % world == rank]
         for it in mine:
             if it.still:  # a zero update: A = 0, no solve, no retraction, the warm-start state as it is
-                stats[it.index, _STAT_FIELDS.index("matrices")] = math.prod(to_tall(it.update).shape[:-2])
-                stats[it.index, _STAT_FIELDS.index("converged")] = 1.0
+                table.set(it.index, "matrices", math.prod(to_tall(it.update).shape[:-2]))
+                table.set(it.index, "converged", 1.0)
                 decay = it.group["lr"] * it.group["weight_decay"]
                 if mask_kind(it.manifold) == "euclidean" and decay:  # decoupled weight decay still applies
-                    commits.append(_Commit(it.p, weights=it.p * (1 - decay)))
-        for batch in self._batches([it for it in mine if not it.still]):
-            commits += self._solve_batch(batch, stats)
+                    commits.append(Commit(it.p, weights=it.p * (1 - decay)))
+        for batch in group_batches([it for it in mine if not it.still]):
+            A, st, sizes = batched_directions(batch, certify_now)
+            commits += apply_directions(batch, A, st, sizes, table)
         self._commit(commits)
         for it in mine:
-            stats[it.index, _STAT_FIELDS.index("has_dual")] = float("dual" in self.state[it.p])
+            slots = get_solver(it.group["solver"]).state
+            table.set(it.index, "has_state", float(bool(slots) and all(s.key in self.state[it.p] for s in slots)))
         if world > 1:
-            self._share(items, stats, world)
-        codes = stats[:, _STAT_FIELDS.index("skipped")].tolist()
-        skipped += [_skip_record(it.name, int(codes[it.index])) for it in items if codes[it.index]]
+            share(items, self.state, table, world)
+        codes = table.col("skipped").tolist()
+        skipped += [skip_record(it.name, int(codes[it.index])) for it in items if codes[it.index]]
         if skipped:
             self.n_skipped_nonfinite_total += len(skipped)
             if not self._warned_nonfinite:
@@ -376,8 +315,39 @@ class ManifoldMuon(torch.optim.Optimizer):
                     RuntimeWarning,
                     stacklevel=2,
                 )
-        self.last_stats = self._aggregate(stats, skipped, [it.name for it in items])
+        names = [it.name for it in items]
+        self.step_stats = StepStats.from_table(table, skipped, names, self.n_skipped_nonfinite_total)
+        self.last_stats = self.step_stats.as_dict()
         return loss
+
+    def _init_group(self) -> tuple[list[MatrixItem], list[Commit], list[dict]]:
+        """Gather the step's matrices: each parameter with a gradient, its new momentum buffer and update
+        (`_momentum`), as a `MatrixItem` to solve, a `Commit` of the buffer, or a skip record (non-finite
+        gradient). Nothing is written before every matrix is solved: a step that raises changes nothing."""
+        items, commits, skipped = [], [], []
+        with_grad = [
+            (gi, group, pi, p)
+            for gi, group in enumerate(self.param_groups)
+            for pi, p in enumerate(group["params"])
+            if p.grad is not None
+        ]
+        moments = [self._momentum(group, p) for _, group, _, p in with_grad]
+        checks = host_values(  # one host read: finite gradients, zero updates
+            [torch.isfinite(p.grad).all() for _, _, _, p in with_grad] + [u.eq(0).all() for _, u in moments]
+        )
+        for (gi, group, pi, p), (buf, u), ok, zero in zip(with_grad, moments, checks, checks[len(with_grad) :]):
+            if not ok:
+                skipped.append(skip_record(_param_name(group, gi, pi), SKIP_GRADIENT))
+                continue
+            commits.append(Commit(p, state={"momentum_buffer": buf}))
+            if group["lr"] == 0:  # e.g. a warmup schedule at 0: momentum moves, weights do not
+                continue
+            m = self._manifold_of[id(p)]
+            if mask_kind(m) == "euclidean":
+                u = u.reshape(p.shape[0], -1)
+            name = _param_name(group, gi, pi)
+            items.append(MatrixItem(len(items), p, group, m, u, name, self.state[p], still=zero))
+        return items, commits, skipped
 
     def _momentum(self, group: dict, p: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         r"""The new momentum buffer $\beta b + (1-\beta) g$ (a new tensor; the state keeps the old one until the
@@ -388,8 +358,8 @@ class ManifoldMuon(torch.optim.Optimizer):
         )
         return buf, p.grad.lerp(buf, group["momentum"]) if group["nesterov"] else buf
 
-    def _commit(self, commits: list[_Commit]) -> None:
-        """Write the step: each `_Commit`'s weights and state entries."""
+    def _commit(self, commits: list[Commit]) -> None:
+        """Write the step: each `Commit`'s weights and state entries."""
         for c in commits:
             if c.weights is not None:
                 c.p.copy_(c.weights)
@@ -399,234 +369,6 @@ class ManifoldMuon(torch.optim.Optimizer):
                     state.pop(key, None)
                 else:
                     state[key] = value
-
-    @staticmethod
-    def _batch_key(it: _Item) -> tuple:
-        g, m = it.group, it.manifold
-        tall = to_tall(it.update).shape
-        # equal geometry only (class and every public setting, e.g. BoundedDGram's bound): the batch is
-        # retracted with one manifold object; manifolds without ``key()`` batch only with themselves
-        mkey = m.key() if callable(getattr(m, "key", None)) else id(m)
-        return (
-            mkey,
-            tuple(tall[-2:]),
-            it.p.dtype,
-            it.p.device,
-            g["solver"],
-            repr(sorted(g["solver_options"].items())),
-            g["warm_start"],
-            g["msign_method"],
-            g["msign_steps"],
-            g["msign_dtype"],
-        )
-
-    def _batches(self, items: list[_Item]) -> list[list[_Item]]:
-        out: dict[tuple, list[_Item]] = {}
-        for it in items:
-            out.setdefault(self._batch_key(it), []).append(it)
-        return list(out.values())
-
-    def _solve_batch(self, batch: list[_Item], stats: torch.Tensor) -> list[_Commit]:
-        """Solve one batch: the directions, per-matrix statistics (written to ``stats``) and each matrix's new
-        weights and warm-start state, returned as `_Commit` s (nothing is written here). A matrix whose
-        direction is exactly zero is not retracted and keeps its warm-start state. (The solve, the guards and
-        the statistics in one pass over the batch: longer than 60 lines on purpose.)"""
-        g0, m = batch[0].group, batch[0].manifold
-        euclid = mask_kind(m) == "euclidean"
-        # solve in tall form, one batch of (k, m, n) matrices
-        U = torch.cat([to_tall(it.update).reshape(-1, *to_tall(it.update).shape[-2:]) for it in batch])
-        sizes = [to_tall(it.update).reshape(-1, *to_tall(it.update).shape[-2:]).shape[0] for it in batch]
-        col = {f: _STAT_FIELDS.index(f) for f in _STAT_FIELDS}
-        if euclid:
-            A = msign(U, g0["msign_method"], steps=g0["msign_steps"], compute_dtype=g0["msign_dtype"])
-            st = {
-                "msign_calls": torch.ones(len(U)),
-                "residual": torch.zeros(len(U)),
-                "converged": torch.ones(len(U)),
-                "dual_gap": None,
-                "dual": None,
-            }
-        else:
-            W = torch.cat([to_tall(_plain(it.p)).reshape(-1, *to_tall(it.p).shape[-2:]) for it in batch])
-            opts = {"msign": g0["msign_method"], "msign_steps": g0["msign_steps"], "msign_dtype": g0["msign_dtype"]}
-            spec = get_solver(g0["solver"])
-            opts = {k: v for k, v in opts.items() if k in spec.options and spec.optimizer_msign}
-            opts.update(g0["solver_options"])
-            duals = [self.state[it.p].get("dual") for it in batch]
-            if g0["warm_start"] and spec.warm_starts and all(d is not None for d in duals):
-                opts["dual"] = torch.cat([d.reshape(-1, *d.shape[-2:]) for d in duals]).double()
-                flags = [self.state[it.p].get("escalated") for it in batch]
-                if all(f is not None for f in flags):
-                    opts["escalate"] = torch.cat([f.reshape(-1) for f in flags]).bool()
-            A, ds = spectral_direction(m, W, U, solver=g0["solver"], **opts)
-            st = {
-                "msign_calls": ds.evaluations,
-                "residual": ds.residual,
-                "converged": ds.converged,
-                "dual_gap": ds.dual_gap,
-                "dual": ds.dual,
-                "escalated": ds.escalated,
-            }
-        bounds = [0, *itertools.accumulate(sizes)]
-        directions = [
-            from_tall(A[lo:hi].reshape(to_tall(it.update).shape), like=it.update)
-            for it, lo, hi in zip(batch, bounds, bounds[1:])
-        ]
-        # every guard reads the whole batch on the host at once (on a GPU each read waits for the queue)
-        moving = None if euclid else A.flatten(1).ne(0).any(1)  # per matrix: A != 0 (retracted)
-        guards = host_values([torch.isfinite(a).all() for a in directions] + ([] if euclid else [moving.all()]))
-        skips = [0 if ok else _SKIP_DIRECTION for ok in guards[: len(batch)]]
-        moving = None if euclid or guards[-1] else moving.cpu()  # None: every matrix moves
-        tall = None if euclid else (W, A, bounds, moving)  # the batch as solved: tall and stacked
-        updates = self._updates(batch, directions, skips, m, tall)
-        computed = [i for i, new in enumerate(updates) if new is not None]
-        for i, ok in zip(computed, host_values([torch.isfinite(updates[i]).all() for i in computed])):
-            if not ok:
-                skips[i] = _SKIP_DIRECTION if euclid else _SKIP_RETRACTION
-        applied = [i for i in computed if not skips[i]]
-        commits = {i: _Commit(batch[i].p, weights=updates[i], state={}) for i in applied}
-        # with the warm-start state of each applied matrix: finite, or not kept (the next solve starts cold)
-        warm = get_solver(g0["solver"]).warm_starts and g0["warm_start"]
-        keep_dual = not euclid and warm and st.get("dual") is not None
-        # (all in float64: host_values reads once per dtype)
-        checks = [] if euclid else [m.constraint_violation(updates[i]).max().double() for i in applied]
-        if keep_dual:
-            checks += [torch.isfinite(st["dual"][bounds[i] : bounds[i + 1]]).all().double() for i in applied]
-        values, n_off = host_values(checks), 0 if euclid else len(applied)
-        off_of = dict(zip(applied, values[:n_off]))
-        dual_ok = dict(zip(applied, values[n_off:])) if keep_dual else {}
-        for i, it in enumerate(batch):
-            sl = slice(bounds[i], bounds[i + 1])
-            row = stats[it.index]
-            row[col["matrices"]] = sizes[i]
-            # tensor to tensor, no Python numbers read (the solver's statistics are on the CPU)
-            row[col["msign_calls"]] = st["msign_calls"][sl].double().sum()
-            row[col["calls_max"]] = st["msign_calls"][sl].double().max()
-            for f in ("residual", "dual_gap", "converged"):
-                if st.get(f) is not None:
-                    row[col[f]] = st[f][sl].double().max() if f != "converged" else st[f][sl].double().min()
-            row[col["skipped"]] = skips[i]
-            if i in off_of:
-                row[col["off_manifold"]] = off_of[i]
-                if dual_ok.get(i):
-                    still = None if moving is None else ~moving[sl]
-                    commits[i].state = self._warm_state(it, st["dual"][sl], st.get("escalated"), sl, still)
-                elif keep_dual:  # a non-finite state is never written: the previous one goes too (start cold)
-                    commits[i].state = {"dual": None, "escalated": None}
-        return list(commits.values())
-
-    def _warm_state(self, it: _Item, dual: torch.Tensor, escalated, rows: slice, still) -> dict:
-        """The state entries ``dual`` and ``escalated`` (one uint8 flag per matrix, broadcast by DDP) of a solved
-        parameter; its matrices in ``still`` (bool per matrix, None: none) keep their previous entries."""
-        lead = to_tall(it.p).shape[:-2]
-        new = {"dual": dual.reshape(*lead, *dual.shape[-2:]).to(it.p.dtype)}
-        if escalated is not None:
-            new["escalated"] = escalated[rows].reshape(-1).to(torch.uint8)
-        old = self.state[it.p]
-        if still is not None and bool(still.any()):
-            for key, value in new.items():
-                if key in old:  # dual: (*lead, n, n); escalated: one flag per matrix
-                    keep = still.to(value.device).reshape(*value.shape[:-2], 1, 1) if key == "dual" else still
-                    new[key] = torch.where(keep.to(value.device), old[key], value)
-        return new
-
-    @staticmethod
-    def _updates(batch: list[_Item], directions: list[torch.Tensor], skips: list[int], m, tall) -> list:
-        r"""The new weights of each matrix (None where ``skips`` is set or no matrix moves; sets ``_SKIP_REFUSED``
-        in ``skips`` where the retraction raises ``ValueError``). ``tall``: None for Euclidean batches, else the
-        solve's stacked tall weights and directions, the row bounds of each parameter and which matrices have
-        $A \ne 0$ (None: all); only those are retracted, the others keep their weights bitwise. The manifold
-        matrices of a batch are retracted in one call (its input checks read the host once, not once per
-        matrix); if that call refuses, each parameter is retracted alone to find the one refused."""
-        go = [i for i in range(len(batch)) if not skips[i]]
-        updates: list[torch.Tensor | None] = [None] * len(batch)
-        if tall is None:
-            for i in go:
-                it, a = batch[i], directions[i]
-                rows, cols = it.update.shape[-2:]
-                lr, scale = it.group["lr"], shape_factor(it.group["shape_scale"], rows, cols)
-                new = it.p.reshape(it.update.shape) * (1 - lr * it.group["weight_decay"])
-                updates[i] = (new - (lr * scale) * a.to(it.p.dtype)).reshape(it.p.shape)
-            return updates
-        W, A, bounds, moving = tall
-        rows = {}  # parameter -> its stacked matrices with A != 0: all (a slice) or some (an index)
-        for i in go:
-            lo, hi = bounds[i], bounds[i + 1]
-            if moving is None or bool(moving[lo:hi].all()):
-                rows[i] = slice(lo, hi)
-            elif bool(moving[lo:hi].any()):
-                rows[i] = (torch.arange(lo, hi)[moving[lo:hi]]).to(W.device)
-        if not rows:
-            return updates
-        points = W if moving is None and len(go) == len(batch) else torch.cat([W[r] for r in rows.values()])
-        steps = torch.cat([-batch[i].group["lr"] * A[r].to(W.dtype) for i, r in rows.items()])
-        try:
-            parts = dict(zip(rows, torch.split(m.retr(points, steps), [len(W[r]) for r in rows.values()])))
-        except ValueError:  # a refused point in the batch: retract one by one to find it
-            parts = {}
-            for i, r in rows.items():
-                try:
-                    parts[i] = m.retr(W[r], -batch[i].group["lr"] * A[r].to(W.dtype))
-                except ValueError:  # DGram refusing a (near-)zero column: a skipped update; other errors surface
-                    skips[i] = _SKIP_REFUSED
-        for i, part in parts.items():
-            p, (lo, hi), r = batch[i].p, (bounds[i], bounds[i + 1]), rows[i]
-            if not isinstance(r, slice):  # the matrices with A = 0 keep their weights
-                part = W[lo:hi].index_copy(0, r - lo, part)
-            updates[i] = from_tall(part.reshape(to_tall(p).shape), like=p).reshape(p.shape)
-        return updates
-
-    def _share(self, items: list[_Item], stats: torch.Tensor, world: int) -> None:
-        """Broadcast each matrix's new weights and dual variable from its owner; sum the stats."""
-        for it in items:
-            owner = it.index % world
-            dist.broadcast(it.p.data, src=owner)
-            warm = get_solver(it.group["solver"]).warm_starts and it.group["warm_start"]
-            if warm and mask_kind(it.manifold) != "euclidean":
-                st = self.state[it.p]
-                if "dual" not in st:  # first step on a non-owner: allocate the buffer to receive into
-                    n = min(it.p.shape[-2:])
-                    st["dual"] = torch.zeros(*it.p.shape[:-2], n, n, dtype=it.p.dtype, device=it.p.device)
-                dist.broadcast(st["dual"], src=owner)
-                if "escalated" not in st:
-                    k = math.prod(it.p.shape[:-2])
-                    st["escalated"] = torch.zeros(k, dtype=torch.uint8, device=it.p.device)
-                dist.broadcast(st["escalated"], src=owner)
-        mine = torch.tensor([it.index % world == dist.get_rank() for it in items], dtype=torch.bool)
-        local = torch.where(mine[:, None], stats, torch.zeros_like(stats))
-        local = torch.nan_to_num(local, nan=-1.0)  # nan (unknown gap) travels as -1
-        buf = local.to(_comm_device())
-        dist.all_reduce(buf)
-        out = buf.cpu()
-        out[:, _STAT_FIELDS.index("dual_gap")] = torch.where(
-            out[:, _STAT_FIELDS.index("dual_gap")] == -1, torch.nan, out[:, _STAT_FIELDS.index("dual_gap")]
-        )
-        stats.copy_(out)
-        for it in items:  # drop receive buffers where the owner kept no dual (skipped update)
-            if stats[it.index, _STAT_FIELDS.index("has_dual")] == 0:
-                self.state[it.p].pop("dual", None)
-                self.state[it.p].pop("escalated", None)
-
-    def _aggregate(self, stats: torch.Tensor, skipped: list[dict], names: list[str]) -> dict:
-        """``last_stats`` from the per-matrix rows of ``stats`` (row i is the item named ``names[i]``)."""
-        c = {f: stats[:, i] for i, f in enumerate(_STAT_FIELDS)}
-        n = stats.shape[0]
-        unconverged = [name for name, ok in zip(names, c["converged"].tolist()) if ok < 1]
-        gaps = c["dual_gap"][~torch.isnan(c["dual_gap"])]
-        return {
-            "n_matrices": int(c["matrices"].sum()),
-            "msign_calls": int(c["msign_calls"].sum()),
-            "iterations_max": int(c["calls_max"].max()) if n else 0,
-            "residual_max": float(c["residual"].max()) if n else 0.0,
-            "residual_mean": float(c["residual"].mean()) if n else 0.0,
-            "dual_gap_max": float(gaps.max()) if gaps.numel() else None,
-            "n_unconverged": len(unconverged),
-            "unconverged": unconverged,
-            "off_manifold_max": float(c["off_manifold"].max()) if n else 0.0,
-            "n_skipped_nonfinite": len(skipped),
-            "n_skipped_nonfinite_total": self.n_skipped_nonfinite_total,
-            "skipped": skipped,
-        }
 
     # ------------------------------------------------------------------ state
     def state_dict(self) -> dict:
@@ -642,6 +384,7 @@ class ManifoldMuon(torch.optim.Optimizer):
                 k: (str(v) if isinstance(v, torch.dtype) else v) for k, v in g["solver_options"].items()
             }
         sd["n_skipped_nonfinite_total"] = self.n_skipped_nonfinite_total
+        sd["step_count"] = self.step_count
         return sd
 
     def load_state_dict(self, state_dict: dict) -> None:
@@ -649,6 +392,7 @@ class ManifoldMuon(torch.optim.Optimizer):
         (a saved group whose manifold class differs is refused)."""
         state_dict = dict(state_dict)
         total = state_dict.pop("n_skipped_nonfinite_total", 0)
+        steps = state_dict.pop("step_count", 0)  # absent in checkpoints written before certify_every
         groups = []
         for saved, live in zip(state_dict["param_groups"], self.param_groups):
             want = None if live["manifold"] is None else type(live["manifold"]).__name__
@@ -669,8 +413,4 @@ class ManifoldMuon(torch.optim.Optimizer):
         state_dict["param_groups"] = groups
         super().load_state_dict(state_dict)
         self.n_skipped_nonfinite_total = int(total)
-
-
-def _comm_device() -> torch.device:
-    backend = dist.get_backend() if dist.is_initialized() else "gloo"
-    return torch.device("cuda", torch.cuda.current_device()) if backend == "nccl" else torch.device("cpu")
+        self.step_count = int(steps)

@@ -9,27 +9,24 @@ from pathlib import Path
 
 import torch
 
-HERE = Path(__file__).parent
+SUPPORT = Path(__file__).resolve().parents[1] / "_support"  # dist_optim_worker.py (a torchrun script)
 
 
 def test_two_ranks_match_each_other_and_one_process(tmp_path):
-    sys.path.insert(0, str(HERE))
-    try:
-        import dist_optim_worker
-    finally:
-        sys.path.remove(str(HERE))
+    import dist_optim_worker  # tests/_support is on sys.path (tests/conftest.py)
+
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", RuntimeWarning)  # the planted NaN gradient warns once
         ref_params, ref_state, ref_stats = dist_optim_worker.run()
 
-    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(HERE.parent)}
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(SUPPORT.parents[1])}
     cmd = [
         sys.executable,
         "-m",
         "torch.distributed.run",
         "--standalone",
         "--nproc_per_node=2",
-        str(HERE / "dist_optim_worker.py"),
+        str(SUPPORT / "dist_optim_worker.py"),
         str(tmp_path),
     ]
     proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=180)

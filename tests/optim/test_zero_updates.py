@@ -6,7 +6,7 @@ Results are compared bitwise (`same_bits`): the rule is that a zero matrix is *l
 retraction, so the others are computed by exactly the operations of a batch without it (the same kernels on the
 same shapes), and a zero matrix's weights and state are never written. Solving each matrix one at a time is a
 different computation (batched kernels round differently, ~1e-6 in float32); that is covered by
-``test_batched_same_shape_solves_equal_separate_optimizers`` in test_optim_muon.py."""
+``test_batched_same_shape_solves_equal_separate_optimizers`` in test_muon.py."""
 
 import copy
 

@@ -201,7 +201,7 @@ def test_state_dict_round_trip_is_exact():
 def test_precision_flag_is_kept_per_matrix_and_passed_back():
     # a Stiefel matrix with a nearly low-rank gradient escalates; its flag is stored next to the dual variable
     # (uint8, one per matrix) and handed to the next solve as `escalate`
-    import geomtrain.optim.muon as muon_mod
+    import geomtrain.optim.muon_step as muon_mod
 
     W = torch.nn.Parameter(Stiefel().random(2, 48, 16, generator=seeded(86)))
     opt = ManifoldMuon([{"params": [W], "manifold": Stiefel()}], lr=0.01)
@@ -278,7 +278,7 @@ def test_a_dgram_column_zeroed_in_training_is_a_named_skip(monkeypatch):
 
     import numpy as np
 
-    import geomtrain.optim.muon as muon_module
+    import geomtrain.optim.muon_step as muon_module
 
     saved = np.load(pathlib.Path(__file__).parent / "fixtures" / "dgram_column_zeroed_128.npz")
     X, step = torch.from_numpy(saved["x"]), torch.from_numpy(saved["step"])
@@ -308,7 +308,7 @@ def test_a_dgram_column_zeroed_in_training_is_a_named_skip(monkeypatch):
 def test_a_skipped_update_is_named_with_its_reason(fault, monkeypatch):
     """Each way a matrix update can be skipped names the parameter (torch.optim's ``param_names``) and
     the reason in ``last_stats["skipped"]`` and the warning; that weight is untouched, the others move."""
-    import geomtrain.optim.muon as muon_module
+    import geomtrain.optim.muon_step as muon_module
 
     gen = seeded(11)
     a = torch.nn.Parameter(DGram().random(12, 6, generator=gen))
@@ -352,7 +352,7 @@ def test_a_skipped_update_is_named_with_its_reason(fault, monkeypatch):
 def test_a_non_finite_warm_start_state_is_never_kept(monkeypatch):
     # A solve whose direction is finite but whose warm-start state is not: the state is dropped (the next
     # solve starts cold) instead of stored, where the next step's spectral_direction would refuse it.
-    import geomtrain.optim.muon as muon_module
+    import geomtrain.optim.muon_step as muon_module
 
     gen = seeded(21)
     a = torch.nn.Parameter(DGram().random(12, 6, generator=gen))

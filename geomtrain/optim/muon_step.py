@@ -1,0 +1,421 @@
+r"""The pieces of one `ManifoldMuon` step, in the shape of ``torch.optim.Muon``: the gathered matrices
+(`MatrixItem`), the batches they are solved in (`group_batches`), the pure batched direction kernel
+(`batched_directions`: the solver call), the apply phase (`apply_directions`: retraction and guards,
+returning `Commit` s, writing nothing), the distributed exchange (`share`) and the step's statistics
+(`StatsTable` per matrix, `StepStats` for ``last_stats``).
+"""
+
+from __future__ import annotations
+
+import itertools
+import math
+from dataclasses import dataclass, field, fields
+
+import torch
+import torch.distributed as dist
+
+from manifolds import GramManifold, msign
+from manifolds.base import from_tall, to_tall
+
+from .certificate import certify
+from .direction import get_solver, mask_kind, spectral_direction
+from .numerics import host_values
+
+__all__ = [
+    "SHAPE_SCALES",
+    "SKIP_REASONS",
+    "shape_factor",
+    "MatrixItem",
+    "Commit",
+    "StatsTable",
+    "StepStats",
+    "group_batches",
+    "batched_directions",
+    "apply_directions",
+    "share",
+    "skip_record",
+    "SKIP_GRADIENT",
+]
+
+SHAPE_SCALES = ("muon", "match_rms_adamw", "none")
+"""Euclidean step scale s for an (out, in) = (A, B) weight: "muon" sqrt(max(1, A/B)) (Keller Jordan's,
+torch.optim.Muon's ``adjust_lr_fn="original"``), "match_rms_adamw" 0.2 sqrt(max(A, B)) (torch's
+``adjust_lr_fn="match_rms_adamw"``, Moonshot's), "none" 1."""
+
+
+def shape_factor(rule: str, rows: int, cols: int) -> float:
+    """The Euclidean step scale of `SHAPE_SCALES` for an (out, in) = (rows, cols) weight."""
+    if rule == "muon":
+        return max(1.0, rows / cols) ** 0.5
+    if rule == "match_rms_adamw":
+        return 0.2 * max(rows, cols) ** 0.5
+    return 1.0
+
+
+SKIP_GRADIENT, SKIP_DIRECTION, SKIP_REFUSED, SKIP_RETRACTION = 1, 2, 3, 4
+SKIP_REASONS = {
+    SKIP_GRADIENT: "non-finite gradient",
+    SKIP_DIRECTION: "non-finite direction",
+    SKIP_REFUSED: "retraction refused the point",
+    SKIP_RETRACTION: "non-finite retraction",
+}
+"""Why a matrix update was skipped, by the code stored in its statistics row (``last_stats["skipped"]``)."""
+
+
+def skip_record(name: str, code: int) -> dict:
+    """One entry of ``last_stats["skipped"]``."""
+    return {"param": name, "reason": SKIP_REASONS[code]}
+
+
+@dataclass
+class MatrixItem:
+    """One parameter of the step (its matrices: 1, or k for a ``(k, m, n)`` parameter)."""
+
+    index: int
+    p: torch.Tensor
+    group: dict
+    manifold: GramManifold
+    update: torch.Tensor  # the (Nesterov) momentum, as a matrix (batch) view
+    name: str  # for skip reports
+    state: dict  # the optimizer's state of p (read only here)
+    still: bool = False  # the update is exactly zero: no solve, no retraction (Euclidean: weight decay only)
+
+
+@dataclass
+class Commit:
+    """What a step writes to one parameter, applied only once every matrix of the step is solved: the new
+    weights (None: unchanged) and state entries (a value of None removes the entry)."""
+
+    p: torch.Tensor
+    weights: torch.Tensor | None = None
+    state: dict | None = None
+
+
+class StatsTable:
+    """Per-parameter statistics of a step, one float64 row per `MatrixItem` (a tensor, so DDP sums it):
+    ``matrices``, ``msign_calls`` (summed), ``calls_max``, ``residual`` and ``dual_gap`` (worst),
+    ``converged`` (all), ``off_manifold``, ``skipped`` (0 or a `SKIP_REASONS` code), ``has_state``,
+    ``certified_gap`` and ``certified_residual`` (worst; NaN where unknown, like ``dual_gap``)."""
+
+    FIELDS = (
+        "matrices",
+        "msign_calls",
+        "calls_max",
+        "residual",
+        "dual_gap",
+        "converged",
+        "off_manifold",
+        "skipped",
+        "has_state",
+        "certified_gap",
+        "certified_residual",
+    )
+    UNKNOWN = ("dual_gap", "certified_gap", "certified_residual")  # NaN until a solver reports them
+
+    def __init__(self, rows: int):
+        self.rows = torch.zeros(rows, len(self.FIELDS), dtype=torch.float64)
+        for name in self.UNKNOWN:
+            self.rows[:, self.FIELDS.index(name)] = float("nan")
+
+    def col(self, name: str) -> torch.Tensor:
+        return self.rows[:, self.FIELDS.index(name)]
+
+    def set(self, index: int, name: str, value) -> None:
+        self.rows[index, self.FIELDS.index(name)] = value
+
+
+@dataclass
+class StepStats:
+    """A step's statistics (``ManifoldMuon.step_stats``; ``last_stats`` is its `as_dict`), plain Python
+    numbers, JSON-ready. See the `geomtrain.optim.muon` docstring for each entry; ``certified_gap_max`` and
+    ``certified_residual_max`` are set on the steps of ``certify_every`` only (else None)."""
+
+    n_matrices: int = 0
+    msign_calls: int = 0
+    iterations_max: int = 0
+    residual_max: float = 0.0
+    residual_mean: float = 0.0
+    dual_gap_max: float | None = None
+    n_unconverged: int = 0
+    unconverged: list = field(default_factory=list)
+    off_manifold_max: float = 0.0
+    n_skipped_nonfinite: int = 0
+    n_skipped_nonfinite_total: int = 0
+    skipped: list = field(default_factory=list)
+    certified_gap_max: float | None = None
+    certified_residual_max: float | None = None
+
+    def as_dict(self) -> dict:
+        """``last_stats``: the fields as a plain dict."""
+        return {f.name: getattr(self, f.name) for f in fields(self)}
+
+    @classmethod
+    def from_table(cls, table: StatsTable, skipped: list[dict], names: list[str], total: int) -> StepStats:
+        """From the per-parameter rows (row i is the item named ``names[i]``)."""
+        n = table.rows.shape[0]
+        unconverged = [name for name, ok in zip(names, table.col("converged").tolist()) if ok < 1]
+
+        def worst(name: str) -> float | None:
+            known = table.col(name)[~torch.isnan(table.col(name))]
+            return float(known.max()) if known.numel() else None
+
+        return cls(
+            n_matrices=int(table.col("matrices").sum()),
+            msign_calls=int(table.col("msign_calls").sum()),
+            iterations_max=int(table.col("calls_max").max()) if n else 0,
+            residual_max=float(table.col("residual").max()) if n else 0.0,
+            residual_mean=float(table.col("residual").mean()) if n else 0.0,
+            dual_gap_max=worst("dual_gap"),
+            n_unconverged=len(unconverged),
+            unconverged=unconverged,
+            off_manifold_max=float(table.col("off_manifold").max()) if n else 0.0,
+            n_skipped_nonfinite=len(skipped),
+            n_skipped_nonfinite_total=total,
+            skipped=skipped,
+            certified_gap_max=worst("certified_gap"),
+            certified_residual_max=worst("certified_residual"),
+        )
+
+
+def batch_key(it: MatrixItem) -> tuple:
+    """Items with equal keys are solved in one call and retracted together: equal geometry (class and every
+    public setting, e.g. BoundedDGram's bound; a manifold without ``key()`` batches only with itself), shape,
+    dtype, device and solver settings."""
+    g, m = it.group, it.manifold
+    mkey = m.key() if callable(getattr(m, "key", None)) else id(m)
+    return (
+        mkey,
+        tuple(to_tall(it.update).shape[-2:]),
+        it.p.dtype,
+        it.p.device,
+        g["solver"],
+        repr(sorted(g["solver_options"].items())),
+        g["warm_start"],
+        g["msign_method"],
+        g["msign_steps"],
+        g["msign_dtype"],
+    )
+
+
+def group_batches(items: list[MatrixItem]) -> list[list[MatrixItem]]:
+    out: dict[tuple, list[MatrixItem]] = {}
+    for it in items:
+        out.setdefault(batch_key(it), []).append(it)
+    return list(out.values())
+
+
+def _stacked(t: torch.Tensor) -> torch.Tensor:
+    """A parameter's matrices in tall form, stacked: ``(k, m, n)``."""
+    tall = to_tall(t)
+    return tall.reshape(-1, *tall.shape[-2:])
+
+
+def warm_options(batch: list[MatrixItem], spec) -> dict:
+    """The warm-start options of a batch: every `StateSlot` of the solver where every item has it (the
+    ``"matrix"`` ones first: without them the batch starts cold), as float64 matrices and bool flags."""
+    g0 = batch[0].group
+    if not (g0["warm_start"] and spec.warm_starts and spec.state):
+        return {}
+    opts = {}
+    for kind in ("matrix", "flag"):
+        for slot in (s for s in spec.state if s.kind == kind):
+            values = [it.state.get(slot.key) for it in batch]
+            if any(v is None for v in values):
+                if kind == "matrix":
+                    return {}
+                continue
+            if kind == "matrix":
+                opts[slot.option] = torch.cat([v.reshape(-1, *v.shape[-2:]) for v in values]).double()
+            else:
+                opts[slot.option] = torch.cat([v.reshape(-1) for v in values]).bool()
+    return opts
+
+
+def batched_directions(batch: list[MatrixItem], certify_now: bool) -> tuple[torch.Tensor, dict, list[int]]:
+    """The direction kernel: the batch's directions ``A`` (tall, stacked), the solver's per-matrix statistics
+    (``msign_calls``, ``residual``, ``converged``, ``dual_gap``, ``state``, and with ``certify_now`` the
+    exact ``certified_gap``/``certified_residual``) and each item's matrix count. Reads, writes nothing."""
+    g0, m = batch[0].group, batch[0].manifold
+    U = torch.cat([_stacked(it.update) for it in batch])
+    sizes = [_stacked(it.update).shape[0] for it in batch]
+    if mask_kind(m) == "euclidean":
+        A = msign(U, g0["msign_method"], steps=g0["msign_steps"], compute_dtype=g0["msign_dtype"])
+        ones = torch.ones(len(U))
+        return A, {"msign_calls": ones, "residual": torch.zeros(len(U)), "converged": ones}, sizes
+    W = torch.cat([_stacked(it.p.detach().as_subclass(torch.Tensor)) for it in batch])
+    spec = get_solver(g0["solver"])
+    opts = {"msign": g0["msign_method"], "msign_steps": g0["msign_steps"], "msign_dtype": g0["msign_dtype"]}
+    opts = {k: v for k, v in opts.items() if k in spec.options and spec.optimizer_msign}
+    opts.update(g0["solver_options"])
+    opts.update(warm_options(batch, spec))
+    A, ds = spectral_direction(m, W, U, solver=spec, **opts)
+    st = {"msign_calls": ds.evaluations, "residual": ds.residual, "converged": ds.converged}
+    st.update(dual_gap=ds.dual_gap, state=ds.state, W=W)
+    if certify_now:
+        st["certified_gap"], st["certified_residual"] = certify(m, W, U, A, ds.multiplier)
+    return A, st, sizes
+
+
+def apply_directions(batch: list[MatrixItem], A: torch.Tensor, st: dict, sizes: list[int], table: StatsTable):
+    """The apply phase of one batch: guards, retraction (or the Euclidean update), the statistics rows and
+    each matrix's new weights and warm-start state, returned as `Commit` s (nothing is written here). A
+    matrix whose direction is exactly zero is not retracted and keeps its warm-start state. (The guards and
+    the statistics in one pass over the batch: longer than 60 lines on purpose.)"""
+    g0, m = batch[0].group, batch[0].manifold
+    euclid = mask_kind(m) == "euclidean"
+    bounds = [0, *itertools.accumulate(sizes)]
+    directions = [
+        from_tall(A[lo:hi].reshape(to_tall(it.update).shape), like=it.update)
+        for it, lo, hi in zip(batch, bounds, bounds[1:])
+    ]
+    # every guard reads the whole batch on the host at once (on a GPU each read waits for the queue)
+    moving = None if euclid else A.flatten(1).ne(0).any(1)  # per matrix: A != 0 (retracted)
+    guards = host_values([torch.isfinite(a).all() for a in directions] + ([] if euclid else [moving.all()]))
+    skips = [0 if ok else SKIP_DIRECTION for ok in guards[: len(batch)]]
+    moving = None if euclid or guards[-1] else moving.cpu()  # None: every matrix moves
+    tall = None if euclid else (st["W"], A, bounds, moving)  # the batch as solved: tall and stacked
+    updates = retract(batch, directions, skips, m, tall)
+    computed = [i for i, new in enumerate(updates) if new is not None]
+    for i, ok in zip(computed, host_values([torch.isfinite(updates[i]).all() for i in computed])):
+        if not ok:
+            skips[i] = SKIP_DIRECTION if euclid else SKIP_RETRACTION
+    applied = [i for i in computed if not skips[i]]
+    commits = {i: Commit(batch[i].p, weights=updates[i], state={}) for i in applied}
+    # with the warm-start state of each applied matrix: finite, or not kept (the next solve starts cold)
+    spec = None if euclid else get_solver(g0["solver"])
+    new_state = st.get("state")
+    keep = spec is not None and spec.warm_starts and g0["warm_start"] and new_state is not None
+    matrices = [key for key, v in (new_state or {}).items() if v.dim() > 1]  # the "matrix" slots
+    # (all in float64: host_values reads once per dtype)
+    checks = [] if euclid else [m.constraint_violation(updates[i]).max().double() for i in applied]
+    if keep:
+        for i in applied:
+            finite = [torch.isfinite(new_state[k][bounds[i] : bounds[i + 1]]).all() for k in matrices]
+            checks.append(torch.stack(finite).all().double() if finite else torch.ones((), dtype=torch.float64))
+    values, n_off = host_values(checks), 0 if euclid else len(applied)
+    off_of = dict(zip(applied, values[:n_off]))
+    state_ok = dict(zip(applied, values[n_off:])) if keep else {}
+    for i, it in enumerate(batch):
+        sl = slice(bounds[i], bounds[i + 1])
+        table.set(it.index, "matrices", sizes[i])
+        # tensor to tensor, no Python numbers read (the solver's statistics are on the CPU)
+        table.set(it.index, "msign_calls", st["msign_calls"][sl].double().sum())
+        table.set(it.index, "calls_max", st["msign_calls"][sl].double().max())
+        for f in ("residual", "dual_gap", "certified_gap", "certified_residual"):
+            if st.get(f) is not None:
+                table.set(it.index, f, st[f][sl].double().max())
+        table.set(it.index, "converged", st["converged"][sl].double().min())
+        table.set(it.index, "skipped", skips[i])
+        if i in off_of:
+            table.set(it.index, "off_manifold", off_of[i])
+            if state_ok.get(i):
+                still = None if moving is None else ~moving[sl]
+                commits[i].state = warm_state(it, spec, new_state, sl, still)
+            elif keep:  # a non-finite state is never written: the previous one goes too (start cold)
+                commits[i].state = {slot.key: None for slot in spec.state}
+    return list(commits.values())
+
+
+def warm_state(it: MatrixItem, spec, state: dict, rows: slice, still) -> dict:
+    """The state entries of a solved parameter: its rows of each `StateSlot` (``"matrix"`` ones as
+    ``(*lead, n, n)`` in the parameter's dtype, ``"flag"`` ones as one uint8 per matrix, broadcast by DDP);
+    its matrices in ``still`` (bool per matrix, None: none) keep their previous entries."""
+    lead = to_tall(it.p).shape[:-2]
+    new = {}
+    for slot in spec.state:
+        value = state.get(slot.key)
+        if value is None:
+            continue
+        value = value[rows]
+        if slot.kind == "matrix":
+            new[slot.key] = value.reshape(*lead, *value.shape[-2:]).to(it.p.dtype)
+        else:
+            new[slot.key] = value.reshape(-1).to(torch.uint8)
+    if still is not None and bool(still.any()):
+        for key, value in new.items():
+            if key in it.state:  # matrix: (*lead, n, n); flag: one per matrix
+                keep = still.reshape(*value.shape[:-2], 1, 1) if value.dim() > 1 else still
+                new[key] = torch.where(keep.to(value.device), it.state[key], value)
+    return new
+
+
+def retract(batch: list[MatrixItem], directions: list[torch.Tensor], skips: list[int], m, tall) -> list:
+    r"""The new weights of each matrix (None where ``skips`` is set or no matrix moves; sets ``SKIP_REFUSED``
+    in ``skips`` where the retraction raises ``ValueError``). ``tall``: None for Euclidean batches, else the
+    solve's stacked tall weights and directions, the row bounds of each parameter and which matrices have
+    $A \ne 0$ (None: all); only those are retracted, the others keep their weights bitwise. The manifold
+    matrices of a batch are retracted in one call (its input checks read the host once, not once per
+    matrix); if that call refuses, each parameter is retracted alone to find the one refused."""
+    go = [i for i in range(len(batch)) if not skips[i]]
+    updates: list[torch.Tensor | None] = [None] * len(batch)
+    if tall is None:
+        for i in go:
+            it, a = batch[i], directions[i]
+            rows, cols = it.update.shape[-2:]
+            lr, scale = it.group["lr"], shape_factor(it.group["shape_scale"], rows, cols)
+            new = it.p.reshape(it.update.shape) * (1 - lr * it.group["weight_decay"])
+            updates[i] = (new - (lr * scale) * a.to(it.p.dtype)).reshape(it.p.shape)
+        return updates
+    W, A, bounds, moving = tall
+    rows = {}  # parameter -> its stacked matrices with A != 0: all (a slice) or some (an index)
+    for i in go:
+        lo, hi = bounds[i], bounds[i + 1]
+        if moving is None or bool(moving[lo:hi].all()):
+            rows[i] = slice(lo, hi)
+        elif bool(moving[lo:hi].any()):
+            rows[i] = (torch.arange(lo, hi)[moving[lo:hi]]).to(W.device)
+    if not rows:
+        return updates
+    points = W if moving is None and len(go) == len(batch) else torch.cat([W[r] for r in rows.values()])
+    steps = torch.cat([-batch[i].group["lr"] * A[r].to(W.dtype) for i, r in rows.items()])
+    try:
+        parts = dict(zip(rows, torch.split(m.retr(points, steps), [len(W[r]) for r in rows.values()])))
+    except ValueError:  # a refused point in the batch: retract one by one to find it
+        parts = {}
+        for i, r in rows.items():
+            try:
+                parts[i] = m.retr(W[r], -batch[i].group["lr"] * A[r].to(W.dtype))
+            except ValueError:  # DGram refusing a (near-)zero column: a skipped update; other errors surface
+                skips[i] = SKIP_REFUSED
+    for i, part in parts.items():
+        p, (lo, hi), r = batch[i].p, (bounds[i], bounds[i + 1]), rows[i]
+        if not isinstance(r, slice):  # the matrices with A = 0 keep their weights
+            part = W[lo:hi].index_copy(0, r - lo, part)
+        updates[i] = from_tall(part.reshape(to_tall(p).shape), like=p).reshape(p.shape)
+    return updates
+
+
+def share(items: list[MatrixItem], states: dict, table: StatsTable, world: int) -> None:
+    """Broadcast each matrix's new weights and warm-start state from its owner (matrix ``i`` on rank
+    ``i % world``; ``states``: the optimizer's state by parameter); sum the statistics rows."""
+    for it in items:
+        owner = it.index % world
+        dist.broadcast(it.p.data, src=owner)
+        spec = get_solver(it.group["solver"])
+        if not (spec.warm_starts and it.group["warm_start"] and mask_kind(it.manifold) != "euclidean"):
+            continue
+        st, n, k = states[it.p], min(it.p.shape[-2:]), math.prod(it.p.shape[:-2])
+        for slot in spec.state:
+            if slot.key not in st:  # first step on a non-owner: allocate the buffer to receive into
+                shape, dtype = ((*it.p.shape[:-2], n, n), it.p.dtype) if slot.kind == "matrix" else ((k,), torch.uint8)
+                st[slot.key] = torch.zeros(shape, dtype=dtype, device=it.p.device)
+            dist.broadcast(st[slot.key], src=owner)
+    mine = torch.tensor([it.index % world == dist.get_rank() for it in items], dtype=torch.bool)
+    local = torch.where(mine[:, None], table.rows, torch.zeros_like(table.rows))
+    local = torch.nan_to_num(local, nan=-1.0)  # nan (unknown gap) travels as -1
+    buf = local.to(comm_device())
+    dist.all_reduce(buf)
+    out = buf.cpu()
+    for name in StatsTable.UNKNOWN:
+        j = StatsTable.FIELDS.index(name)
+        out[:, j] = torch.where(out[:, j] == -1, torch.nan, out[:, j])
+    table.rows.copy_(out)
+    for it in items:  # drop receive buffers where the owner kept no state (skipped update)
+        if table.rows[it.index, StatsTable.FIELDS.index("has_state")] == 0:
+            for slot in get_solver(it.group["solver"]).state:
+                states[it.p].pop(slot.key, None)
+
+
+def comm_device() -> torch.device:
+    backend = dist.get_backend() if dist.is_initialized() else "gloo"
+    return torch.device("cuda", torch.cuda.current_device()) if backend == "nccl" else torch.device("cpu")
