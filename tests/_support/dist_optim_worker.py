@@ -1,4 +1,4 @@
-"""Launched by torchrun from tests/test_optim_distributed.py (or called in-process for the 1-process
+"""Launched by torchrun from tests/optim/test_muon_distributed.py (or called in-process for the 1-process
 reference): a few ManifoldMuon steps on a mix of manifolds, then write this rank's parameters,
 optimizer state and statistics to ``<out_dir>/rank<r>.pt``."""
 
