@@ -1,10 +1,15 @@
-.PHONY: test setup docs demo
+.PHONY: test check setup docs demo
 
 setup:
 	bash scripts/setup_env.sh
 
+# Everything, as CI runs it (~10 min on 2 cores): before a push.
 test:
 	bash scripts/test.sh
+
+# The quick tier (lint, format, tests without the slow ones, Hypothesis profile `quick`): before every commit.
+check:
+	bash scripts/check.sh
 
 docs: setup
 	.venv/bin/mkdocs build --strict

@@ -33,6 +33,15 @@ settings.register_profile(
     suppress_health_check=[HealthCheck.too_slow],
 )
 settings.register_profile("dev", max_examples=30, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+# quick (`make check`): a few reproducible examples per property, the pre-commit tier; CI runs `ci`.
+settings.register_profile(
+    "quick",
+    max_examples=10,
+    derandomize=True,
+    deadline=None,
+    database=None,
+    suppress_health_check=[HealthCheck.too_slow],
+)
 settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "dev"))
 
 if "OMP_NUM_THREADS" not in os.environ:  # keep torch from oversubscribing the 2 cores
