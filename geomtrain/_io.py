@@ -246,9 +246,10 @@ def _cpu_name() -> str | None:
 
 
 def environment_record(device: Any = "cpu", **extra: Any) -> dict:
-    """What a result needs to be reproduced: versions, machine, threads, device, git, argv.
+    """What a result needs to be reproduced: versions, machine, threads, device, float32 matmul
+    precision (this process's global setting), git, argv.
 
-    ``extra`` (e.g. ``seed=``) is merged in."""
+    ``extra`` (e.g. ``seed=``; the trainer adds ``tf32``, its model passes' setting) is merged in."""
     import numpy as np
     import torch
     import torch.distributed as dist
@@ -274,6 +275,10 @@ def environment_record(device: Any = "cpu", **extra: Any) -> dict:
         "git": git_commit(),
         "world_size": dist.get_world_size() if dist.is_available() and dist.is_initialized() else 1,
     }
+    try:  # "highest": IEEE float32 matmuls; "high": TF32 allowed (on CUDA)
+        info["float32_matmul_precision"] = torch.get_float32_matmul_precision()
+    except RuntimeError:  # torch >= 2.9 refuses to answer once its legacy and new TF32 settings disagree
+        info["float32_matmul_precision"] = None
     if str(device).startswith("cuda") and torch.cuda.is_available():
         info["cuda_device"] = torch.cuda.get_device_name(torch.device(device))
     info.update(extra)

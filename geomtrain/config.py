@@ -87,6 +87,7 @@ class TrainConfig:
     device: str = "auto"  # auto | cpu | cuda | cuda:N | mps
     dtype: str = "float32"  # float32 | bfloat16 (autocast for the forward pass)
     compile: bool = False  # torch.compile the model
+    tf32: bool = True  # on CUDA: TF32 tensor cores for the model's float32 matmuls (the optimizer's stay IEEE)
     out_dir: str = "runs/{model}-{preset}-s{seed}"
     progress: bool = True  # tqdm progress bar
     tensorboard: bool = False  # also log every metric and diagnostic to OUT_DIR/tensorboard

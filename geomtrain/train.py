@@ -40,6 +40,7 @@ from .assign import assign, format_table, is_gpt_matrix
 from .config import TrainConfig, import_manifold_modules
 from .diagnostics import collect_diagnostics, gradient_norms
 from .groups import optimizer_groups, project_onto_manifolds
+from .hardware import matmul_precision, mfu, model_flops_per_token, model_matmul_precision, peak_bf16_flops
 from .model import GPT, load_hf_gpt2_folder, match_qkv_layout, model_config
 from .runfolder import CheckpointError, RunFolder, RunFolderError, load_verified_checkpoint
 from .runtime import StopSignals, distributed_from_env
@@ -158,6 +159,8 @@ class Trainer:
         self.rank = dist.get_rank() if self.ddp else 0
         self.world = dist.get_world_size() if self.ddp else 1
         self.device = resolve_device(cfg.device)
+        # TF32 for the model's passes only: the optimizer's Gram-space solves keep IEEE float32
+        self.matmul_precision = model_matmul_precision(self.device, cfg.tf32)
         if self.ddp and self.device.type == "cuda":
             self.device = torch.device("cuda", int(os.environ.get("LOCAL_RANK", 0)))
             torch.cuda.set_device(self.device)
@@ -310,7 +313,8 @@ class Trainer:
         With ``record_grads`` the raw gradient norms of Muon matrices go to ``self.grad_norms``."""
         t0 = time.perf_counter()
         lr, muon_lr = self.set_lr()
-        loss = self.forward_backward()
+        with matmul_precision(self.matmul_precision):
+            loss = self.forward_backward()
         skipped = self.nonfinite_reason(loss)
         if skipped is None:
             if record_grads:
@@ -335,7 +339,7 @@ class Trainer:
         self.model.eval()
         losses = []
         for x, y in self.eval_batches:
-            with self.autocast:
+            with self.autocast, matmul_precision(self.matmul_precision):
                 _, loss = self.model(x.to(self.device), y.to(self.device))
             losses.append(float(loss))
         self.model.train()
@@ -442,7 +446,7 @@ def _start_and_loop(trainer: Trainer, folder: RunFolder, resume: bool, print_fn:
     table = format_table(trainer.assignments)
     folder.write_run_info(
         cfg.to_dict(),
-        environment_record(trainer.device, seed=cfg.seed),
+        environment_record(trainer.device, seed=cfg.seed, tf32=trainer.matmul_precision == "high"),
         [a.to_dict() for a in trainer.assignments],
         table,
     )
@@ -489,6 +493,7 @@ def _loop(trainer: Trainer, folder: RunFolder, print_fn: Callable) -> dict:
     _status(trainer, folder, "running")
     progress = _progress_bar(cfg, trainer) if folder.master else None
     tokens_per_step = cfg.batch_size * cfg.grad_accum * trainer.block
+    flops = (model_flops_per_token(trainer.model, trainer.block), peak_bf16_flops(trainer.device), trainer.world)
     step_times: list[float] = []
     ckpt_every = cfg.checkpoint_interval or cfg.eval_interval
     end: dict | None = None
@@ -500,7 +505,7 @@ def _loop(trainer: Trainer, folder: RunFolder, print_fn: Callable) -> dict:
             step_times.append(r.seconds)
             muon_skipped = bool(r.muon and r.muon.get("skipped"))  # a matrix update skipped: log which
             if r.step % cfg.log_interval == 0 or r.step == cfg.max_iters or r.skipped or muon_skipped:
-                folder.log(_train_record(r, tokens_per_step, trainer.n_skipped))
+                folder.log(_train_record(r, tokens_per_step, trainer.n_skipped, flops))
             if progress is not None:
                 progress.update(1)
                 progress.set_postfix(loss=f"{r.loss:.3f}", tok_s=f"{tokens_per_step / r.seconds:,.0f}")
@@ -531,7 +536,9 @@ def _loop(trainer: Trainer, folder: RunFolder, print_fn: Callable) -> dict:
     return _status(trainer, folder, end.pop("status"), ms_per_step=ms, **end)
 
 
-def _train_record(r: StepResult, tokens_per_step: int, n_skipped: int) -> dict:
+def _train_record(r: StepResult, tokens_per_step: int, n_skipped: int, flops=(0.0, None, 1)) -> dict:
+    """The ``train`` record of one step; ``flops`` is ``(flops_per_token, peak FLOP/s of one device or
+    None, devices)`` for ``mfu`` (`geomtrain.flops.mfu`: None without a known peak, e.g. on CPU)."""
     record = {
         "kind": "train",
         "step": r.step,
@@ -540,6 +547,7 @@ def _train_record(r: StepResult, tokens_per_step: int, n_skipped: int) -> dict:
         "muon_lr": r.muon_lr,
         "ms_per_step": 1000 * r.seconds,
         "tokens_per_s": tokens_per_step / r.seconds,
+        "mfu": mfu(flops[0], tokens_per_step / r.seconds, flops[1], flops[2]),
     }
     if r.muon:
         record["muon"] = to_jsonable(r.muon)
