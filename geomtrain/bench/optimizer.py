@@ -6,9 +6,10 @@ matrix it times, side by side in one process:
 
 - ``muon``: plain Muon's direction, one 5-step Polar Express msign (``--muon-dtype``): the unit
   of every ratio;
-- ``published``: the paper's dual ascent as published (20 msign calls, same msign as ``muon``);
-- ``tangent``: one msign of the tangent-projected gradient;
-- ``cold``: the default solver from a cold start;
+- every other registered solver (`solver_arms`, from `geomtrain.optim.solver_names`: ``tangent``, one msign
+  of the tangent-projected gradient; ``published``, the paper's dual ascent, 20 msign calls; the products-only
+  ``projected_tangent``, ``dual_ascent``, ``admm``), one cold solve, its msign options those of ``muon``;
+- ``cold``: the default solver (``exact``) from a cold start;
 - ``warm``: the default solver on the *next* step of a simulated run (weights moved by
   ``lr = 0.02`` along the cold direction, momentum blended with a fresh gradient of the same
   distribution, 0.95/0.05), warm-started from the cold solve's dual variable and precision flag.
@@ -55,20 +56,30 @@ __all__ = [
     "estimate_seconds",
     "add_parser",
     "GPT2_SHAPES",
-    "OPT_SOLVERS",
+    "solver_arms",
 ]
 
 GPT2_SHAPES = (("c_attn", (2304, 768)), ("attn.c_proj", (768, 768)), ("c_fc", (3072, 768)), ("mlp.c_proj", (768, 3072)))
-OPT_SOLVERS = ("muon", "published", "tangent", "cold", "warm")
 # Cost of each entry in units of one plain-Muon msign of the same matrix, for the up-front estimate
 # (measured on this CPU in float32; the reference solve is float64 to residual 1e-6; square DGram
-# duals are degenerate and cost several times more).
+# duals are degenerate and cost several times more; the products-only solvers: lab/2026-12-05-products-only).
 _COST = {"muon": 1.0, "published": 20.0, "tangent": 1.3, "cold": 2.5, "warm": 1.5, "reference": 8.0}
+_COST.update(projected_tangent=1.8, dual_ascent=3.5, admm=4.5)
+_UNMEASURED_COST = 5.0  # a solver registered later, never timed here: a few msigns' worth
 _SQUARE_DGRAM_COST = {"cold": 12.0, "warm": 12.0, "reference": 60.0}
 # A custom mask's solve (CG for the normal coordinates and the step) against the built-in one, measured at
 # 2304x768 and 3072x768 (CPU, float32): 1.3-1.4x for a Stiefel-like mask, 4.5-6x for a DGram-like one.
 _CUSTOM_MASK_COST = 5.0
 _MSIGN_STEPS, _MSIGN_GRAMS = 5, 3  # Polar Express: per step X X^T, (X X^T)^2 and B X
+
+
+def solver_arms() -> tuple[str, ...]:
+    """The benchmark's arms, read from the solver registry now: ``muon``, every registered solver but the
+    default (one cold solve each), then ``cold`` and ``warm`` (the default solver, cold and warm-started)."""
+    from ..optim import DEFAULT_SOLVER, get_solver, solver_names
+
+    default = get_solver(DEFAULT_SOLVER).name
+    return ("muon", *(name for name in solver_names() if name != default), "cold", "warm")
 
 
 def _sync(device) -> None:
@@ -127,7 +138,7 @@ def estimate_seconds(
             m, k = max(out, inp), min(out, inp)
             msign_s = _MSIGN_STEPS * _MSIGN_GRAMS * 2 * m * k * k / rate
             square_dgram = mname == "dgram" and m < 2 * k
-            cost = lambda s: (_SQUARE_DGRAM_COST if square_dgram else _COST).get(s, _COST[s])  # noqa: E731, B023 (called at once)
+            cost = lambda s: (_SQUARE_DGRAM_COST if square_dgram else _COST).get(s, _COST.get(s, _UNMEASURED_COST))  # noqa: E731, B023 (called at once)
             per_scale = sum(cost(s) * (slower if s in ("cold", "warm") else 1.0) for s in solvers) * repeats
             total += msign_s * (per_scale * len(scales) + (cost("reference") if reference else 0.0))
     return total * layers, rate / 1e9
@@ -137,7 +148,7 @@ def bench_optimizer(
     manifolds=("stiefel", "dgram"),
     scales=(1e-3,),
     layers: int = 1,
-    solvers=OPT_SOLVERS,
+    solvers=None,
     device: str = "cpu",
     muon_dtype: torch.dtype | None = None,
     spectrum: str = "gaussian",
@@ -154,7 +165,8 @@ def bench_optimizer(
 
     (Its 14-argument signature takes a quarter of its length; the body is one loop over shapes.)
 
-    ``shapes`` is a sequence of ``(name, (out, in))`` (default: one GPT-2-small layer).
+    ``solvers``: arms of `solver_arms` (default: all of them; with ``custom_mask`` those that take a custom
+    mask). ``shapes`` is a sequence of ``(name, (out, in))`` (default: one GPT-2-small layer).
     ``custom_mask``: time the solvers on `custom_mask_twin` of each manifold.
     ``solver_options``: options of the default solver for ``cold`` and ``warm`` (e.g.
     ``{"compute_dtype": torch.float64}``; `geomtrain.config.parse_solver_options` reads them from text).
@@ -162,9 +174,7 @@ def bench_optimizer(
     """
     from manifolds import get_manifold
 
-    bad = [s for s in solvers if s not in OPT_SOLVERS]
-    if bad:
-        raise ValueError(f"unknown solver(s) {', '.join(bad)}; valid: {', '.join(OPT_SOLVERS)}")
+    solvers = resolve_arms(manifolds, solvers, custom_mask, log)
     if "muon" not in solvers:
         raise ValueError("the solvers must include muon (every ratio is to plain Muon)")
     if spectrum not in SPECTRA:
@@ -222,6 +232,39 @@ def bench_optimizer(
     }
 
 
+def resolve_arms(manifolds, solvers, custom_mask: bool, log) -> tuple[str, ...]:
+    """The arms to time: ``solvers`` (None: all of `solver_arms`), checked. With ``custom_mask``, those that
+    solve every manifold's `custom_mask_twin` (tried on a 4x2 problem): a solver that refuses a custom mask (the
+    products-only ones) is dropped from the default arms and a one-line ValueError where asked for."""
+    from manifolds import get_manifold
+
+    from ..optim import spectral_direction
+
+    bad = [s for s in solvers or () if s not in solver_arms()]
+    if bad:
+        raise ValueError(f"unknown solver(s) {', '.join(bad)}; valid: {', '.join(solver_arms())}")
+    if not custom_mask:
+        return tuple(solvers or solver_arms())
+
+    def refusal(name: str) -> str | None:
+        for mname in manifolds if name not in ("muon", "cold", "warm") else ():
+            twin = custom_mask_twin(get_manifold(mname))
+            try:
+                W = twin.random(4, 2, generator=torch.Generator().manual_seed(0))
+                spectral_direction(twin, W, torch.ones(4, 2), solver=name)
+            except ValueError as err:
+                return str(err)
+        return None
+
+    asked = solvers or solver_arms()
+    refused = {name: why for name in asked if (why := refusal(name)) is not None}
+    if refused and solvers:
+        raise ValueError(f"--custom-mask: {next(iter(refused.values()))}")
+    if refused:
+        log(f"  --custom-mask: not timing {', '.join(refused)} (built-in masks only)")
+    return tuple(name for name in asked if name not in refused)
+
+
 def _add_reference(man, W, G, recs, directions, log, label) -> None:
     """Solve ``(W, G)`` in float64 (tol 1e-6, at most 150 evaluations, smoothing 1e-5), record it in
     each of ``recs`` and each direction's gap in its solver's entry."""
@@ -249,9 +292,10 @@ def _bench_matrix(man, W, G, fresh, solvers, muon_dtype, repeats, device, option
     and the directions of the problem ``(W, G)`` (all but ``warm``) by solver, for the reference gaps."""
     from manifolds import msign
 
-    from ..optim import spectral_direction, tangent_residual
+    from ..optim import get_solver, spectral_direction, tangent_residual
 
     mopts = {"msign": "polar_express", "msign_steps": 5, "msign_dtype": muon_dtype}
+    msign_opts = lambda name: {k: v for k, v in mopts.items() if k in get_solver(name).options}  # noqa: E731
     opts = dict(options or {})
     out: dict = {"reference": None, "solvers": {}}
     directions: dict = {}
@@ -273,8 +317,9 @@ def _bench_matrix(man, W, G, fresh, solvers, muon_dtype, repeats, device, option
         if name == "muon":
             sec, A = _timed(lambda: msign(G, "polar_express", steps=5, compute_dtype=muon_dtype), repeats, device)
             record(name, sec, A, None, W)
-        elif name in ("published", "tangent"):
-            sec, (A, st) = _timed(lambda: spectral_direction(man, W, G, solver=name, **mopts), repeats, device)  # noqa: B023
+        elif name not in ("cold", "warm"):  # a registered solver: one cold solve, muon's msign
+            o = msign_opts(name)
+            sec, (A, st) = _timed(lambda: spectral_direction(man, W, G, solver=name, **o), repeats, device)  # noqa: B023
             record(name, sec, A, st, W)
         elif name == "cold":
             sec, cold = _timed(lambda: spectral_direction(man, W, G, **opts), repeats, device)
@@ -319,6 +364,9 @@ def _layer_rows(matrices: list[dict], solvers) -> list[dict]:
     return rows
 
 
+_ACCURACY_HEAD = ("residual", "opnorm", "gap vs ref", "dual gap")
+
+
 def _table(head, lines) -> str:
     lines = [head] + lines
     widths = [max(len(row[i]) for row in lines) for i in range(len(head))]
@@ -332,17 +380,7 @@ def _fmt(v, f) -> str:
 def format_matrix_table(result: dict) -> str:
     """Per matrix: muon seconds and every solver's ratio to it (evaluations in brackets), accuracy of cold/warm."""
     solvers = [s for s in result["config"]["solvers"] if s != "muon"]
-    head = (
-        "manifold",
-        "scale",
-        "matrix",
-        "muon [s]",
-        *[f"{s} x" for s in solvers],
-        "residual",
-        "opnorm",
-        "gap vs ref",
-        "dual gap",
-    )
+    head = ("manifold", "scale", "matrix", "muon [s]", *[f"{s} x" for s in solvers], *_ACCURACY_HEAD)
     lines = []
     for r in result["matrices"]:
         sv = r["solvers"]
@@ -366,20 +404,8 @@ def format_matrix_table(result: dict) -> str:
 
 def format_optimizer_table(result: dict) -> str:
     """Per layer: summed seconds, ratio to plain Muon, the largest single-matrix ratio, accuracy."""
-    head = (
-        "manifold",
-        "scale",
-        "layer",
-        "solver",
-        "time [s]",
-        "x muon",
-        "max matrix x",
-        "evaluations",
-        "residual",
-        "opnorm",
-        "gap vs ref",
-        "dual gap",
-    )
+    head = ("manifold", "scale", "layer", "solver", "time [s]", "x muon", "max matrix x", "evaluations")
+    head = (*head, *_ACCURACY_HEAD)
     lines = [
         (
             r["manifold"],
@@ -433,11 +459,13 @@ def _cmd_optimizer(args: argparse.Namespace) -> int:
     solver_options = parse_solver_options(args.solver_options)
     if args.out:
         writable_output(args.out)  # before minutes of timing, not after
+    log = (lambda s: print(s, file=sys.stderr, flush=True)) if not args.quiet else (lambda s: None)
+    solvers = resolve_arms(args.manifolds, args.solvers, args.custom_mask, log)  # before the estimate, too
     est, rate = estimate_seconds(
         args.manifolds,
         scales,
         layers,
-        args.solvers,
+        solvers,
         shapes,
         reference,
         args.repeats,
@@ -451,13 +479,12 @@ def _cmd_optimizer(args: argparse.Namespace) -> int:
         file=sys.stderr,
         flush=True,
     )
-    log = (lambda s: print(s, file=sys.stderr, flush=True)) if not args.quiet else (lambda s: None)
     t0 = time.perf_counter()
     result = bench_optimizer(
         manifolds=args.manifolds,
         scales=scales,
         layers=layers,
-        solvers=args.solvers,
+        solvers=solvers,
         device=device,
         muon_dtype=muon_dtype,
         spectrum=args.spectrum,
@@ -516,7 +543,13 @@ def add_parser(sub) -> None:
         default=None,
         help="gradient entry RMS (default: 1e-3 1; --quick: 1e-3)",
     )
-    p.add_argument("--solvers", nargs="+", default=list(OPT_SOLVERS), choices=list(OPT_SOLVERS))
+    p.add_argument(
+        "--solvers",
+        nargs="+",
+        default=None,
+        choices=solver_arms(),
+        help="arms: muon, the registered solvers, cold and warm (the default solver); default: all",
+    )
     p.add_argument("--no-reference", action="store_true", help="skip the float64 reference solves (no gap vs ref)")
     p.add_argument(
         "--custom-mask",
@@ -549,7 +582,7 @@ def add_parser(sub) -> None:
         "--muon-dtype",
         default=None,
         choices=list(_DTYPES),
-        help="msign dtype of muon/published/tangent (default bfloat16 on GPU, float32 on CPU)",
+        help="msign dtype of muon and the other solvers' arms (default bfloat16 on GPU, float32 on CPU)",
     )
     p.add_argument(
         "--solver-options",

@@ -79,7 +79,8 @@ def measure_training_speed(
     sets: Mapping[str, object] | None = None,
 ) -> list[dict]:
     """Median step time of each preset; rows with ``preset``, ``ms_per_step``, ``tokens_per_s``,
-    ``evaluations_per_step`` (median polar evaluations of Manifold Muon) and ratios. ``sets``: config
+    ``evaluations_per_step`` (median polar evaluations of Manifold Muon), ``muon_solver`` (its registered
+    name: an alias such as ``gram_newton`` reads ``exact``) and ratios. ``sets``: config
     overrides for every preset (``bench train --set``, e.g. ``muon_solver_options``); a key that the
     timing protocol sets itself (below, and ``batch_size``, which has its own argument) is a ValueError."""
     if not presets:
@@ -106,6 +107,8 @@ def measure_training_speed(
         if batch_size is not None:
             overrides["batch_size"] = batch_size
         configs[preset] = make_config({**(sets or {}), **overrides})
+    from ..optim import DEFAULT_SOLVER, get_solver
+
     evaluations: dict[str, list[int]] = {}
     syncs: dict[str, int] = {}
     times = measure_step_times(configs, steps, warmup, log=log, evaluations=evaluations, syncs=syncs)
@@ -116,6 +119,7 @@ def measure_training_speed(
         row = {"preset": preset, "ms_per_step": ms, "tokens_per_s": tokens / (ms / 1000)}
         row["evaluations_per_step"] = statistics.median(evaluations.get(preset, [0]))
         row["host_syncs_per_step"] = syncs.get(preset)  # None without a warmup step
+        row["muon_solver"] = get_solver(cfg.muon_solver or DEFAULT_SOLVER).name
         rows.append(row)
     base = {r["preset"]: r["ms_per_step"] for r in rows}
     for r in rows:
@@ -180,6 +184,7 @@ def _cmd_train(args) -> int:
 def add_parser(sub) -> None:
     """Register ``train`` on the ``geomtrain bench`` subparsers."""
     from ..model import MODEL_CONFIGS
+    from ..optim import solver_names
 
     p = sub.add_parser(
         "train",
@@ -201,7 +206,8 @@ def add_parser(sub) -> None:
         action="append",
         default=[],
         metavar="KEY=VALUE",
-        help="config override for every preset, repeatable (e.g. muon_solver_options=compute_dtype=float64)",
+        help="config override for every preset, repeatable (e.g. muon_solver_options=compute_dtype=float64; "
+        f"muon_solver: one of {', '.join(solver_names())})",
     )
     p.add_argument("--quiet", action="store_true", help="no line per step on stderr")
     p.set_defaults(handler=_cmd_train)

@@ -5,7 +5,7 @@ import re
 
 import pytest
 
-from geomtrain.bench.optimizer import OPT_SOLVERS, estimate_seconds
+from geomtrain.bench.optimizer import estimate_seconds, solver_arms
 from geomtrain.cli import main as cli_main
 
 
@@ -39,7 +39,7 @@ def test_bench_optimizer_cli_writes_tables_and_json(tmp_path, capsys):
     result = json.loads(out.read_text())
     assert result["command"].startswith("geomtrain bench optimizer")
     rows = {(r["manifold"], r["solver"]): r for r in result["layers"]}
-    assert set(rows) == {(m, s) for m in ("stiefel", "dgram") for s in OPT_SOLVERS}
+    assert set(rows) == {(m, s) for m in ("stiefel", "dgram") for s in solver_arms()}
     for m in ("stiefel", "dgram"):
         assert rows[m, "muon"]["x_muon"] == 1.0
         for s in ("cold", "warm"):
@@ -47,6 +47,10 @@ def test_bench_optimizer_cli_writes_tables_and_json(tmp_path, capsys):
         assert abs(rows[m, "cold"]["gap"]) < 1e-3
         assert rows[m, "cold"]["dual_gap"] >= rows[m, "cold"]["gap"] - 1e-6  # the certificate bounds the gap
         assert rows[m, "published"]["evaluations"] >= 2
+        # the products-only solvers are arms too, feasible by construction: float32 rounding of L_W(A) and of
+        # the spectral-norm bound (the tolerances of tests/optim/test_admm.py)
+        for s in ("projected_tangent", "dual_ascent", "admm"):
+            assert rows[m, s]["residual"] <= 1e-5 and rows[m, s]["opnorm"] <= 1 + 1e-6
     assert len(result["matrices"]) == 4 and "cpu" in result["machine"]
     for r in result["matrices"]:
         assert r["solvers"]["muon"]["x_muon"] == 1.0 and r["reference"]["residual"] <= 1e-6
@@ -61,7 +65,7 @@ def test_quick_mode_skips_the_reference_and_estimates_less(tmp_path, capsys):
     result = json.loads(out.read_text())
     assert result["config"]["scales"] == [1e-3] and result["config"]["reference"] is False
     assert all(r["reference"] is None and "gap" not in r["solvers"]["cold"] for r in result["matrices"])
-    args = (["stiefel", "dgram"], [1e-3], 1, OPT_SOLVERS, (("a", (2304, 768)),))
+    args = (["stiefel", "dgram"], [1e-3], 1, solver_arms(), (("a", (2304, 768)),))
     quick, _ = estimate_seconds(*args, reference=False, repeats=1, gflops=50.0)  # one rate: no timing noise
     full, _ = estimate_seconds(*args, reference=True, repeats=1, gflops=50.0)
     assert 0 < quick < full
@@ -129,7 +133,7 @@ def test_layernorm_spectrum_plants_the_null_direction_of_training_gradients():
         assert float(sv[-1] / sv[0]) <= 1e-6 and float(sv[-2] / sv[0]) >= 1e-3  # exactly one null direction
 
 
-def test_custom_mask_twin_takes_the_generic_path_and_solves_the_same_problem(tmp_path):
+def test_custom_mask_twin_takes_the_generic_path_and_solves_the_same_problem(tmp_path, capsys):
     # The twin has the built-in geometry (same mask output) but its own project_gram, so the solver must
     # use its generic path; --custom-mask runs the benchmark on it and is as accurate (against the
     # built-in float64 reference) and records the option.
@@ -151,10 +155,39 @@ def test_custom_mask_twin_takes_the_generic_path_and_solves_the_same_problem(tmp
     assert result["config"]["custom_mask"] is True
     rows = {r["solver"]: r for r in result["layers"]}
     assert rows["cold"]["residual"] <= 1e-4 and abs(rows["cold"]["gap"]) < 1e-3
-    args = (["dgram"], [1e-3], 1, OPT_SOLVERS, (("a", (2304, 768)),))
+    # the products-only solvers need a built-in mask: left out of the default arms, refused when asked for
+    assert set(rows) == set(solver_arms()) - {"projected_tangent", "dual_ascent", "admm"}
+    capsys.readouterr()
+    assert run_bench([*argv, "--custom-mask", "--solvers", "muon", "admm"]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "--custom-mask: solver 'admm' needs a built-in mask" in err
+    args = (["dgram"], [1e-3], 1, solver_arms(), (("a", (2304, 768)),))
     plain, _ = estimate_seconds(*args, reference=False, repeats=1, gflops=50.0)
     custom, _ = estimate_seconds(*args, reference=False, repeats=1, gflops=50.0, custom_mask=True)
     assert custom > plain
+
+
+def test_arms_and_solvers_choices_are_read_from_the_solver_registry(tmp_path, capsys):
+    # A solver registered after import is an arm at once (before: a fixed tuple of five): in the default arms,
+    # in --solvers' choices, timed with muon's msign options; the default solver's arms stay cold and warm.
+    import dataclasses
+
+    from geomtrain.optim import DEFAULT_SOLVER, get_solver, register_solver, solver_names, unregister_solver
+
+    assert solver_arms() == ("muon", *[s for s in solver_names() if s != DEFAULT_SOLVER], "cold", "warm")
+    register_solver(dataclasses.replace(get_solver("tangent"), name="bench_probe", aliases=()))
+    try:
+        assert solver_arms()[-3:] == ("bench_probe", "cold", "warm")
+        out = tmp_path / "probe.json"
+        argv = ["optimizer", "--quick", "--shapes", "16x8", "--manifolds", "stiefel", "--quiet"]
+        assert run_bench([*argv, "--solvers", "muon", "bench_probe", "tangent", "--out", str(out)]) == 0
+        probe, tangent = (json.loads(out.read_text())["matrices"][0]["solvers"][s] for s in ("bench_probe", "tangent"))
+        assert probe["residual"] == tangent["residual"] and probe["opnorm"] == tangent["opnorm"]  # the same solve
+    finally:
+        unregister_solver("bench_probe")
+    capsys.readouterr()
+    assert run_bench([*argv, "--solvers", "muon", "bench_probe"]) == 2
+    assert "invalid choice: 'bench_probe'" in capsys.readouterr().err
 
 
 def test_solver_options_reach_the_cold_and_warm_solves(tmp_path, capsys):

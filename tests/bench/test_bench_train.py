@@ -43,6 +43,7 @@ def test_bench_train_logs_each_step_and_counts_evaluations(data_dir, tmp_path, c
     assert rows["all-stiefel"]["evaluations_per_step"] > muon  # the exact solver iterates
     assert rows["all-stiefel"]["tokens_per_s"] == 2 * 16 / (rows["all-stiefel"]["ms_per_step"] / 1000)
     assert record["sets"] == ["block_size=16"] and record["warmup"] == 1
+    assert {r["muon_solver"] for r in record["rows"]} == {"exact"}  # the registry's name of the default
     # host synchronisations of the warmup step, counted: the exact solver's loops add to Muon's guards
     syncs = {p: r["host_syncs_per_step"] for p, r in rows.items()}
     assert all(isinstance(v, int) and v > 0 for v in syncs.values())
@@ -56,6 +57,7 @@ def test_bench_train_set_reaches_every_preset(data_dir, tmp_path, capsys):
     assert "(timed)" not in capsys.readouterr().err  # --quiet
     rows = {r["preset"]: r for r in json.loads((tmp_path / "tangent.json").read_text())["rows"]}
     assert rows["all-stiefel"]["evaluations_per_step"] == rows["unconstrained"]["evaluations_per_step"] > 0
+    assert rows["all-stiefel"]["muon_solver"] == "tangent"
 
 
 def test_bench_train_rejects_bad_sets_in_one_line(data_dir, tmp_path, capsys):
