@@ -280,7 +280,7 @@ def test_a_dgram_column_zeroed_in_training_is_a_named_skip(monkeypatch):
 
     import geomtrain.optim.muon_step as muon_module
 
-    saved = np.load(pathlib.Path(__file__).parent / "fixtures" / "dgram_column_zeroed_128.npz")
+    saved = np.load(pathlib.Path(__file__).parents[1] / "fixtures" / "dgram_column_zeroed_128.npz")
     X, step = torch.from_numpy(saved["x"]), torch.from_numpy(saved["step"])
     lr = 0.018  # the run's Muon learning rate at that step
     before, after = torch.linalg.vector_norm(X, dim=0), torch.linalg.vector_norm(X + step, dim=0)
