@@ -45,11 +45,14 @@ $$\text{manifold: } W \leftarrow R_W(-\eta A),\quad A = \texttt{spectral\_direct
   counted and warned about once; an update that comes out non-finite is skipped the same way, and
   so is a retraction that raises ``ValueError`` (DGram refusing a point with a zero column). Any
   other exception propagates. Weights never receive NaN/Inf.
-- **Distributed**: when ``torch.distributed`` is initialised with more than one rank, matrix
-  ``i`` (in parameter order, among those with a finite gradient) is solved on rank
-  ``i % world_size``; results (weights, dual variables, statistics) are broadcast from their
-  owner so every rank ends identical. Momentum is updated on every rank (gradients are assumed
-  identical across ranks, as after DDP's all-reduce).
+- **Distributed**: when ``torch.distributed`` is initialised with more than one rank, the matrices
+  are grouped by ``(shape, dtype, device)`` into buckets and each bucket's matrices are dealt
+  round-robin to the ranks (`geomtrain.optim.muon_dist.owners`); each rank solves its own, then ONE
+  all-gather per bucket carries every owner's new weights and warm-start state, and one all-reduce
+  the statistics, so every rank ends identical (``bucketed=False``: matrix ``i`` on rank
+  ``i % world_size``, broadcast per matrix and state slot). ``last_stats["comm"]`` counts what this
+  rank sent. Momentum is updated on every rank (gradients are assumed identical across ranks, as
+  after DDP's all-reduce).
 
 ``optimizer.last_stats`` after each ``step()`` (plain Python numbers, JSON-ready):
 ``n_matrices`` (a ``(k, m, n)`` parameter counts ``k``), ``msign_calls`` (total polar evaluations:
@@ -63,8 +66,9 @@ skipped matrices, ``[{"param": name, "reason": one of SKIP_REASONS}]``, where ``
 ``param_names`` entry, as ``torch.optim`` keeps for named parameters, else ``"group G param I"``), and with
 ``certify_every=N`` on steps N, 2N, ...: ``certified_gap_max`` (the exact float64 relative dual gap of the
 directions the solver returned, made feasible first, `geomtrain.optim.certificate`) and
-``certified_residual_max`` (their tangent residual), else ``None``. ``step_stats`` holds the same as a
-`StepStats`.
+``certified_residual_max`` (their tangent residual), else ``None``; ``comm``: this step's collectives and
+bytes sent by this rank (`geomtrain.optim.muon_dist.CommCount`; zeros in one process). ``step_stats`` holds
+the same as a `StepStats`.
 
 The step has the shape of ``torch.optim.Muon``: gather (`_init_group`), the batched direction kernel
 (`geomtrain.optim.muon_step.batched_directions`: the solver call), apply (`apply_directions`: retraction
@@ -87,6 +91,7 @@ from manifolds.base import to_tall
 from manifolds.matrix_sign import MSIGN_METHODS
 
 from .direction import DEFAULT_SOLVER, SOLVER_OPTIONS, check_solver_options, get_solver, mask_kind, solver_option_rule
+from .muon_dist import CommCount, owners, share, share_bucketed
 from .muon_step import (
     SHAPE_SCALES,
     SKIP_GRADIENT,
@@ -99,7 +104,6 @@ from .muon_step import (
     batched_directions,
     group_batches,
     shape_factor,
-    share,
     skip_record,
 )
 from .numerics import host_values
@@ -152,6 +156,8 @@ class ManifoldMuon(torch.optim.Optimizer):
         certify_every: every this many steps (``step_count`` divisible by it; 0: never) compute the exact
             float64 dual gap of every manifold direction the solver returned (`geomtrain.optim.certificate`)
             into ``last_stats["certified_gap_max"]`` and its tangent residual ``certified_residual_max``.
+        bucketed: under DDP, exchange the solved matrices in one all-gather per ``(shape, dtype, device)``
+            bucket (`geomtrain.optim.muon_dist`); ``False``: one broadcast per matrix and state slot.
     """
 
     def __init__(
@@ -170,9 +176,12 @@ class ManifoldMuon(torch.optim.Optimizer):
         msign_dtype: torch.dtype | None = None,
         manifold: GramManifold | None = None,
         certify_every: int = 0,
+        bucketed: bool = True,
     ):
         if not (is_int(certify_every) and certify_every >= 0):
             raise ValueError(f"certify_every must be an integer >= 0 (0: off); got {certify_every!r}")
+        if not isinstance(bucketed, bool):
+            raise ValueError(f"bucketed must be True or False; got {bucketed!r}")
         defaults = dict(
             lr=lr,
             momentum=momentum,
@@ -196,6 +205,7 @@ class ManifoldMuon(torch.optim.Optimizer):
         self.step_stats = StepStats()
         self.last_stats: dict = {}
         self.certify_every, self.step_count = int(certify_every), 0
+        self.bucketed, self.comm = bucketed, CommCount().as_dict()
         self.n_skipped_nonfinite_total = 0
         self._warned_nonfinite = False
 
@@ -285,7 +295,8 @@ class ManifoldMuon(torch.optim.Optimizer):
         world, rank = (
             (dist.get_world_size(), dist.get_rank()) if dist.is_available() and dist.is_initialized() else (1, 0)
         )
-        mine = [it for it in items if it.index % world == rank]
+        owner = owners(items, world, self.bucketed)
+        mine = [it for it in items if owner[it.index] == rank]
         for it in mine:
             if it.still:  # a zero update: A = 0, no solve, no retraction, the warm-start state as it is
                 table.set(it.index, "matrices", math.prod(to_tall(it.update).shape[:-2]))
@@ -300,8 +311,10 @@ class ManifoldMuon(torch.optim.Optimizer):
         for it in mine:
             slots = get_solver(it.group["solver"]).state
             table.set(it.index, "has_state", float(bool(slots) and all(s.key in self.state[it.p] for s in slots)))
+        comm = CommCount()
         if world > 1:
-            share(items, self.state, table, world)
+            comm = (share_bucketed if self.bucketed else share)(items, self.state, table, world, owner)
+        self.comm = comm.as_dict()
         codes = table.col("skipped").tolist()
         skipped += [skip_record(it.name, int(codes[it.index])) for it in items if codes[it.index]]
         if skipped:
@@ -316,7 +329,7 @@ class ManifoldMuon(torch.optim.Optimizer):
                     stacklevel=2,
                 )
         names = [it.name for it in items]
-        self.step_stats = StepStats.from_table(table, skipped, names, self.n_skipped_nonfinite_total)
+        self.step_stats = StepStats.from_table(table, skipped, names, self.n_skipped_nonfinite_total, self.comm)
         self.last_stats = self.step_stats.as_dict()
         return loss
 

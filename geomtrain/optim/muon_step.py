@@ -1,18 +1,16 @@
 r"""The pieces of one `ManifoldMuon` step, in the shape of ``torch.optim.Muon``: the gathered matrices
 (`MatrixItem`), the batches they are solved in (`group_batches`), the pure batched direction kernel
 (`batched_directions`: the solver call), the apply phase (`apply_directions`: retraction and guards,
-returning `Commit` s, writing nothing), the distributed exchange (`share`) and the step's statistics
-(`StatsTable` per matrix, `StepStats` for ``last_stats``).
+returning `Commit` s, writing nothing) and the step's statistics (`StatsTable` per matrix, `StepStats` for
+``last_stats``). The distributed exchange is `geomtrain.optim.muon_dist`.
 """
 
 from __future__ import annotations
 
 import itertools
-import math
 from dataclasses import dataclass, field, fields
 
 import torch
-import torch.distributed as dist
 
 from manifolds import GramManifold, msign
 from manifolds.base import from_tall, to_tall
@@ -32,7 +30,6 @@ __all__ = [
     "group_batches",
     "batched_directions",
     "apply_directions",
-    "share",
     "skip_record",
     "SKIP_GRADIENT",
 ]
@@ -127,8 +124,9 @@ class StatsTable:
 @dataclass
 class StepStats:
     """A step's statistics (``ManifoldMuon.step_stats``; ``last_stats`` is its `as_dict`), plain Python
-    numbers, JSON-ready. See the `geomtrain.optim.muon` docstring for each entry; ``certified_gap_max`` and
-    ``certified_residual_max`` are set on the steps of ``certify_every`` only (else None)."""
+        numbers, JSON-ready. See the `geomtrain.optim.muon` docstring for each entry; ``certified_gap_max`` and
+        ``certified_residual_max`` are set on the steps of ``certify_every`` only (else None); ``comm`` is what this
+    rank sent (`geomtrain.optim.muon_dist.CommCount`: zeros in one process)."""
 
     n_matrices: int = 0
     msign_calls: int = 0
@@ -144,14 +142,17 @@ class StepStats:
     skipped: list = field(default_factory=list)
     certified_gap_max: float | None = None
     certified_residual_max: float | None = None
+    comm: dict = field(default_factory=dict)
 
     def as_dict(self) -> dict:
         """``last_stats``: the fields as a plain dict."""
         return {f.name: getattr(self, f.name) for f in fields(self)}
 
     @classmethod
-    def from_table(cls, table: StatsTable, skipped: list[dict], names: list[str], total: int) -> StepStats:
-        """From the per-parameter rows (row i is the item named ``names[i]``)."""
+    def from_table(
+        cls, table: StatsTable, skipped: list[dict], names: list[str], total: int, comm: dict | None = None
+    ) -> StepStats:
+        """From the per-parameter rows (row i is the item named ``names[i]``) and what was sent (``comm``)."""
         n = table.rows.shape[0]
         unconverged = [name for name, ok in zip(names, table.col("converged").tolist()) if ok < 1]
 
@@ -174,6 +175,7 @@ class StepStats:
             skipped=skipped,
             certified_gap_max=worst("certified_gap"),
             certified_residual_max=worst("certified_residual"),
+            comm=dict(comm or {}),
         )
 
 
@@ -383,39 +385,3 @@ def retract(batch: list[MatrixItem], directions: list[torch.Tensor], skips: list
             part = W[lo:hi].index_copy(0, r - lo, part)
         updates[i] = from_tall(part.reshape(to_tall(p).shape), like=p).reshape(p.shape)
     return updates
-
-
-def share(items: list[MatrixItem], states: dict, table: StatsTable, world: int) -> None:
-    """Broadcast each matrix's new weights and warm-start state from its owner (matrix ``i`` on rank
-    ``i % world``; ``states``: the optimizer's state by parameter); sum the statistics rows."""
-    for it in items:
-        owner = it.index % world
-        dist.broadcast(it.p.data, src=owner)
-        spec = get_solver(it.group["solver"])
-        if not (spec.warm_starts and it.group["warm_start"] and mask_kind(it.manifold) != "euclidean"):
-            continue
-        st, n, k = states[it.p], min(it.p.shape[-2:]), math.prod(it.p.shape[:-2])
-        for slot in spec.state:
-            if slot.key not in st:  # first step on a non-owner: allocate the buffer to receive into
-                shape, dtype = ((*it.p.shape[:-2], n, n), it.p.dtype) if slot.kind == "matrix" else ((k,), torch.uint8)
-                st[slot.key] = torch.zeros(shape, dtype=dtype, device=it.p.device)
-            dist.broadcast(st[slot.key], src=owner)
-    mine = torch.tensor([it.index % world == dist.get_rank() for it in items], dtype=torch.bool)
-    local = torch.where(mine[:, None], table.rows, torch.zeros_like(table.rows))
-    local = torch.nan_to_num(local, nan=-1.0)  # nan (unknown gap) travels as -1
-    buf = local.to(comm_device())
-    dist.all_reduce(buf)
-    out = buf.cpu()
-    for name in StatsTable.UNKNOWN:
-        j = StatsTable.FIELDS.index(name)
-        out[:, j] = torch.where(out[:, j] == -1, torch.nan, out[:, j])
-    table.rows.copy_(out)
-    for it in items:  # drop receive buffers where the owner kept no state (skipped update)
-        if table.rows[it.index, StatsTable.FIELDS.index("has_state")] == 0:
-            for slot in get_solver(it.group["solver"]).state:
-                states[it.p].pop(slot.key, None)
-
-
-def comm_device() -> torch.device:
-    backend = dist.get_backend() if dist.is_initialized() else "gloo"
-    return torch.device("cuda", torch.cuda.current_device()) if backend == "nccl" else torch.device("cpu")
