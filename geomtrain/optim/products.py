@@ -51,7 +51,7 @@ def check_products_kind(manifold: GramManifold, solver: str) -> str:
     if kind not in PRODUCT_KINDS:
         raise ValueError(
             f"solver {solver!r} needs a built-in mask (Stiefel, DGram, Oblique, Euclidean or subclasses keeping "
-            f"their project_gram); {type(manifold).__name__} has a custom one: use solver 'gram_newton'"
+            f"their project_gram); {type(manifold).__name__} has a custom one: use solver 'exact'"
         )
     return kind
 
