@@ -1,4 +1,4 @@
-r"""Solver ``"gram_newton"`` (the default): Anderson-accelerated Gauss-Newton on the Gram-space dual.
+r"""Solver ``"exact"`` (the default; alias ``"gram_newton"``): Anderson-accelerated Gauss-Newton on the Gram-space dual.
 
 **Step.** Freezing $R$ linearises the stationarity condition $L_W(YR) = 0$ in $S$ (see
 `GramDual.step`); Anderson mixing over the last ``anderson`` steps accelerates the fixed point; a
