@@ -64,6 +64,12 @@ def _add_prepare(sub) -> None:
     )
     p.add_argument("--out", default=None, help="output folder (default: data/<dataset> or data/<dataset>-<tokenizer>)")
     p.add_argument("--text-files", nargs="+", default=None, help="files or folders of .txt for --dataset text")
+    p.add_argument(
+        "--source",
+        default=None,
+        help="openwebtext/fineweb: local parquet/JSON file or folder (rows with a 'text' column) or another Hub id",
+    )
+    p.add_argument("--num-proc", type=positive_int, default=1, help="tokenizing processes (same files for any number)")
     p.add_argument("--force", action="store_true", help="rebuild even if the prepared files verify")
     p.add_argument(
         "--no-fetch",
@@ -86,6 +92,8 @@ def _cmd_prepare(args) -> int:
         force=args.force,
         text_files=args.text_files,
         fetch=args.fetch,
+        source=args.source,
+        num_proc=args.num_proc,
     )
     splits = manifest["splits"]
     out = args.out or default_data_dir(args.dataset, tokenizer=args.tokenizer)

