@@ -4,6 +4,7 @@
   AdamW and plain Muon at GPT-2-small matrix shapes, on the synthetic problems of
   `geomtrain.bench.problems`.
 - ``train`` (`geomtrain.bench.training`): the full training step per preset, side by side.
+- ``dist`` (`geomtrain.bench.dist`): Manifold Muon's DDP exchange, bytes and collectives per step.
 
 Each benchmark module exposes ``add_parser(subparsers)``; its handler is ``handler(args) -> int``
 (``args.argv`` holds the command line, for the record) and reports bad input as a `ValueError`, which
@@ -13,7 +14,7 @@ never imports the CLI (``python -m geomtrain.bench`` is `geomtrain.bench.__main_
 
 from __future__ import annotations
 
-from . import optimizer, training
+from . import dist, optimizer, training
 from .optimizer import GPT2_SHAPES, bench_optimizer, format_optimizer_table
 from .training import format_speed_table, measure_training_speed
 
@@ -26,4 +27,4 @@ __all__ = [
     "BENCHMARKS",
 ]
 
-BENCHMARKS = {"optimizer": optimizer.add_parser, "train": training.add_parser}
+BENCHMARKS = {"optimizer": optimizer.add_parser, "train": training.add_parser, "dist": dist.add_parser}

@@ -39,7 +39,7 @@ class CommCount:
 
     collectives: int = 0
     bytes_in: int = 0
-    bytes_sent: int = 0
+    bytes_sent: float = 0.0  # fractional per collective (a rank's share of a broadcast); rounded in as_dict
     bytes_padding: int = 0
 
     def add(self, kind: str, size: int, world: int, padding: int = 0) -> None:
@@ -48,11 +48,11 @@ class CommCount:
         factor = {"all_gather": world - 1, "all_reduce": 2 * (world - 1) / world, "broadcast": (world - 1) / world}
         self.collectives += 1
         self.bytes_in += size
-        self.bytes_sent += round(factor[kind] * size)
+        self.bytes_sent += factor[kind] * size
         self.bytes_padding += padding
 
     def as_dict(self) -> dict:
-        return asdict(self)
+        return {**asdict(self), "bytes_sent": round(self.bytes_sent)}
 
 
 def buckets(items: list[MatrixItem]) -> list[list[MatrixItem]]:
