@@ -17,6 +17,8 @@ from geomtrain.study import main as study_main
 from geomtrain.study.pack import pack, unpack
 from geomtrain.study.plan import StudyError
 
+pytestmark = pytest.mark.slow  # tiny studies, 1-4 min a test on 2 busy cores: only in `make test`
+
 
 def _final_losses(out):
     return {r["variant"]: r["final_val_mean"] for r in load_summary(out)["table"]}

@@ -27,6 +27,7 @@ from fault_helpers import (
 )
 
 pytest_plugins = ["fault_helpers"]
+pytestmark = pytest.mark.slow  # subprocess runs killed and resumed, 20 s each: only in `make test`
 
 # fault -> (step the resume starts from, what the folder holds when the process dies)
 KILLS = {

@@ -7,9 +7,12 @@ import sys
 from pathlib import Path
 
 import dist_train_worker
+import pytest
 from dist_train_worker import run_config
 
 from geomtrain.train import load_checkpoint, train
+
+pytestmark = pytest.mark.slow  # two torchrun ranks, ~50 s: `make test` runs it, `make check` does not
 
 
 def _losses(run_dir):

@@ -13,6 +13,8 @@ from conftest import forget_manifold, tiny_config
 from geomtrain.cli import main as cli_main
 from geomtrain.train import load_checkpoint, train
 
+pytestmark = pytest.mark.slow  # end-to-end CLI runs, 10-20 s each: `make test` runs it, `make check` does not
+
 # shorter than the default tiny run: 6 steps, an eval every 3
 _cfg = functools.partial(tiny_config, max_iters=6, warmup_iters=1, eval_interval=3, eval_iters=2)
 
