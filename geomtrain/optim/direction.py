@@ -200,6 +200,8 @@ def spectral_direction(
     **options: object,
 ) -> tuple[torch.Tensor, DirectionStats]:
     r"""Unit-spectral-norm tangent direction maximising $\langle G, A\rangle$ at ``W``.
+    (Long because it is the one entry point every solver shares: checks, zero and Euclidean matrices,
+    the wide-to-tall turn and batching, each a few lines, in the order they apply.)
 
     Args:
         manifold: a :class:`manifolds.GramManifold` (any mask; built-in masks get closed forms).

@@ -196,7 +196,7 @@ def test_every_optional_import_belongs_to_its_extra():
     extras = PROJECT["optional-dependencies"]
     for module, extra in geomtrain.EXTRAS.items():
         assert distributions_of({module}) <= requirement_names(extras[extra]), (module, extra)
-    # `make test` installs [test,docs]: every extra but openwebtext (its tests fake `datasets`)
+    # `make test` installs [test,docs]: every extra
     assert requirement_names(extras["test"]) >= requirement_names(
         [f"{PROJECT['name']}[{e}]" for e in extras if e not in ("openwebtext", "docs", "test", "all")]
     )
