@@ -98,13 +98,15 @@ class Rule:
 
 @dataclass
 class Assignment:
-    """One parameter's assignment: ``optimizer`` is ``"muon"`` or ``"adamw"``."""
+    """One parameter's assignment: ``optimizer`` is ``"muon"`` or ``"adamw"``; ``solver``, the direction
+    solver of a Muon matrix, once `geomtrain.groups.pick_solvers` chose it (``None``: not chosen)."""
 
     name: str
     shape: tuple[int, ...]
     optimizer: str
     manifold_name: str | None
     manifold: GramManifold | None = None
+    solver: str | None = None
 
     def to_dict(self) -> dict:
         return {
@@ -112,6 +114,7 @@ class Assignment:
             "shape": list(self.shape),
             "optimizer": self.optimizer,
             "manifold": self.manifold_name,
+            **({"solver": self.solver} if self.solver is not None else {}),
         }
 
 
@@ -281,12 +284,18 @@ def assign(
 
 
 def format_table(assignments: Sequence[Assignment], notes: Mapping[str, str] | None = None) -> str:
-    """A plain-text table: parameter, shape, optimizer, manifold (and a ``note`` column, by
-    parameter name, when ``notes`` has any)."""
+    """A plain-text table: parameter, shape, optimizer, manifold (a ``solver`` column when an assignment
+    has one, and a ``note`` column, by parameter name, when ``notes`` has any)."""
     notes = {k: v for k, v in (notes or {}).items() if v}
-    rows = [("parameter", "shape", "optimizer", "manifold") + (("note",) if notes else ())]
+    solvers = any(a.solver is not None for a in assignments)
+    rows = [
+        ("parameter", "shape", "optimizer", "manifold")
+        + (("solver",) if solvers else ())
+        + (("note",) if notes else ())
+    ]
     rows += [
         (a.name, "x".join(map(str, a.shape)), a.optimizer, a.manifold_name or "-")
+        + ((a.solver or "-",) if solvers else ())
         + ((notes.get(a.name, ""),) if notes else ())
         for a in assignments
     ]

@@ -105,7 +105,7 @@ def _cmd_prepare(args) -> int:
 
 
 # ----------------------------------------------------------------------------- train
-_SPECIAL_FLAGS = {"rules", "manifold_modules"}
+_SPECIAL_FLAGS = {"rules", "manifold_modules", "muon_solver_rules"}
 
 
 def _config_flag(p: argparse.ArgumentParser, f: dataclasses.Field) -> None:
@@ -149,6 +149,15 @@ def _add_train(sub) -> None:
         metavar="GLOB=MANIFOLD",
         help="manifold rule for matching weight matrices, before the preset; MANIFOLD is a registered name "
         "(stiefel, dgram, oblique, euclidean, bdgram@B, your own) or adamw (repeatable)",
+    )
+    p.add_argument(
+        "--solver-rule",
+        dest="muon_solver_rules",
+        action="append",
+        default=None,
+        metavar="GLOB=SOLVER",
+        help="direction solver of the Muon matrices GLOB matches (first match wins; the rest: --muon-solver); "
+        "SOLVER is a registered solver (exact, tangent, projected_tangent, ...) (repeatable)",
     )
     p.add_argument(
         "--manifolds",

@@ -70,6 +70,7 @@ class TrainConfig:
     muon_nesterov: bool = True
     muon_solver: str | None = None  # None = the optimizer's default solver
     muon_solver_options: list[str] = field(default_factory=list)  # "KEY=VALUE" options of the solver
+    muon_solver_rules: list[str] = field(default_factory=list)  # "GLOB=SOLVER" per Muon matrix, first match wins
     muon_weight_decay: float = 0.0  # decoupled, Euclidean (unconstrained) matrices only
     muon_certify_every: int = 0  # every N Muon steps: the exact float64 dual gap of each direction; 0 = off
     # evaluation, diagnostics, robustness
@@ -129,6 +130,10 @@ class TrainConfig:
                     f"unknown muon_solver {self.muon_solver!r}; valid: {', '.join(SOLVERS)} (or none: the default)"
                 )
         self.solver_options()
+        from .groups import parse_solver_rule
+
+        for text in self.muon_solver_rules:
+            parse_solver_rule(text)
         if not re.fullmatch(r"auto|cpu|mps|cuda(:\d+)?", self.device):
             raise ValueError(f"unknown device {self.device!r}; valid: auto, cpu, cuda, cuda:N, mps")
         if self.dtype not in ("float32", "bfloat16"):
@@ -212,6 +217,7 @@ RUN_DEFINING_KEYS = (
     "muon_nesterov",
     "muon_solver",
     "muon_solver_options",
+    "muon_solver_rules",
     "muon_weight_decay",
     "seed",
     "dtype",

@@ -42,6 +42,7 @@ says how far each moved, $\|\pi(W) - W\|_F / \|W\|_F$.
 
 from __future__ import annotations
 
+import difflib
 import fnmatch
 import math
 from collections.abc import Mapping, Sequence
@@ -54,6 +55,7 @@ from torch.nn.utils import parametrize
 from manifolds import GramManifold
 
 from .assign import ADAMW, Assignment, Rule, assign, format_table
+from .optim import get_solver, solver_names
 
 __all__ = [
     "param_groups",
@@ -64,6 +66,8 @@ __all__ = [
     "INCLUDE_CHOICES",
     "LM_HEAD_GLOBS",
     "optimizer_groups",
+    "parse_solver_rule",
+    "pick_solvers",
     "logical_parameters",
     "reserved_for_adamw",
 ]
@@ -109,12 +113,13 @@ class MatrixView(nn.Module):
 class ParamGroups:
     """What `param_groups` returns: hand ``muon`` to ``ManifoldMuon`` and ``adamw`` to ``torch.optim.AdamW``.
 
-    ``muon`` has one group per manifold (keys ``params``, ``manifold``, ``manifold_name``; empty
-    when every parameter goes to AdamW), ``adamw`` up to two (matrices with ``weight_decay`` when
-    one was given, vectors with 0). ``assignments`` lists every parameter once, by the name the
-    rules see (a re-parametrised kernel by its module's ``weight``), with the shape the optimizer
-    sees; ``parameters`` maps those names to the tensors; ``views`` names the re-parametrised
-    kernels; ``moved`` the relative projection distance of each constrained matrix.
+    ``muon`` has one group per manifold and solver (keys ``params``, ``manifold``, ``manifold_name``,
+    ``solver`` where a solver rule picked one; empty when every parameter goes to AdamW), ``adamw`` up
+    to two (matrices with ``weight_decay`` when one was given, vectors with 0). ``assignments`` lists
+    every parameter once, by the name the rules see (a re-parametrised kernel by its module's
+    ``weight``), with the shape the optimizer sees; ``parameters`` maps those names to the tensors;
+    ``views`` names the re-parametrised kernels; ``moved`` the relative projection distance of each
+    constrained matrix.
     """
 
     muon: list[dict]
@@ -144,6 +149,7 @@ def param_groups(
     weight_decay: float | None = None,
     custom_manifolds: Mapping[str, GramManifold] | None = None,
     project: bool = True,
+    solver_rules: Sequence[str] = (),
 ) -> ParamGroups:
     """ManifoldMuon and AdamW param groups for any module (see the module docstring).
 
@@ -160,6 +166,8 @@ def param_groups(
         weight_decay: AdamW weight decay of its matrices (``None``: the optimizer's default).
         custom_manifolds: extra ``name -> GramManifold`` rule targets.
         project: project constrained matrices onto their manifold now.
+        solver_rules: ``"GLOB=SOLVER"`` strings (`pick_solvers`): a Muon matrix a glob matches gets that
+            direction solver (its group carries ``solver``); the others the optimizer's.
     """
     _check_options(model, embeddings, lm_head, conv)
     if isinstance(rules, Mapping):
@@ -175,6 +183,7 @@ def param_groups(
         parametrize.register_parametrization(model.get_submodule(module_name), attr, MatrixView(a.shape, conv))
         views[a.name] = conv
         a.shape = tuple(params[a.name].shape)  # the same Parameter, now stored as the view
+    pick_solvers(assignments, solver_rules)
     muon, adamw = optimizer_groups(assignments, params, weight_decay)
     moved = project_onto_manifolds(params, assignments) if project else {}
     return ParamGroups(muon, adamw, assignments, params, views, moved)
@@ -259,20 +268,58 @@ def reserved_for_adamw(
     return reserved
 
 
+def parse_solver_rule(text: str) -> tuple[str, str]:
+    """``"GLOB=SOLVER"`` (e.g. ``"*.mlp.*=projected_tangent"``) -> ``(glob, canonical solver name)``;
+    a one-line ``ValueError`` for a malformed entry or an unknown solver (the registry's message)."""
+    pattern, sep, name = (part.strip() for part in str(text).partition("="))
+    if not sep or not pattern or not name:
+        raise ValueError(
+            f"solver rule {text!r} must look like GLOB=SOLVER with SOLVER one of: {', '.join(solver_names())}"
+        )
+    try:
+        return pattern, get_solver(name).name
+    except ValueError as exc:
+        raise ValueError(f"solver rule {text!r}: {exc}") from None
+
+
+def pick_solvers(
+    assignments: Sequence[Assignment], rules: Sequence[str] = (), default: str | None = None
+) -> list[Assignment]:
+    """Set ``solver`` of every Muon assignment, in place: the solver of the first rule (``"GLOB=SOLVER"``,
+    `parse_solver_rule`) whose glob matches its name, else ``default`` (``None``: the optimizer's default).
+
+    Like a manifold rule (`geomtrain.assign.assign`), a solver rule that matches no Muon matrix is a
+    one-line ``ValueError`` naming the rule and the closest Muon matrix names. Returns ``assignments``."""
+    parsed = [(text, *parse_solver_rule(text)) for text in rules]
+    muon = [a for a in assignments if a.optimizer == "muon"]
+    names = [a.name for a in muon]
+    for text, pattern, _ in parsed:
+        if not any(fnmatch.fnmatchcase(n, pattern) for n in names):
+            close = difflib.get_close_matches(pattern, names, n=3, cutoff=0.0) or names[:3]
+            raise ValueError(
+                f"solver rule {text!r} matches no Muon matrix; closest: {', '.join(close) or 'none (no Muon matrix)'}"
+            )
+    for a in muon:
+        a.solver = next((solver for _, pattern, solver in parsed if fnmatch.fnmatchcase(a.name, pattern)), default)
+    return list(assignments)
+
+
 def optimizer_groups(
     assignments: Sequence[Assignment], params: Mapping[str, torch.Tensor], weight_decay: float | None = None
 ) -> tuple[list[dict], list[dict]]:
-    """``(muon_groups, adamw_groups)``: one ManifoldMuon group per manifold object, with the names of
-    its parameters (``param_names``, torch.optim's key: ManifoldMuon names skipped updates by it);
+    """``(muon_groups, adamw_groups)``: one ManifoldMuon group per (manifold object, solver), with the
+    names of its parameters (``param_names``, torch.optim's key: ManifoldMuon names skipped updates by
+    it) and ``solver`` when the assignments carry one (`pick_solvers`; else the optimizer's default);
     AdamW matrices (with ``weight_decay`` unless ``None``) and vectors (weight decay 0) in separate
     groups."""
-    by_manifold: dict[int, dict] = {}  # keyed by object: two BoundedDGram instances must not merge
+    by_key: dict[tuple[int, str | None], dict] = {}  # by manifold object: two BoundedDGram instances must not merge
     for a in assignments:
         if a.optimizer == "muon":
-            group = by_manifold.setdefault(
-                id(a.manifold),
-                {"params": [], "param_names": [], "manifold": a.manifold, "manifold_name": a.manifold_name},
-            )
+            group = by_key.get((id(a.manifold), a.solver))
+            if group is None:
+                group = {"params": [], "param_names": [], "manifold": a.manifold, "manifold_name": a.manifold_name}
+                group.update({"solver": a.solver} if a.solver is not None else {})
+                by_key[id(a.manifold), a.solver] = group
             group["params"].append(params[a.name])
             group["param_names"].append(a.name)
     adam = [params[a.name] for a in assignments if a.optimizer == ADAMW]
@@ -280,7 +327,7 @@ def optimizer_groups(
     if weight_decay is not None:
         matrices["weight_decay"] = weight_decay
     vectors = {"params": [p for p in adam if p.dim() < 2], "weight_decay": 0.0}
-    return list(by_manifold.values()), [g for g in (matrices, vectors) if g["params"]]
+    return list(by_key.values()), [g for g in (matrices, vectors) if g["params"]]
 
 
 @torch.no_grad()

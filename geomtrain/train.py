@@ -39,7 +39,7 @@ from ._io import environment_record, to_jsonable
 from .assign import assign, format_table, is_gpt_matrix
 from .config import TrainConfig, import_manifold_modules
 from .diagnostics import collect_diagnostics, gradient_norms
-from .groups import optimizer_groups, project_onto_manifolds
+from .groups import optimizer_groups, pick_solvers, project_onto_manifolds
 from .hardware import matmul_precision, mfu, model_flops_per_token, model_matmul_precision, peak_bf16_flops
 from .model import GPT, load_hf_gpt2_folder, match_qkv_layout, model_config
 from .runfolder import CheckpointError, RunFolder, RunFolderError, load_verified_checkpoint
@@ -98,11 +98,18 @@ def lr_at(step: int, cfg: TrainConfig) -> float:
 
 def build_optimizers(model: torch.nn.Module, assignments, cfg: TrainConfig):
     """AdamW for the ``adamw`` parameters (weight decay on 2-D ones only) and ManifoldMuon for
-    the ``muon`` parameters, one param group per manifold (`geomtrain.groups.optimizer_groups`).
-    Returns ``(adamw, muon_or_None)``."""
-    from .optim import ManifoldMuon
+    the ``muon`` parameters, one param group per manifold and solver (`geomtrain.groups.optimizer_groups`;
+    ``muon_solver_rules`` pick a Muon matrix's solver, `pick_solvers`, which sets each assignment's
+    ``solver``). ``muon_solver_options`` are ``muon_solver``'s: a rule's other solver runs with its
+    defaults. Returns ``(adamw, muon_or_None)``."""
+    from .optim import DEFAULT_SOLVER, ManifoldMuon, get_solver
 
+    run_solver = get_solver(cfg.muon_solver or DEFAULT_SOLVER).name
+    pick_solvers(assignments, cfg.muon_solver_rules, run_solver)
     muon_groups, adam_groups = optimizer_groups(assignments, dict(model.named_parameters()), cfg.weight_decay)
+    for group in muon_groups:
+        if group["solver"] != run_solver:
+            group["solver_options"] = {}
     adamw = torch.optim.AdamW(adam_groups, lr=cfg.lr, betas=(cfg.beta1, cfg.beta2))
     if not muon_groups:
         return adamw, None
