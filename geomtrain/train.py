@@ -384,10 +384,17 @@ class Trainer:
         if differ:
             listed = "; ".join(f"{k}: checkpoint {a!r}, now {b!r}" for k, (a, b) in differ.items())
             raise CheckpointError(f"the checkpoint is of another model ({listed})")
-        assigned = [(a.name, a.optimizer, a.manifold_name) for a in self.assignments]
-        saved_assigned = [(a["name"], a["optimizer"], a.get("manifold")) for a in ckpt.get("assignment", [])]
+        assigned = [(a.name, a.optimizer, a.manifold_name, a.solver) for a in self.assignments]
+        solver_now = {a.name: a.solver for a in self.assignments}  # a checkpoint without solvers: as now
+        saved_assigned = [
+            (a["name"], a["optimizer"], a.get("manifold"), a.get("solver", solver_now.get(a["name"])))
+            for a in ckpt.get("assignment", [])
+        ]
         if saved_assigned and saved_assigned != assigned:
-            raise CheckpointError("the checkpoint has another manifold assignment (preset or rules changed)")
+            raise CheckpointError(
+                "the checkpoint has another manifold assignment or Muon solver (preset, rules, muon_solver or "
+                "muon_solver_rules changed)"
+            )
         self.model.load_state_dict(ckpt["model"])
         self.adamw.load_state_dict(ckpt["adamw"])
         if self.muon is not None and ckpt["muon"] is not None:

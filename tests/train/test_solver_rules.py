@@ -149,3 +149,26 @@ def test_stopped_run_with_solver_rules_resumes_and_refuses_other_rules(data_dir,
     assert [s for s, _ in losses] == [1, 2, 3, 4] and all(math.isfinite(v) for _, v in losses), losses
     assert json.loads((run / "status.json").read_text())["status"] == "finished"
     _check_solvers_on_file(run)
+
+
+def test_resume_that_changes_a_solver_is_refused_even_when_config_changes_are_allowed(data_dir, tmp_path, capsys):
+    # Loading the optimizer state would keep the checkpoint's solver under a config naming another one.
+    run = tmp_path / "run"
+    argv = run_args(data_dir, run, "--max-iters", "4", "--eval-interval", "2", "--no-diagnostics")
+    assert cli([*argv, "--solver-rule", MLP_RULE, "--stop-after", "2"], capsys)[0] == 130
+    before = (run / "ckpt.pt").read_bytes()
+    for change in (["--solver-rule", "*.mlp.*=tangent"], ["--muon-solver", "tangent", "--solver-rule", MLP_RULE]):
+        code, _, err = cli([*argv, "--resume", *change, "--allow-config-change"], capsys)
+        assert_one_line_error(code, err, "Muon solver", "muon_solver_rules")
+    assert (run / "ckpt.pt").read_bytes() == before
+    assert json.loads((run / "status.json").read_text())["status"] == "interrupted"
+
+
+def test_checkpoint_without_solvers_in_its_assignment_still_loads(data_dir):
+    from geomtrain.train import Trainer
+
+    ckpt = Trainer(tiny_config(data_dir)).state_dict()
+    assert all("solver" in a for a in ckpt["assignment"] if a["optimizer"] == "muon")
+    for a in ckpt["assignment"]:  # as written before solvers were recorded
+        a.pop("solver", None)
+    Trainer(tiny_config(data_dir)).load_state_dict(ckpt)
