@@ -192,7 +192,11 @@ def add_parser(sub) -> None:
         help="Manifold Muon's DDP exchange: bytes and collectives per step, one process vs broadcast vs bucketed",
         description=__doc__.split("\n")[0],
     )
-    p.add_argument("--models", default="mini,gpt2", help="comma-separated geomtrain.model.MODEL_CONFIGS names")
+    p.add_argument(
+        "--models",
+        default="mini",
+        help="comma-separated geomtrain.model.MODEL_CONFIGS names (gpt2: minutes per step on a CPU)",
+    )
     p.add_argument("--ranks", type=positive_int, default=2, help="gloo CPU ranks (>= 2)")
     p.add_argument("--steps", type=positive_int, default=3, help="timed optimizer steps")
     p.add_argument("--warmup", type=non_negative_int, default=1, help="untimed steps first")
