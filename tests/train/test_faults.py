@@ -286,7 +286,7 @@ def test_non_finite_gradient_in_a_run_is_counted_and_the_run_finishes(data_dir, 
 def test_a_skipped_matrix_update_is_logged_by_name_and_the_run_finishes(data_dir, tmp_path, monkeypatch, capsys):
     """A direction solve that comes out non-finite for one matrix (step 6): that update is skipped, and the
     train record of step 6 is written, though off the log interval, naming the matrix and the reason."""
-    import geomtrain.optim.muon as muon_module
+    import geomtrain.optim.muon_step as muon_module
     from geomtrain.train import Trainer, load_checkpoint
 
     original_step, original_direction = Trainer.step, muon_module.spectral_direction
