@@ -24,6 +24,7 @@ def _exchanged(model: str) -> tuple[int, int, int]:
     return payload, len(params), len({(tuple(p.shape), p.dtype) for p in params})
 
 
+@pytest.mark.slow
 def test_bench_dist_counts_what_each_exchange_sends(capsys):
     ranks = 2
     rows = bench_dist(("tiny",), ranks=ranks, steps=1, warmup=0, log=print)

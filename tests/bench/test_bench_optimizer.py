@@ -268,6 +268,7 @@ def test_reference_solve_finds_the_square_stiefel_optimum_and_measures_gaps_agai
             assert gap.shape == (2,) and float((gap - expected).abs().max()) < 1e-9
 
 
+@pytest.mark.slow
 def test_bench_never_imports_the_cli():
     # The CLI registers the benchmarks (geomtrain.cli imports geomtrain.bench), so no module of the bench
     # package may import geomtrain.cli back, not even lazily inside a function: a cycle. Only __main__.py,
@@ -295,6 +296,7 @@ def test_bench_never_imports_the_cli():
     subprocess.run([sys.executable, "-c", check], check=True)
 
 
+@pytest.mark.slow
 def test_python_m_geomtrain_bench_is_geomtrain_bench():
     # The entry script runs the CLI's `bench` command: its one-line error and exit code 2 on bad input.
     import subprocess

@@ -3,6 +3,8 @@ to every preset, and bad input as one line with exit code 2."""
 
 import json
 
+import pytest
+
 from geomtrain.cli import main as cli_main
 
 
@@ -32,6 +34,7 @@ def _bench(data_dir, out, *extra):
     )
 
 
+@pytest.mark.slow
 def test_bench_train_logs_each_step_and_counts_evaluations(data_dir, tmp_path, capsys):
     assert _bench(data_dir, tmp_path / "exact.json") == 0
     err = capsys.readouterr().err
@@ -86,6 +89,7 @@ def test_bench_train_rejects_bad_counts_and_empty_presets_in_one_line(data_dir, 
     assert not (tmp_path / "bad.json").exists()
 
 
+@pytest.mark.slow
 def test_bench_train_threads_sets_and_records_the_torch_threads(data_dir, tmp_path):
     import torch
 
@@ -98,6 +102,7 @@ def test_bench_train_threads_sets_and_records_the_torch_threads(data_dir, tmp_pa
         torch.set_num_threads(before)
 
 
+@pytest.mark.slow
 def test_bench_train_checks_its_out_path_before_timing(data_dir, tmp_path, capsys):
     # before: the JSON was written after every step had run, so a bad --out lost the whole measurement
     (tmp_path / "a_file").write_text("")

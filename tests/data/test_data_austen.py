@@ -197,6 +197,7 @@ def test_fetch_with_the_files_in_the_cache_runs_nothing(tmp_path, monkeypatch):
     assert austen.default_cache_dir() == tmp_path / "root"
 
 
+@pytest.mark.slow
 def test_prepare_classics_austen_from_a_cache_put_in_by_hand(tmp_path, monkeypatch):
     monkeypatch.setenv(austen.CACHE_ENV, str(tmp_path / "cache"))
     with pytest.raises(data.MissingPackageError, match=r"^Jane Austen's novels need .*Rdata\.rdb: run `apt-get"):
@@ -224,6 +225,7 @@ REAL_LINES = {
 }
 
 
+@pytest.mark.slow
 def test_the_real_janeaustenr(tmp_path):
     try:
         folder = austen.janeaustenr_dir()

@@ -57,6 +57,7 @@ def test_fineweb_from_local_files_tokenizes_every_row_in_order(tmp_path, kind):
     assert data.verify(tmp_path / "out") == []
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("tokenizer", ["gpt2", "bpe4k"])
 def test_token_files_are_identical_for_any_number_of_processes(tmp_path, tokenizer):
     """700 documents are 11 batches of 64: with 2 processes, two windows of 8 batches go to the pool."""
@@ -111,6 +112,7 @@ def test_bad_sources_are_one_line(tmp_path):
         data.prepare(tmp_path / "out", dataset="fineweb", source=no_text, num_proc=0)
 
 
+@pytest.mark.slow
 def test_cli_prepares_fineweb_with_processes(tmp_path, capsys):
     source = write_source(tmp_path / "src" / "rows.jsonl", texts(20, seed=3), "json")
     out = tmp_path / "fw"

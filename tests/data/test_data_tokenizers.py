@@ -177,6 +177,7 @@ def test_bpe_is_not_trained_on_a_document_the_fallback_moves_to_val(tmp_path):
     assert data.verify(tmp_path / "out") == []
 
 
+@pytest.mark.slow
 def test_bpe_fills_the_requested_vocabulary(tmp_path):
     # A few plays are plenty of text for 4096 tokens.
     plays = dict(list(data.shakespeare_documents())[:4])

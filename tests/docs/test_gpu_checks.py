@@ -7,11 +7,14 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 from geomtrain.assign import PRESETS
 
 ROOT = Path(__file__).resolve().parents[2]
 
 
+@pytest.mark.slow
 def test_gpu_checks_smoke_mode_reports_the_recipe_for_every_preset(data_dir, tmp_path):
     out = tmp_path / "checks"
     env = {

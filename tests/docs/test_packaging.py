@@ -158,6 +158,7 @@ def core_env(tmp_path_factory) -> dict:
     return json.loads(run.stdout.strip().splitlines()[-1])
 
 
+@pytest.mark.slow
 def test_core_imports_and_steps_without_the_extras(core_env):
     assert core_env["present"] == []  # the venv really lacks the extras' packages
     assert core_env["core_modules"]  # the core modules did load, from the project's folders

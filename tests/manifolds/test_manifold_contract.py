@@ -40,6 +40,7 @@ MANIFOLDS = [
 IDS = ["Stiefel", "DGram", "Oblique", "Euclidean", "BlockGram", "ParityOblique", "BoundedDGram-0.5", "BoundedDGram-3"]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("manifold", MANIFOLDS, ids=IDS)
 @pytest.mark.parametrize("prop", PROPERTIES, ids=lambda p: p.__name__)
 def test_contract(manifold, prop):
@@ -142,6 +143,7 @@ def _load_docs_example():
     return sys.modules[name]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("cls_name", ["BlockGram", "FastBlockGram"])
 def test_docs_guide_manifolds_pass_the_kit(cls_name):
     # The "Define your own manifold" guide's classes, checked exactly as the guide says.

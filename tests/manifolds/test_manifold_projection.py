@@ -31,6 +31,7 @@ def _gpt_matrices():
     [*manifold_names(), ParityOblique()],
     ids=lambda m: m if isinstance(m, str) else type(m).__name__,
 )
+@pytest.mark.slow
 def test_gpt_initialisation_projects_onto_every_manifold(manifold):
     # Every registered name and a project_gram-only user mask (the generic path): the trainer projects these
     # very weights (float32) at the start of a run. Before the fix the generic Newton raised from this scale.
@@ -117,6 +118,7 @@ def parity_module(tmp_path, monkeypatch):
     forget_manifold("parityob", "user_parity")
 
 
+@pytest.mark.slow
 def test_a_project_gram_only_manifold_trains(data_dir, parity_module):
     # The run: rule *.attn.c_proj.weight=parityob on a GPT; before the fix the trainer's initial
     # projection raised. Now it trains: finite losses, the matrices move and stay on the manifold.

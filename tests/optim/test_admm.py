@@ -22,6 +22,7 @@ from geomtrain.optim.admm import OPTIONS, admm_direction
 TANGENT_TOL, OP_TOL = 1e-5, 1e-6
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("kind", list(MANIFOLDS))
 @pytest.mark.parametrize("shape", SHAPES)
 @pytest.mark.parametrize("steps", [1, 2])

@@ -39,6 +39,7 @@ def _dual_value_exact(W, G, S):
     [(Stiefel(), (24, 8)), (DGram(), (24, 8)), (DGram(), (16, 16)), (DGram(), (20, 16)), (BlockGram(), (12, 8))],
     ids=["stiefel-tall", "dgram-tall", "dgram-square", "dgram-near-square", "blockgram"],
 )
+@pytest.mark.slow
 @pytest.mark.parametrize("dtype", [torch.float64, torch.float32], ids=str)
 def test_certified_gap_is_a_true_upper_bound(manifold, shape, dtype):
     # The reported gap must bound (1) the gap at the returned dual, evaluated exactly (slack: float64

@@ -44,6 +44,7 @@ def test_step_is_tangent_with_spectral_norm_lr(manifold, shape):
     assert opt.last_stats["n_matrices"] == (1 if isinstance(manifold, Euclidean) else math.prod(W.shape[:-2]))
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("manifold", CONSTRAINED, ids=lambda m: type(m).__name__)
 def test_parameters_stay_on_the_manifold_for_1000_steps(manifold):
     W = torch.nn.Parameter(manifold.random(2, 10, 4, generator=seeded(21)))
@@ -60,6 +61,7 @@ def test_parameters_stay_on_the_manifold_for_1000_steps(manifold):
     assert float(manifold.constraint_violation(W.detach()).max()) <= 1e-5
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("solver", SOLVERS)
 def test_stiefel_trace_minimisation_reaches_the_eigenvalue_optimum(solver):
     m, n = 16, 4
@@ -82,6 +84,7 @@ def test_stiefel_trace_minimisation_reaches_the_eigenvalue_optimum(solver):
     assert ok, reason
 
 
+@pytest.mark.slow
 def test_dgram_toy_problem_converges():
     # fit a DGram target B (orthogonal columns of norms 0.5..2): the optimum is W = B, loss 0
     B = DGram().random(12, 4, dtype=torch.float64, generator=seeded(40))

@@ -17,6 +17,7 @@ from geomtrain.optim.muon_step import MatrixItem, StatsTable
 SUPPORT = Path(__file__).resolve().parents[1] / "_support"  # dist_optim_worker.py (a torchrun script)
 
 
+@pytest.mark.slow
 def test_two_ranks_match_each_other_and_one_process(tmp_path):
     import dist_optim_worker  # tests/_support is on sys.path (tests/conftest.py)
 
@@ -92,6 +93,7 @@ def test_bucketed_must_be_bool():
         ManifoldMuon([torch.nn.Parameter(torch.zeros(3, 2))], bucketed="yes")
 
 
+@pytest.mark.slow
 def test_four_ranks_uneven_buckets_match_one_process(tmp_path):
     """Buckets of 3, 5 and 1 matrices on 4 ranks, bucketed and per-matrix: ranks bitwise identical, equal to
     one process, ONE gather per bucket carrying exactly every matrix's weights and warm-start state."""

@@ -2,6 +2,8 @@
 
 import math
 
+import pytest
+
 from geomtrain.config import make_config
 from geomtrain.study.autoassign import Policy, groups_for, matching_preset, propose, rules_for, saturation_guard
 
@@ -29,6 +31,7 @@ def test_autoassign_policy_helpers():
     assert not ok and "layer 0: max |logit|" in why
 
 
+@pytest.mark.slow
 def test_autoassign_on_a_tiny_model(data_dir, tmp_path):
     base = dict(
         model="tiny",

@@ -13,6 +13,7 @@ def metrics(run):
     return [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
 
 
+@pytest.mark.slow
 def test_collect_reads_every_run_of_the_study(tiny_study_folder):
     summary = collect(tiny_study_folder)
     assert [v["name"] for v in summary["variants"]] == ["adamw", "hetero"]

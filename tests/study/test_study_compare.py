@@ -32,6 +32,7 @@ def test_compare_reads_the_gaps_and_the_ordering_off_the_summaries(tmp_path):
     assert not (tmp_path / "cmp" / "val_curves.png").exists()  # one study: nothing to overlay
 
 
+@pytest.mark.slow
 def test_studies_of_different_lengths_get_the_gap_figure_and_report_rebuilds_them(tmp_path):
     longer = tmp_path / "longer"
     shutil.copytree(RESULTS / "main", longer)

@@ -23,6 +23,7 @@ def test_val_loss_draws_each_run_s_evaluations(summary):
     assert {t.get_text() for t in full.get_legend().get_texts()} == {"adamw", "hetero"}
 
 
+@pytest.mark.slow
 def test_write_all_writes_what_applies_and_removes_a_stale_figure(summary, tmp_path):
     (tmp_path / "mechanism.png").write_bytes(PNG)  # left by a report of a study with DGram attention
     written = figures.write_all(summary, tmp_path)

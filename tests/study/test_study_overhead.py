@@ -3,9 +3,12 @@ through the project's one timing loop, and refuses a bad solver before any work.
 
 import json
 
+import pytest
+
 from geomtrain.cli import main as cli_main
 
 
+@pytest.mark.slow
 def test_overhead_measures_interleaved_step_times(data_dir, tmp_path, capsys):
     assert (
         cli_main(

@@ -38,6 +38,7 @@ def _fake_run(variant, seed, status, n=6, grow=1.0):
     }
 
 
+@pytest.mark.slow
 def test_figures_from_a_synthetic_summary(tmp_path):
     variants = [
         {"name": "hetero", "preset": "hetero", "base": "hetero"},
@@ -75,6 +76,7 @@ STUDIES = sorted(p.parent.name for p in RESULTS.glob("*/summary.json"))
 COMPARISONS = sorted(p.parent.name for p in RESULTS.glob("*/compare.json"))
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("name", STUDIES)
 def test_a_committed_study_re_reports_to_the_same_bytes(tmp_path, name):
     # Without its runs, `report` rebuilds the table from summary.json: the committed tables and
@@ -86,6 +88,7 @@ def test_a_committed_study_re_reports_to_the_same_bytes(tmp_path, name):
         assert (folder / file).read_bytes() == (RESULTS / name / file).read_bytes(), file
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("name", COMPARISONS)
 def test_a_committed_comparison_rebuilds_to_the_same_bytes(tmp_path, name, monkeypatch):
     # compare.json names its studies relative to the repository root, as the docs' commands run

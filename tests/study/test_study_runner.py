@@ -16,6 +16,7 @@ from geomtrain.study import main as study_main
 from geomtrain.study.runner import train_one
 
 
+@pytest.mark.slow
 def test_smoke_study_report_and_resume(data_dir, tmp_path, capsys):
     out = tmp_path / "study"
     assert tiny_study(data_dir, out, "--presets", "adamw,hetero", "--seeds", "2") == 0
@@ -99,6 +100,7 @@ def test_smoke_study_report_and_resume(data_dir, tmp_path, capsys):
     assert load_summary(out)["table"] == summary["table"]
 
 
+@pytest.mark.slow
 def test_interrupted_runs_resume(data_dir, tmp_path):
     out = tmp_path / "study"
     assert tiny_study(data_dir, out, "--presets", "adamw", "--set", "stop_after=3") == 0
@@ -115,6 +117,7 @@ def test_interrupted_runs_resume(data_dir, tmp_path):
     assert steps == [1, 2, 3, 4, 5, 6]  # no duplicated records after the resume
 
 
+@pytest.mark.slow
 def test_suites_sharing_a_runs_dir_reuse_identical_runs(data_dir, tmp_path, capsys):
     runs = str(tmp_path / "runs")
     assert tiny_study(data_dir, tmp_path / "main", "--presets", "adamw", "--runs-dir", runs) == 0
@@ -152,6 +155,7 @@ def test_suites_sharing_a_runs_dir_reuse_identical_runs(data_dir, tmp_path, caps
     assert set(rows) == {"adamw", "adamw__muon_lr-0.05"} and rows["adamw__muon_lr-0.05"]["vs_adamw"] == 1.0
 
 
+@pytest.mark.slow
 def test_parallel_workers_give_the_same_results(data_dir, tmp_path):
     # --jobs 2: runs in two spawned processes; every run is seeded on its own, so the results
     # must match one worker's exactly (losses and singular values, bit for bit).
@@ -184,6 +188,7 @@ def test_claim_lock(tmp_path):
     other.release()
 
 
+@pytest.mark.slow
 def test_other_settings_in_the_folder_are_refused(data_dir, tmp_path, capsys):
     out = tmp_path / "study"
     assert tiny_study(data_dir, out, "--presets", "adamw", "--set", "stop_after=1") == 0
@@ -210,6 +215,7 @@ def test_other_settings_in_the_folder_are_refused(data_dir, tmp_path, capsys):
     assert cli_main(["report", str(tmp_path / "nothing-here")]) == 2
 
 
+@pytest.mark.slow
 def test_bounded_variant_trains_by_its_registry_name(data_dir, tmp_path):
     # The bounded suite's rules name the manifold ``bdgram@0.4``; the registry resolves it, no
     # custom-manifold dict: every attention matrix ends on BoundedDGram(0.4), sigma_max <= 0.4.
@@ -234,6 +240,7 @@ def test_bounded_variant_trains_by_its_registry_name(data_dir, tmp_path):
     assert attn and all(m["manifold"] == "bdgram@0.4" and m["sigma_max"] <= 0.4 * (1 + 1e-5) for m in attn)
 
 
+@pytest.mark.slow
 def test_an_invocation_killed_between_runs_keeps_its_wall_time(data_dir, tmp_path, monkeypatch):
     # study.json's elapsed time is stamped after every finished run, not only when the invocation ends: a
     # session that ends (the process killed) between runs must not lose the time of the runs it finished.

@@ -152,6 +152,7 @@ def test_prepare_openwebtext_without_datasets_names_the_install(tmp_path, monkey
 
 
 # ----------------------------------------------------------------------------- run folders
+@pytest.mark.slow
 def test_rerun_into_a_run_folder_is_refused_and_changes_nothing(data_dir, stopped_run, capsys):
     before = snapshot(stopped_run)
     code, _, err = cli(run_args(data_dir, stopped_run), capsys)
@@ -185,12 +186,14 @@ def test_resume_and_overwrite_together_are_refused(data_dir, stopped_run, capsys
     assert snapshot(stopped_run) == before
 
 
+@pytest.mark.slow
 def test_overwrite_starts_over_without_duplicates(data_dir, reference, stopped_run, capsys):
     code, _, err = cli(run_args(data_dir, stopped_run, "--overwrite"), capsys)
     assert code == 0, err[-3000:]
     assert_same_run(stopped_run, reference)
 
 
+@pytest.mark.slow
 def test_resume_before_the_first_checkpoint_starts_clean(data_dir, reference, tmp_path, monkeypatch, capsys):
     from geomtrain.runfolder import RunFolder
 
@@ -230,6 +233,7 @@ def test_resume_with_a_changed_run_defining_key_is_refused(flag, value, key, dat
     assert snapshot(stopped_run) == before
 
 
+@pytest.mark.slow
 def test_allowed_config_change_is_recorded_never_overwritten(data_dir, stopped_run, capsys):
     old = json.loads((stopped_run / "config.json").read_text())
     code, out, err = cli(
@@ -254,6 +258,7 @@ def test_allowed_change_of_the_model_is_still_one_line_and_not_recorded(data_dir
 
 
 # ----------------------------------------------------------------------------- torn logs
+@pytest.mark.slow
 def test_torn_last_metrics_line_then_resume(data_dir, reference, stopped_run, capsys):
     with open(stopped_run / "metrics.jsonl", "a") as fh:
         fh.write('{"kind": "train", "step": 5, "lo')  # the process died in the middle of a line
@@ -274,6 +279,7 @@ def test_bad_line_inside_metrics_is_one_line_naming_file_and_line(data_dir, stop
     assert snapshot(stopped_run) == before
 
 
+@pytest.mark.slow
 def test_finished_run_resumed_again_adds_nothing(data_dir, reference, stopped_run, capsys):
     assert cli(run_args(data_dir, stopped_run, "--resume"), capsys)[0] == 0
     before = records(stopped_run, "train")

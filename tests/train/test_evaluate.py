@@ -20,6 +20,7 @@ def tiny_run(data_dir, tmp_path_factory):
     return run, [r["val_loss"] for r in records if r["kind"] == "eval"][-1]
 
 
+@pytest.mark.slow
 def test_evaluate_checkpoint_gives_the_logged_val_loss(tiny_run):
     run, logged = tiny_run
     result = evaluate_checkpoint(run)

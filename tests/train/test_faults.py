@@ -146,6 +146,7 @@ def _full_after_step(monkeypatch, disk, step):
         (40, "metrics.jsonl"),  # 40 bytes left: the next log line is cut in the middle
     ],
 )
+@pytest.mark.slow
 def test_full_disk_is_one_line_and_a_later_resume_loses_nothing(
     free, fails_on, data_dir, reference, stopped_run, monkeypatch, capsys
 ):
@@ -171,6 +172,7 @@ class _Killed(BaseException):
     """Stands for SIGKILL in this process: not an Exception, so nothing catches it on the way out."""
 
 
+@pytest.mark.slow
 def test_full_disk_then_kill_between_the_renames_still_resumes(data_dir, reference, stopped_run, monkeypatch, capsys):
     """Two faults in a row: a checkpoint write fails (ckpt.json already names it), then the next
     run dies between writing ckpt.json and renaming ckpt.pt. ``previous`` in ckpt.json must name
@@ -231,6 +233,7 @@ def tensors_of_trainer(trainer):
         (1e30, 0.0),  # finite, but its square overflows float32: Inf in Adam's exp_avg_sq when nothing clips it
     ],
 )
+@pytest.mark.slow
 def test_one_non_finite_gradient_entry_skips_the_step_and_touches_nothing(param, bad, grad_clip, data_dir):
     trainer = _trainer(data_dir, grad_clip=grad_clip)
     by_name = dict(trainer.model.named_parameters())
@@ -260,6 +263,7 @@ def test_one_non_finite_gradient_entry_skips_the_step_and_touches_nothing(param,
     assert not torch.equal(after[f"model/{param}"], trainer.model.state_dict()[param])
 
 
+@pytest.mark.slow
 def test_non_finite_gradient_in_a_run_is_counted_and_the_run_finishes(data_dir, tmp_path, monkeypatch, capsys):
     from geomtrain.train import Trainer, load_checkpoint
 
@@ -283,6 +287,7 @@ def test_non_finite_gradient_in_a_run_is_counted_and_the_run_finishes(data_dir, 
     assert assert_all_finite(ckpt["model"], ckpt["adamw"], ckpt["muon"]) > 30
 
 
+@pytest.mark.slow
 def test_a_skipped_matrix_update_is_logged_by_name_and_the_run_finishes(data_dir, tmp_path, monkeypatch, capsys):
     """A direction solve that comes out non-finite for one matrix (step 6): that update is skipped, and the
     train record of step 6 is written, though off the log interval, naming the matrix and the reason."""
@@ -321,6 +326,7 @@ def test_a_skipped_matrix_update_is_logged_by_name_and_the_run_finishes(data_dir
 
 
 # ----------------------------------------------------------------------------- exceptions
+@pytest.mark.slow
 def test_an_exception_records_failed_status_and_resume_loses_nothing(
     data_dir, reference, stopped_run, monkeypatch, capsys
 ):

@@ -147,6 +147,7 @@ def test_constrained_matrices_are_projected_and_the_distance_reported():
     assert torch.equal(untouched[0].weight, mlp()[0].weight)
 
 
+@pytest.mark.slow
 def test_a_few_steps_on_the_mlp_reduce_the_loss_and_stay_on_the_manifolds():
     torch.manual_seed(1)
     x = torch.randn(256, 16)
@@ -311,6 +312,7 @@ def hf_gpt2():
     return transformers.GPT2LMHeadModel(config)
 
 
+@pytest.mark.slow
 def test_hf_gpt2_conv1d_constrains_the_smaller_gram(hf_gpt2):
     model = hf_gpt2
     assert model.transformer.h[0].mlp.c_fc.weight.shape == (32, 128)  # Conv1D: (in, out), unlike nn.Linear

@@ -56,6 +56,7 @@ def _one_batch_of_the_micro_batches(trainer, micro, accum):
     return forward_backward
 
 
+@pytest.mark.slow
 def test_grad_accum_equals_one_batch_of_the_same_sequences(data_dir):
     accumulated = Trainer(tiny_config(data_dir, batch_size=4, grad_accum=2))
     one_batch = Trainer(tiny_config(data_dir, batch_size=8, grad_accum=1))
@@ -81,6 +82,7 @@ def test_grad_accum_equals_one_batch_of_the_same_sequences(data_dir):
 
 
 # ----------------------------------------------------------------------------- bfloat16
+@pytest.mark.slow
 def test_bfloat16_autocast_matches_float32_within_bf16_rounding(data_dir):
     """2 steps (bf16 matmuls are emulated, slow, on CPU). Under autocast the matmul inputs are rounded
     to bf16 (relative error u = 2^-8 each) while the loss is computed in float32; at initialisation
@@ -138,6 +140,7 @@ def test_tf32_applies_to_the_model_passes_not_to_the_optimizer(data_dir):
     assert torch.get_float32_matmul_precision() == "highest"
 
 
+@pytest.mark.slow
 def test_tf32_key_is_validated_and_recorded(data_dir, tmp_path):
     with pytest.raises(ValueError, match="tf32 must be a bool"):
         tiny_config(data_dir, tf32="yes")
@@ -176,6 +179,7 @@ def test_mfu_formula_and_peaks():
     assert peak_bf16_flops("cpu") is None
 
 
+@pytest.mark.slow
 def test_train_records_log_tokens_per_second_and_mfu(data_dir, tmp_path, monkeypatch):
     run = tmp_path / "run"
     train(tiny_config(data_dir, run, max_iters=2), print_fn=lambda *a: None)

@@ -48,6 +48,7 @@ def _lock_racer(path: str, rounds: int, barrier, results) -> None:
         barrier.wait()  # both have released: the parent prepares the next round
 
 
+@pytest.mark.slow
 def test_exactly_one_of_two_processes_released_together_takes_the_lock(tmp_path):
     """200 rounds; every other round starts from the lock file of a killed holder (a dead PID), so
     the take-over path races too. The old study lock (link, then unlink a stale file) let both win
@@ -79,6 +80,7 @@ def test_exactly_one_of_two_processes_released_together_takes_the_lock(tmp_path)
     assert all(p.exitcode == 0 for p in racers)
 
 
+@pytest.mark.slow
 def test_a_lock_is_refused_while_held_and_free_after_its_holder_dies(tmp_path):
     ctx = multiprocessing.get_context("spawn")
     held, stop = ctx.Event(), ctx.Event()
@@ -182,6 +184,7 @@ def test_two_resumes_started_together(data_dir, stopped_at_4, tmp_path):
         _assert_whole(run, MAX_ITERS)
 
 
+@pytest.mark.slow
 def test_a_lock_left_by_a_killed_run_is_taken_over_with_a_note(data_dir, stopped_run, reference, capsys):
     (stopped_run / ".lock").write_text(str(DEAD_PID))
     code, out, _ = cli(run_args(data_dir, stopped_run, "--resume"), capsys)
@@ -190,6 +193,7 @@ def test_a_lock_left_by_a_killed_run_is_taken_over_with_a_note(data_dir, stopped
     assert_same_run(stopped_run, reference)
 
 
+@pytest.mark.slow
 def test_a_folder_locked_by_a_live_process_is_refused_and_unchanged(data_dir, stopped_run, capsys):
     ctx = multiprocessing.get_context("spawn")
     held, stop = ctx.Event(), ctx.Event()
@@ -208,6 +212,7 @@ def test_a_folder_locked_by_a_live_process_is_refused_and_unchanged(data_dir, st
 
 
 # ----------------------------------------------------------------------------- resume from the folder alone
+@pytest.mark.slow
 def test_resume_needs_only_the_folder(data_dir, stopped_run, reference, capsys):
     """``train --out-dir RUN --resume``: every other key (tiny model, data folder, seed, sizes)
     comes from the run; before, the defaults were applied and the resume refused (model 'tiny' ->
@@ -220,6 +225,7 @@ def test_resume_needs_only_the_folder(data_dir, stopped_run, reference, capsys):
     assert json.loads((stopped_run / "config.json").read_text())["stop_after"] is None  # an invocation key
 
 
+@pytest.mark.slow
 def test_a_flag_given_with_resume_is_a_change(data_dir, stopped_run, capsys):
     before = snapshot(stopped_run)
     code, _, err = cli(["train", "--out-dir", stopped_run, "--resume", "--lr", "0.001"], capsys)
@@ -245,6 +251,7 @@ def test_a_flag_given_with_resume_is_a_change(data_dir, stopped_run, capsys):
     assert entry["changes"] == {"lr": {"old": 6e-4, "new": 1e-3}, "log_interval": {"old": 1, "new": 2}}
 
 
+@pytest.mark.slow
 def test_a_setting_change_with_resume_is_recorded_without_permission(data_dir, stopped_run, capsys):
     code, _, _ = cli(["train", "--out-dir", stopped_run, "--resume", "--eval-iters", "2"], capsys)
     assert code == 0
@@ -253,6 +260,7 @@ def test_a_setting_change_with_resume_is_recorded_without_permission(data_dir, s
     assert json.loads((stopped_run / "config.json").read_text())["eval_iters"] == 2
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("damage", ["deleted", "truncated", "rewritten"])
 @pytest.mark.parametrize("change", [("--lr", "0.001", "lr"), ("--seed", "4", "seed")])
 def test_a_damaged_config_json_cannot_hide_a_change(damage, change, data_dir, stopped_run, capsys):
@@ -275,6 +283,7 @@ def test_a_damaged_config_json_cannot_hide_a_change(damage, change, data_dir, st
     assert snapshot(stopped_run) == before
 
 
+@pytest.mark.slow
 def test_a_deleted_config_json_is_rebuilt_from_the_checkpoint(data_dir, stopped_run, reference, capsys):
     (stopped_run / "config.json").unlink()
     code, out, _ = cli(["train", "--out-dir", stopped_run, "--resume"], capsys)

@@ -33,6 +33,7 @@ def test_lr_schedule_warmup_then_cosine():
     assert lr_at(100, cfg) == pytest.approx(1e-4)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("preset", ["adamw", "hetero"])
 def test_run_writes_its_outputs(data_dir, tmp_path, preset):
     status = train(_cfg(data_dir, tmp_path / preset, preset=preset), print_fn=lambda *a: None)
@@ -72,6 +73,7 @@ def test_run_writes_its_outputs(data_dir, tmp_path, preset):
         assert kinds == set()
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("preset", ["adamw", "hetero"])
 def test_resume_is_bit_exact(data_dir, tmp_path, preset):
     full = train(_cfg(data_dir, tmp_path / "full", preset=preset), print_fn=lambda *a: None)
@@ -88,6 +90,7 @@ def test_resume_is_bit_exact(data_dir, tmp_path, preset):
         assert torch.equal(tensor, b["model"][name]), name
 
 
+@pytest.mark.slow
 def test_divergence_on_val_loss_stops_and_keeps_last_good_checkpoint(data_dir, tmp_path):
     # A huge AdamW lr blows the loss up; any val increase beyond the margin counts as divergence.
     cfg = _cfg(
@@ -126,6 +129,7 @@ def _poison_forward(monkeypatch, bad_calls):
     monkeypatch.setattr(gm.GPT, "forward", poisoned)
 
 
+@pytest.mark.slow
 def test_non_finite_loss_skips_that_step_and_counts_it(data_dir, tmp_path, monkeypatch):
     _poison_forward(monkeypatch, {6})
     status = train(_cfg(data_dir, tmp_path / "nan", preset="hetero"), print_fn=lambda *a: None)
@@ -136,6 +140,7 @@ def test_non_finite_loss_skips_that_step_and_counts_it(data_dir, tmp_path, monke
     assert all(torch.isfinite(t).all() for t in ckpt["model"].values())
 
 
+@pytest.mark.slow
 def test_non_finite_loss_for_patience_steps_is_divergence(data_dir, tmp_path, monkeypatch):
     _poison_forward(monkeypatch, set(range(5, 100)))
     status = train(
@@ -189,6 +194,7 @@ def test_toml_config_and_flag_precedence(tmp_path):
         make_config({}, toml_path=path)
 
 
+@pytest.mark.slow
 def test_ctrl_c_saves_and_exits_cleanly(data_dir, tmp_path):
     out = tmp_path / "int"
     cmd = [
@@ -242,6 +248,7 @@ def test_every_config_field_is_documented():
     assert not missing, f"document these TrainConfig fields in docs/training.md: {missing}"
 
 
+@pytest.mark.slow
 def test_sample_generates_text_from_a_run(data_dir, tmp_path, capsys):
     train(_cfg(data_dir, tmp_path / "s", preset="adamw", max_iters=2, eval_interval=2), print_fn=lambda *a: None)
     capsys.readouterr()
@@ -253,6 +260,7 @@ def test_sample_generates_text_from_a_run(data_dir, tmp_path, capsys):
     assert cli_main(["sample", str(tmp_path / "nothing")]) == 2
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("preset", ["hetero", "hetero-inv"])
 def test_split_qkv_constrains_q_k_and_v_one_by_one(data_dir, tmp_path, preset):
     """``split_qkv``: c_attn is Muon's (3, C, C) batch, each of W_Q, W_K, W_V on its own manifold
@@ -306,6 +314,7 @@ def test_solver_options_reach_the_optimizer_typed(data_dir, tmp_path):
     assert 0 < trainer.muon.last_stats["iterations_max"] <= 4 + 1  # 4 ascent steps (+ the final sign)
 
 
+@pytest.mark.slow
 def test_run_folder_from_before_a_key_existed_resumes_and_its_study_run_is_reused(data_dir, tmp_path):
     # A config.json written before `split_qkv` and `muon_solver_options` existed: those keys read as
     # their defaults (what the older code did), so the run resumes and a study counts it as done.
