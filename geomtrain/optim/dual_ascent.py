@@ -24,9 +24,15 @@ import torch
 from manifolds import GramManifold
 
 from .baselines import MSIGN_OPTIONS, msign_with
-from .gram import tangent_residual
-from .numerics import Trace, first_objective, normalise
-from .products import check_products_kind, feasible_direction, mean_singular_value, normal_multiplier
+from .numerics import normalise
+from .products import (
+    carried_multiplier,
+    check_products_kind,
+    feasible_direction,
+    feasible_stats,
+    mean_singular_value,
+    normal_multiplier,
+)
 from .solver import POSITIVE, Solver, StateSlot
 
 __all__ = ["OPTIONS", "SOLVER", "dual_ascent_direction", "solve_dual_ascent"]
@@ -57,26 +63,8 @@ def solve_dual_ascent(
 ) -> tuple[torch.Tensor, dict, dict]:
     """The solver's entry (``(B, m, n)`` tall batches): direction, statistics, new state ``{"dual": S}``."""
     check_products_kind(manifold, "dual_ascent")
-    n = T.shape[-1]
-    dual = (state or {}).get("dual")
-    S0 = None if dual is None else dual.reshape(-1, n, n).to(T)
-    A, S = dual_ascent_direction(manifold, T, G, S0, opts)
-    res = tangent_residual(manifold, T, A).double().cpu()
-    trace = None
-    if opts.get("trace"):
-        trace = Trace()
-        trace.add(res[0], first_objective(G, A))
-    B = T.shape[0]
-    return (
-        A,
-        {
-            "evaluations": torch.full((B,), int(opts["steps"]) + 1, dtype=torch.long),
-            "residual": res,
-            "converged": torch.ones(B, dtype=torch.bool),
-            "trace": trace,
-        },
-        {"dual": S},
-    )
+    A, S = dual_ascent_direction(manifold, T, G, carried_multiplier(state, T), opts)
+    return A, feasible_stats(manifold, T, G, A, int(opts["steps"]) + 1, opts), {"dual": S}
 
 
 SOLVER = Solver(

@@ -23,7 +23,8 @@ import torch
 
 from manifolds import GramManifold
 
-from .gram import mask_kind
+from .gram import mask_kind, tangent_residual
+from .numerics import Trace, first_objective
 
 __all__ = [
     "PRODUCT_KINDS",
@@ -110,3 +111,29 @@ def mean_singular_value(Y: torch.Tensor, Q: torch.Tensor) -> torch.Tensor:
     r"""$\langle Y, Q\rangle / n$ with $Q \approx \operatorname{msign}(Y)$: the mean singular value of ``Y`` (its
     nuclear norm over $n$), ``(..., 1, 1)``; the scale of a multiplier step in the units of $Y$."""
     return (Y * Q).sum(dim=(-2, -1), keepdim=True) / Y.shape[-1]
+
+
+def carried_multiplier(state: dict | None, T: torch.Tensor) -> torch.Tensor | None:
+    """The multiplier ``S`` a warm start carries (``state["dual"]``) as ``(B, n, n)`` in ``T``'s dtype, or None."""
+    dual = (state or {}).get("dual")
+    return None if dual is None else dual.reshape(-1, T.shape[-1], T.shape[-1]).to(T)
+
+
+def feasible_stats(
+    manifold: GramManifold, T: torch.Tensor, G: torch.Tensor, A: torch.Tensor, evaluations: int, opts: dict
+):
+    """The statistics of a products-only solve of ``(B, m, n)`` batches: ``evaluations`` msign calls each,
+    the tangent residual of ``A`` (rounding only: feasible by construction, so always converged) and,
+    with ``opts["trace"]``, a one-point trace of the first matrix."""
+    res = tangent_residual(manifold, T, A).double().cpu()
+    trace = None
+    if opts.get("trace"):
+        trace = Trace()
+        trace.add(res[0], first_objective(G, A))
+    B = T.shape[0]
+    return {
+        "evaluations": torch.full((B,), evaluations, dtype=torch.long),
+        "residual": res,
+        "converged": torch.ones(B, dtype=torch.bool),
+        "trace": trace,
+    }

@@ -18,9 +18,8 @@ import torch
 from manifolds import GramManifold
 
 from .baselines import MSIGN_OPTIONS, msign_with
-from .gram import tangent_residual
-from .numerics import Trace, first_objective, normalise
-from .products import check_products_kind, feasible_direction, tangent_part
+from .numerics import normalise
+from .products import check_products_kind, feasible_direction, feasible_stats, tangent_part
 from .solver import Solver
 
 __all__ = ["OPTIONS", "SOLVER", "projected_tangent_direction", "solve_projected_tangent"]
@@ -41,22 +40,7 @@ def solve_projected_tangent(
     """The solver's entry (``(B, m, n)`` tall batches): the direction and its statistics (one msign each)."""
     check_products_kind(manifold, "projected_tangent")
     A = projected_tangent_direction(manifold, T, G, opts)
-    res = tangent_residual(manifold, T, A).double().cpu()
-    trace = None
-    if opts.get("trace"):
-        trace = Trace()
-        trace.add(res[0], first_objective(G, A))
-    B = T.shape[0]
-    return (
-        A,
-        {
-            "evaluations": torch.ones(B, dtype=torch.long),
-            "residual": res,
-            "converged": torch.ones(B, dtype=torch.bool),
-            "trace": trace,
-        },
-        None,
-    )
+    return A, feasible_stats(manifold, T, G, A, 1, opts), None
 
 
 SOLVER = Solver(
