@@ -107,13 +107,13 @@ def resume_config(given: dict[str, Any] | None = None, toml_path: str | os.PathL
     refuses run-defining ones unless allowed). The folder is ``out_dir`` from ``given`` (or the
     default template filled from ``given``); `INVOCATION_KEYS` are never taken from the run. A
     folder without a run gives `make_config` of the same arguments (a fresh start)."""
-    fresh = make_config(given, toml_path)
+    explicit = load_toml(toml_path) if toml_path is not None else {}  # read once, as make_config would
+    explicit.update({k: v for k, v in (given or {}).items() if v is not None})
+    fresh = make_config(explicit)
     saved = RunFolder(fresh.resolved_out_dir()).run_config()
     if saved is None:
         return fresh
     fields = {f.name for f in dataclasses.fields(TrainConfig)}
-    explicit = {**(load_toml(toml_path) if toml_path is not None else {})}
-    explicit.update({k: v for k, v in (given or {}).items() if v is not None})
     base = {k: v for k, v in saved.items() if k in fields and k not in INVOCATION_KEYS}
     return make_config({**base, "out_dir": fresh.out_dir, **explicit})
 
