@@ -1,0 +1,31 @@
+#!/usr/bin/env bash
+# Issue 42, point 4: products-only candidates against the exact solver and `tangent`, trained, at the settings of
+# the committed exact study docs/results/main-exact (mini, context 64, data/classics-bpe4k, 500 steps), 3 seeds
+# paired with its runs. One study per candidate, two runs at a time (one torch thread each); each line is
+# resumable (rerun it), and a later line with more seeds reuses the earlier seeds' runs.
+#
+#   lab/2026-12-05-solver-selection/run.sh [STEP ...]      # from the repository root; default: every step
+#
+# Steps: pt8-probe pt8 lr-check pt8r3-probe tangent-hetero-inv compare
+set -euo pipefail
+cd "$(dirname "$0")/../.."
+GEOMTRAIN=${GEOMTRAIN:-.venv/bin/geomtrain}
+here=lab/2026-12-05-solver-selection
+out=runs/lab-solver-selection
+presets=hetero,all-dgram,all-stiefel,hetero-inv
+common=(--model mini --iters 500 --set block_size=64 --jobs 2 --quiet)
+pt=(--set muon_solver=projected_tangent)
+study() { local name=$1; shift; "$GEOMTRAIN" study "${common[@]}" --out "$out/$name" --runs-dir "$out/$name/runs" "$@"; }
+for step in "${@:-pt8-probe pt8 lr-check pt8r3-probe tangent-hetero-inv compare}"; do for s in $step; do case "$s" in
+    pt8-probe) study pt8 --presets "$presets" --seeds 1 "${pt[@]}" --set muon_solver_options=msign_steps=8 ;;
+    pt8) study pt8 --presets "$presets" --seeds 3 "${pt[@]}" --set muon_solver_options=msign_steps=8 ;;
+    lr-check)  # is projected_tangent the exact direction at a smaller step? hetero at muon_lr 0.02 / 0.77
+        study pt8-lr0.026 --presets hetero --seeds 1 "${pt[@]}" --set muon_solver_options=msign_steps=8 --set muon_lr=0.026 ;;
+    pt8r3-probe)  # three alternating projections (a fuller spectrum) where one round lost: hetero, all-stiefel
+        study pt8r3 --presets hetero,all-stiefel --seeds 1 "${pt[@]}" --set "muon_solver_options=msign_steps=8;rounds=3" ;;
+    tangent-hetero-inv) study tangent-hetero-inv --presets hetero-inv --seeds 3 --set muon_solver=tangent ;;
+    compare) mkdir -p "$here/results"
+        for d in "$out"/*/; do n=$(basename "$d"); [ -f "$d/summary.json" ] || continue
+            mkdir -p "$here/results/$n"; cp "$d"/{results.md,summary.json,study.json} "$here/results/$n/"; done ;;
+    *) echo "unknown step $s; valid: pt8-probe pt8 lr-check pt8r3-probe tangent-hetero-inv compare" >&2; exit 2 ;;
+esac; done; done
