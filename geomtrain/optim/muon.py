@@ -53,6 +53,14 @@ $$\text{manifold: } W \leftarrow R_W(-\eta A),\quad A = \texttt{spectral\_direct
   ``i % world_size``, broadcast per matrix and state slot). ``last_stats["comm"]`` counts what this
   rank sent. Momentum is updated on every rank (gradients are assumed identical across ranks, as
   after DDP's all-reduce).
+  **FSDP2**: parameters that ``fully_shard`` made DTensors (placement ``Shard(0)`` on a 1-D mesh over all
+  ranks; any other layout, or plain tensors and DTensors in one optimizer, is refused) are solved by one owner
+  rank per matrix, balanced by size (`geomtrain.optim.muon_fsdp`): momentum on each rank's rows, ONE all-reduce
+  agrees the non-finite and zero-update checks, ONE ``all_to_all_single`` gathers each matrix's rows (weights,
+  update, warm-start state) to its owner, which solves and retracts it whole, and ONE more hands the new rows
+  back. Momentum and warm-start matrices are DTensors sharded like the parameter, so
+  ``torch.distributed.checkpoint`` saves and reshards them (`get_optimizer_state_dict` /
+  `set_optimizer_state_dict` work; the counters travel in every param group too). Nothing else to call.
 
 ``optimizer.last_stats`` after each ``step()`` (plain Python numbers, JSON-ready):
 ``n_matrices`` (a ``(k, m, n)`` parameter counts ``k``), ``msign_calls`` (total polar evaluations:
@@ -91,7 +99,17 @@ from manifolds.base import to_tall
 from manifolds.matrix_sign import MSIGN_METHODS
 
 from .direction import DEFAULT_SOLVER, SOLVER_OPTIONS, check_solver_options, get_solver, mask_kind, solver_option_rule
-from .muon_dist import CommCount, owners, share, share_bucketed
+from .muon_dist import CommCount, owners, reduce_stats, share, share_bucketed
+from .muon_fsdp import (
+    agree,
+    check_sharded,
+    drop_placeholders,
+    local_grad,
+    placeholder_slots,
+    sharded_like,
+    solve_sharded,
+    whole,
+)
 from .muon_step import (
     SHAPE_SCALES,
     SKIP_GRADIENT,
@@ -118,11 +136,6 @@ _EUCLIDEAN = Euclidean()
 # Raw weights are far off (GPT-2's initialisation: column cosines ~ m^-1/2, Stiefel diagonals ~ 0.3-0.7); float32
 # points after thousands of retractions are within ~1e-6, and a float32 point cast to float64 within ~1e-7.
 OFF_MANIFOLD_ATOL = 1e-3
-
-
-def _plain(t: torch.Tensor) -> torch.Tensor:
-    """``t`` detached, as a plain tensor (not a geoopt ManifoldParameter/ManifoldTensor)."""
-    return t.detach().as_subclass(torch.Tensor)
 
 
 def _param_name(group: dict, group_index: int, param_index: int) -> str:
@@ -197,6 +210,7 @@ class ManifoldMuon(torch.optim.Optimizer):
             manifold=manifold,
         )
         super().__init__(params, defaults)
+        self.mesh = check_sharded([p for g in self.param_groups for p in g["params"]])  # FSDP2's, else None
         self._manifold_of: dict[int, GramManifold] = {}
         for group in self.param_groups:
             self._check_group(group)
@@ -263,7 +277,7 @@ class ManifoldMuon(torch.optim.Optimizer):
         if mask_kind(m) != "euclidean":
             if p.dtype not in (torch.float32, torch.float64):
                 raise TypeError(f"manifold parameters must be float32 or float64; got {p.dtype}")
-            ok, why = m.check_point_on_manifold(_plain(p), explain=True, atol=OFF_MANIFOLD_ATOL)
+            ok, why = m.check_point_on_manifold(whole(p), explain=True, atol=OFF_MANIFOLD_ATOL)
             if not ok:
                 raise ValueError(
                     f"a parameter of shape {tuple(p.shape)} is not on its manifold {type(m).__name__} ({why}); "
@@ -274,6 +288,7 @@ class ManifoldMuon(torch.optim.Optimizer):
     def add_param_group(self, param_group: dict) -> None:
         super().add_param_group(param_group)
         if hasattr(self, "_manifold_of"):  # called after __init__
+            self.mesh = check_sharded([p for g in self.param_groups for p in g["params"]])
             group = self.param_groups[-1]
             self._check_group(group)
             for p in group["params"]:
@@ -290,11 +305,19 @@ class ManifoldMuon(torch.optim.Optimizer):
                 loss = closure()
         self.step_count += 1
         certify_now = self.certify_every > 0 and self.step_count % self.certify_every == 0
-        items, commits, skipped = self._init_group()
+        comm = CommCount()
+        items, commits, skipped = self._init_group(comm)
         table = StatsTable(len(items))
         world, rank = (
             (dist.get_world_size(), dist.get_rank()) if dist.is_available() and dist.is_initialized() else (1, 0)
         )
+        if self.mesh is not None:  # FSDP2: each matrix's rows to its owner and back (geomtrain.optim.muon_fsdp)
+            owner, sharded, sent = solve_sharded(items, self.state, table, certify_now)
+            self._commit(commits + sharded)
+            reduce_stats(items, self.state, table, world, owner, comm)
+            for key, value in sent.as_dict().items():
+                setattr(comm, key, getattr(comm, key) + value)
+            return self._finish(items, table, skipped, comm, loss)
         owner = owners(items, world, self.bucketed)
         mine = [it for it in items if owner[it.index] == rank]
         for it in mine:
@@ -311,9 +334,12 @@ class ManifoldMuon(torch.optim.Optimizer):
         for it in mine:
             slots = get_solver(it.group["solver"]).state
             table.set(it.index, "has_state", float(bool(slots) and all(s.key in self.state[it.p] for s in slots)))
-        comm = CommCount()
         if world > 1:
             comm = (share_bucketed if self.bucketed else share)(items, self.state, table, world, owner)
+        return self._finish(items, table, skipped, comm, loss)
+
+    def _finish(self, items: list[MatrixItem], table: StatsTable, skipped: list[dict], comm: CommCount, loss):
+        """The step's skip records, the warning (once) and ``last_stats``."""
         self.comm = comm.as_dict()
         codes = table.col("skipped").tolist()
         skipped += [skip_record(it.name, int(codes[it.index])) for it in items if codes[it.index]]
@@ -326,17 +352,18 @@ class ManifoldMuon(torch.optim.Optimizer):
                     f"ManifoldMuon: skipped {len(skipped)} matrix update(s) ({what}); counted and named in "
                     "last_stats['skipped'] (warned once)",
                     RuntimeWarning,
-                    stacklevel=2,
+                    stacklevel=3,  # the caller of step()
                 )
         names = [it.name for it in items]
         self.step_stats = StepStats.from_table(table, skipped, names, self.n_skipped_nonfinite_total, self.comm)
         self.last_stats = self.step_stats.as_dict()
         return loss
 
-    def _init_group(self) -> tuple[list[MatrixItem], list[Commit], list[dict]]:
+    def _init_group(self, comm: CommCount) -> tuple[list[MatrixItem], list[Commit], list[dict]]:
         """Gather the step's matrices: each parameter with a gradient, its new momentum buffer and update
         (`_momentum`), as a `MatrixItem` to solve, a `Commit` of the buffer, or a skip record (non-finite
-        gradient). Nothing is written before every matrix is solved: a step that raises changes nothing."""
+        gradient). Nothing is written before every matrix is solved: a step that raises changes nothing.
+        Under FSDP2 the update is this rank's rows and the checks are agreed by all ranks (counted in ``comm``)."""
         items, commits, skipped = [], [], []
         with_grad = [
             (gi, group, pi, p)
@@ -344,32 +371,35 @@ class ManifoldMuon(torch.optim.Optimizer):
             for pi, p in enumerate(group["params"])
             if p.grad is not None
         ]
-        moments = [self._momentum(group, p) for _, group, _, p in with_grad]
-        checks = host_values(  # one host read: finite gradients, zero updates
-            [torch.isfinite(p.grad).all() for _, _, _, p in with_grad] + [u.eq(0).all() for _, u in moments]
-        )
-        for (gi, group, pi, p), (buf, u), ok, zero in zip(with_grad, moments, checks, checks[len(with_grad) :]):
+        grads = [p.grad if self.mesh is None else local_grad(p) for _, _, _, p in with_grad]
+        moments = [(g, self._momentum(group, p, g)) for (_, group, _, p), g in zip(with_grad, grads)]
+        flags = [torch.isfinite(g).all() for g, _ in moments] + [u.eq(0).all() for _, (_, u) in moments]
+        checks = host_values(flags) if self.mesh is None else agree(flags, comm)  # one host read / all-reduce
+        for (gi, group, pi, p), (_, (buf, u)), ok, zero in zip(with_grad, moments, checks, checks[len(with_grad) :]):
             if not ok:
                 skipped.append(skip_record(_param_name(group, gi, pi), SKIP_GRADIENT))
                 continue
-            commits.append(Commit(p, state={"momentum_buffer": buf}))
+            commits.append(Commit(p, state={"momentum_buffer": buf if self.mesh is None else sharded_like(p, buf)}))
             if group["lr"] == 0:  # e.g. a warmup schedule at 0: momentum moves, weights do not
                 continue
             m = self._manifold_of[id(p)]
-            if mask_kind(m) == "euclidean":
+            if mask_kind(m) == "euclidean" and self.mesh is None:  # FSDP2: the owner reshapes the whole update
                 u = u.reshape(p.shape[0], -1)
             name = _param_name(group, gi, pi)
             items.append(MatrixItem(len(items), p, group, m, u, name, self.state[p], still=zero))
         return items, commits, skipped
 
-    def _momentum(self, group: dict, p: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    def _momentum(self, group: dict, p: torch.Tensor, grad: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         r"""The new momentum buffer $\beta b + (1-\beta) g$ (a new tensor; the state keeps the old one until the
-        commit) and the update $u$: $(1-\beta) g + \beta b$ (Nesterov) or the new buffer itself."""
+        commit) and the update $u$: $(1-\beta) g + \beta b$ (Nesterov) or the new buffer itself. Under FSDP2
+        ``grad`` and both results are this rank's rows."""
         buf = self.state[p].get("momentum_buffer")
-        buf = (torch.zeros(p.shape, dtype=p.dtype, device=p.device) if buf is None else buf).lerp(
-            p.grad, 1 - group["momentum"]
-        )
-        return buf, p.grad.lerp(buf, group["momentum"]) if group["nesterov"] else buf
+        if buf is None:
+            buf = torch.zeros(grad.shape, dtype=p.dtype, device=p.device)
+        elif self.mesh is not None:
+            buf = buf.to_local()
+        buf = buf.lerp(grad, 1 - group["momentum"])
+        return buf, grad.lerp(buf, group["momentum"]) if group["nesterov"] else buf
 
     def _commit(self, commits: list[Commit]) -> None:
         """Write the step: each `Commit`'s weights and state entries."""
@@ -384,11 +414,21 @@ class ManifoldMuon(torch.optim.Optimizer):
                     state[key] = value
 
     # ------------------------------------------------------------------ state
+    COUNTERS = ("n_skipped_nonfinite_total", "step_count")
+
     def state_dict(self) -> dict:
         """Like `torch.optim.Optimizer.state_dict`, with each group's manifold replaced by its class
-        name (so ``torch.load(weights_only=True)`` works) and the skip counter added."""
+        name (so ``torch.load(weights_only=True)`` works) and the `COUNTERS` added, at the top and in every
+        group (``get_optimizer_state_dict`` keeps only ``state`` and ``param_groups``). Under FSDP2 every
+        warm-start slot a parameter lacks is a placeholder (`geomtrain.optim.muon_fsdp.placeholder_slots`)."""
         sd = super().state_dict()
+        if self.mesh is not None:
+            params = [(p, g) for g in self.param_groups for p in g["params"]]
+            for i, (p, g) in enumerate(params):
+                if i in sd["state"]:
+                    sd["state"][i] = placeholder_slots(p, g, self._manifold_of[id(p)], sd["state"][i])
         for g in sd["param_groups"]:
+            g.update(n_skipped_nonfinite_total=self.n_skipped_nonfinite_total, step_count=self.step_count)
             m = g.get("manifold")
             g["manifold"] = None if m is None else type(m).__name__
             if g.get("msign_dtype") is not None:
@@ -404,10 +444,12 @@ class ManifoldMuon(torch.optim.Optimizer):
         """Restore momentum, dual variables and hyperparameters; manifolds stay those of this optimizer
         (a saved group whose manifold class differs is refused)."""
         state_dict = dict(state_dict)
-        total = state_dict.pop("n_skipped_nonfinite_total", 0)
-        steps = state_dict.pop("step_count", 0)  # absent in checkpoints written before certify_every
+        first = state_dict["param_groups"][0] if state_dict["param_groups"] else {}
+        total = state_dict.pop("n_skipped_nonfinite_total", first.get("n_skipped_nonfinite_total", 0))
+        steps = state_dict.pop("step_count", first.get("step_count", 0))  # 0: written before certify_every
         groups = []
         for saved, live in zip(state_dict["param_groups"], self.param_groups):
+            saved = {k: v for k, v in saved.items() if k not in self.COUNTERS}
             want = None if live["manifold"] is None else type(live["manifold"]).__name__
             if saved.get("manifold") != want:
                 raise ValueError(
@@ -425,5 +467,8 @@ class ManifoldMuon(torch.optim.Optimizer):
             groups.append(saved)
         state_dict["param_groups"] = groups
         super().load_state_dict(state_dict)
+        if self.mesh is not None:
+            params = [(p, g) for g in self.param_groups for p in g["params"]]
+            drop_placeholders([(p, g, self._manifold_of[id(p)], self.state[p]) for p, g in params if p in self.state])
         self.n_skipped_nonfinite_total = int(total)
         self.step_count = int(steps)

@@ -16,7 +16,8 @@ bytes of the buffers this rank hands to the collectives) and ``bytes_sent`` (wha
 algorithms: $(N-1)L$ for an all-gather of $L$ bytes per rank, $2\frac{N-1}{N}S$ for an all-reduce of $S$
 bytes, $\frac{N-1}{N}S$ for a pipelined broadcast, averaged over ranks) and ``bytes_padding`` (the zeros in
 the gathered buffers, all ranks together). Equal on every rank; computed from the buffers, not measured on
-the network.
+the network. Under FSDP2 (`geomtrain.optim.muon_fsdp`) an ``all_to_all`` counts what this rank itself sends
+to the others, which differs between ranks.
 """
 
 from __future__ import annotations
@@ -42,13 +43,14 @@ class CommCount:
     bytes_sent: float = 0.0  # fractional per collective (a rank's share of a broadcast); rounded in as_dict
     bytes_padding: int = 0
 
-    def add(self, kind: str, size: int, world: int, padding: int = 0) -> None:
+    def add(self, kind: str, size: int, world: int, padding: int = 0, sent: int = 0) -> None:
         """One collective of ``kind`` (``"all_gather"``, ``"all_reduce"``, ``"broadcast"``) on a buffer of
-        ``size`` bytes per rank."""
+        ``size`` bytes per rank; ``"all_to_all"`` (`geomtrain.optim.muon_fsdp`): ``size`` is this rank's send
+        buffer and ``sent`` its bytes for the other ranks (counted as they are, not averaged over ranks)."""
         factor = {"all_gather": world - 1, "all_reduce": 2 * (world - 1) / world, "broadcast": (world - 1) / world}
         self.collectives += 1
         self.bytes_in += size
-        self.bytes_sent += factor[kind] * size
+        self.bytes_sent += sent if kind == "all_to_all" else factor[kind] * size
         self.bytes_padding += padding
 
     def as_dict(self) -> dict:

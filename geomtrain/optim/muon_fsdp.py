@@ -1,0 +1,340 @@
+r"""`ManifoldMuon` on FSDP2 parameters (``torch.distributed.fsdp.fully_shard``): DTensors split by rows,
+placement ``Shard(0)`` on a 1-D mesh over all ranks. A manifold direction and its retraction need the whole
+matrix, so every matrix of the step has an owner rank that assembles it, solves, retracts and hands the new
+rows back.
+
+**Layout.** A tensor of $R$ rows (dim 0; the leading dim of a ``(k, m, n)`` batch) is split like
+``torch.chunk``: rank $r$ holds rows $[rc, \min(R, (r+1)c))$, $c = \lceil R/N \rceil$ (`chunk_rows`: the
+last ranks fewer or none). The momentum buffer is a DTensor of the parameter's placement, computed on the
+local rows (it is elementwise); each warm-start ``"matrix"`` slot ``(*lead, n, n)`` is a DTensor split on its
+own dim 0 the same way; ``"flag"`` slots are plain tensors, the same on every rank.
+
+**A step** (all ranks, in this order):
+
+1. Agreement: each rank checks its rows (finite gradient, update exactly zero); ONE all-reduce (min) of the
+   flags makes both checks global, so a NaN in one rank's rows skips that matrix everywhere.
+2. Owners (`owners_by_size`): the matrices to solve, largest first (ties: lower index), each to the rank
+   with the fewest elements assigned so far (ties: lower rank). Shapes only: the same on every rank.
+3. Gather: every rank sends each owner its rows of $W$, of the update $u$ and of the warm-start matrix slots
+   it has, packed per destination as ``uint8`` into one buffer: ONE ``all_to_all_single`` with split sizes
+   (gloo runs it on the CPU, uneven splits included), no padding.
+4. Each owner concatenates the rows and solves and retracts with `group_batches`, `batched_directions` and
+   `apply_directions`, as one process does; it sends every rank its rows of the new $W$ and of each warm-start
+   matrix slot (zeros where it keeps none) and every flag slot whole: ONE ``all_to_all_single``.
+5. Every rank writes its rows (as `Commit` s, with the momentum), then `reduce_stats` (one all-reduce) agrees
+   the statistics and drops the state of matrices whose owner kept none. A matrix with $u = 0$ is not sent:
+   its owner only fills its statistics row (a Euclidean one decays on every rank's rows).
+
+**Bytes.** Matrix $i$ of $|W_i|$ bytes (the update has as many), warm-start matrix slots $|S_i|$, flags
+$f_i$, owner $o_i$, rank $r$'s share of rows $\rho_{ir}$. Rank $r$ sends
+$\sum_{i: o_i \ne r} \rho_{ir}(2|W_i| + |S_i|)$ in the gather and
+$\sum_{i: o_i = r} (1 - \rho_{ir})(|W_i| + |S_i|) + (N-1) f_i$ in the scatter; all ranks together
+$\sum_i (1 - \rho_{i o_i})(3|W_i| + 2|S_i|) + (N-1) f_i \approx \frac{N-1}{N}(3|W| + 2|S|)$ per step (DDP's
+all-gather: $(N-1)(|W| + |S|)$ per rank). Add the flags all-reduce ($2 \times 4$ bytes per parameter) and the
+statistics all-reduce. `CommCount` kind ``"all_to_all"``: ``bytes_in`` is this rank's send buffer,
+``bytes_sent`` its part for the other ranks (so it differs between ranks).
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+import torch.distributed as dist
+from torch.distributed.tensor import DTensor, Shard
+
+from .direction import get_solver, mask_kind
+from .muon_dist import CommCount, comm_device, state_slots
+from .muon_step import Commit, MatrixItem, StatsTable, apply_directions, batched_directions, group_batches
+
+__all__ = [
+    "chunk_rows",
+    "owners_by_size",
+    "check_sharded",
+    "whole",
+    "local_grad",
+    "sharded_like",
+    "agree",
+    "solve_sharded",
+    "placeholder_slots",
+    "drop_placeholders",
+]
+
+SUPPORTED = (
+    "placement Shard(0) on one 1-D device mesh over all ranks, rows split like torch.chunk (FSDP2's fully_shard)"
+)
+
+
+def chunk_rows(rows: int, world: int) -> list[int]:
+    """Rows of each rank under ``torch.chunk`` semantics: $\\lceil R/N \\rceil$ each, the last ranks fewer or 0."""
+    c = -(-rows // world)
+    return [max(0, min(c, rows - r * c)) for r in range(world)]
+
+
+def owners_by_size(sizes: list[int], world: int) -> list[int]:
+    """The owner rank of each matrix of ``sizes`` elements: largest first (ties: lower index), each to the
+    least-loaded rank (ties: lower rank). Greedy, so the loads differ by at most the largest size."""
+    load, out = [0] * world, [0] * len(sizes)
+    for i in sorted(range(len(sizes)), key=lambda i: (-sizes[i], i)):
+        r = min(range(world), key=lambda r: (load[r], r))
+        out[i], load[r] = r, load[r] + sizes[i]
+    return out
+
+
+def check_sharded(params: list[torch.Tensor]):
+    """The device mesh of FSDP2 parameters (None: all are plain tensors); a one-line error for a mix or for any
+    other DTensor layout."""
+    dts = [p for p in params if isinstance(p, DTensor)]
+    if not dts:
+        return None
+    if len(dts) != len(params):
+        raise ValueError(
+            "ManifoldMuon takes plain tensors (one process, DDP) or FSDP2 DTensors, not both in one optimizer; "
+            "give each kind its own ManifoldMuon"
+        )
+    mesh, world = dts[0].device_mesh, dist.get_world_size()
+    for p in dts:
+        m = p.device_mesh
+        ok = m == mesh and m.ndim == 1 and m.size() == world and m.get_local_rank() == dist.get_rank()
+        ok = ok and tuple(p.placements) == (Shard(0),) and p.dim() >= 2
+        if not ok or p.to_local().shape[0] != chunk_rows(p.shape[0], world)[dist.get_rank()]:
+            raise ValueError(
+                f"ManifoldMuon supports DTensor parameters with {SUPPORTED}; got placements {tuple(p.placements)} "
+                f"on a mesh of shape {tuple(m.shape)}, local shape {tuple(p.to_local().shape)} of {tuple(p.shape)}"
+            )
+    return mesh
+
+
+def whole(t: torch.Tensor) -> torch.Tensor:
+    """``t`` detached as a plain full tensor: a DTensor's `full_tensor` (a collective every rank calls)."""
+    t = t.detach()
+    return (t.full_tensor() if isinstance(t, DTensor) else t).as_subclass(torch.Tensor)
+
+
+def local_grad(p: DTensor) -> torch.Tensor:
+    """This rank's rows of ``p.grad`` (redistributed to ``p``'s placement where it differs)."""
+    g = p.grad
+    if not isinstance(g, DTensor):  # a full plain gradient: this rank's rows
+        rank, world = dist.get_rank(), dist.get_world_size()
+        return g.narrow(0, sum(chunk_rows(g.shape[0], world)[:rank]), chunk_rows(g.shape[0], world)[rank])
+    if tuple(g.placements) != tuple(p.placements):
+        g = g.redistribute(p.device_mesh, p.placements)
+    return g.to_local()
+
+
+def sharded_like(p: DTensor, local: torch.Tensor) -> DTensor:
+    """``local`` (this rank's rows of a tensor of ``p``'s shape) as a DTensor of ``p``'s placement."""
+    return DTensor.from_local(local, p.device_mesh, p.placements, run_check=False, shape=p.shape, stride=p.stride())
+
+
+def _sharded(local: torch.Tensor, mesh, shape: tuple) -> DTensor:
+    stride = torch.empty(shape, device="meta").stride()
+    return DTensor.from_local(local, mesh, [Shard(0)], run_check=False, shape=torch.Size(shape), stride=stride)
+
+
+def _rows(t: torch.Tensor, rank: int, world: int) -> torch.Tensor:
+    sizes = chunk_rows(t.shape[0], world)
+    return t.narrow(0, sum(sizes[:rank]), sizes[rank])
+
+
+def agree(flags: list[torch.Tensor], comm: CommCount) -> list[bool]:
+    """Each 0-dim bool flag AND-ed over the ranks: ONE all-reduce (min) of int32."""
+    if not flags:
+        return []
+    buf = torch.stack(flags).to(torch.int32).to(comm_device())
+    dist.all_reduce(buf, op=dist.ReduceOp.MIN)
+    comm.add("all_reduce", buf.numel() * buf.element_size(), dist.get_world_size())
+    return [bool(v) for v in buf.tolist()]
+
+
+def _slots(it: MatrixItem) -> tuple[list, list]:
+    """The warm-start slots of `state_slots`: ``(matrix slots, flag slots)`` (flags are the uint8 ones)."""
+    slots = state_slots(it)
+    return [s for s in slots if s[2] != torch.uint8], [s for s in slots if s[2] == torch.uint8]
+
+
+def _exchange(parts: list[list[torch.Tensor]], recv: list[int], comm: CommCount) -> list[torch.Tensor]:
+    """ONE ``all_to_all_single``: ``parts[d]`` (tensors, sent as their bytes) to rank ``d``; ``recv[s]`` bytes
+    from each rank ``s``. Returns the received bytes per source rank."""
+    rank, world, device = dist.get_rank(), dist.get_world_size(), comm_device()
+    flat = [[t.contiguous().reshape(-1).view(torch.uint8).to(device) for t in ts] for ts in parts]
+    sizes = [sum(t.numel() for t in ts) for ts in flat]
+    send = torch.cat([t for ts in flat for t in ts] + [torch.zeros(0, dtype=torch.uint8, device=device)])
+    out = torch.empty(sum(recv), dtype=torch.uint8, device=device)
+    dist.all_to_all_single(out, send, recv, sizes)
+    comm.add("all_to_all", send.numel(), world, sent=send.numel() - sizes[rank])
+    return list(out.cpu().split(recv))
+
+
+class _Reader:
+    """Reads tensors in order from one rank's received bytes."""
+
+    def __init__(self, buf: torch.Tensor):
+        self.buf, self.offset = buf, 0
+
+    def take(self, shape: tuple, dtype: torch.dtype) -> torch.Tensor:
+        n = math.prod(shape) * dtype.itemsize
+        out = self.buf[self.offset : self.offset + n].clone().view(dtype).reshape(shape)
+        self.offset += n
+        return out
+
+
+def _piece(shape: tuple, rank: int, world: int) -> tuple:
+    """The shape of rank ``rank``'s rows of a tensor of ``shape``."""
+    return (chunk_rows(shape[0], world)[rank], *shape[1:])
+
+
+def _bytes(fields: list[tuple], rank: int | None, world: int) -> int:
+    """Bytes of ``fields`` (``(shape, dtype)``): rank ``rank``'s rows of each, or each whole (``rank`` None)."""
+    return sum(math.prod(s if rank is None else _piece(s, rank, world)) * d.itemsize for s, d in fields)
+
+
+def solve_sharded(
+    items: list[MatrixItem], states: dict, table: StatsTable, certify_now: bool
+) -> tuple[list[int], list[Commit], CommCount]:
+    """Steps 2-4 of the module docstring for the step's items (``item.p`` a DTensor, ``item.update`` this
+    rank's rows of $u$ in the parameter's shape): each item's owner, the `Commit` s of this rank's rows (new
+    weights and warm-start state; `reduce_stats` comes after they are written) and what was sent."""
+    rank, world, comm = dist.get_rank(), dist.get_world_size(), CommCount()
+    moving = [it for it in items if not it.still]
+    owner = [it.index % world for it in items]  # a zero update: its owner only fills its statistics row
+    for it, o in zip(moving, owners_by_size([it.p.numel() for it in moving], world)):
+        owner[it.index] = o
+    commits = []
+    for it in items:
+        if not it.still:
+            continue
+        euclid = mask_kind(it.manifold) == "euclidean"
+        if owner[it.index] == rank:
+            table.set(it.index, "matrices", 1 if euclid else math.prod(it.p.shape[:-2]))
+            table.set(it.index, "converged", 1.0)
+        decay = it.group["lr"] * it.group["weight_decay"]
+        if euclid and decay:  # decoupled weight decay, elementwise: every rank on its rows
+            commits.append(Commit(it.p, weights=it.p * (1 - decay)))
+    if moving:
+        mine = [it for it in moving if owner[it.index] == rank]
+        new = _solve(_gather(moving, mine, owner, states, comm), table, certify_now)
+        commits += _scatter(moving, mine, owner, new, comm)
+    return owner, commits, comm
+
+
+def _present(it: MatrixItem, states: dict) -> list[tuple]:
+    """The warm-start matrix slots ``(key, shape, dtype)`` that ``it`` has (the same keys on every rank)."""
+    return [(k, s, d) for k, s, d in _slots(it)[0] if k in states[it.p]]
+
+
+def _gather(moving, mine, owner, states, comm) -> list[MatrixItem]:
+    """Step 3: every rank's rows of W, u and the present matrix slots to the owners (ONE all-to-all); the
+    owner's items as whole matrices (plain tensors; flag slots from its own state)."""
+    world = dist.get_world_size()
+    parts = [[] for _ in range(world)]
+    for it in moving:
+        slots = [states[it.p][k].to_local().to(d) for k, _, d in _present(it, states)]
+        parts[owner[it.index]] += [it.p.to_local(), it.update.to(it.p.dtype), *slots]
+    fields = {
+        id(it): [(tuple(it.p.shape), it.p.dtype)] * 2 + [(s, d) for _, s, d in _present(it, states)] for it in mine
+    }
+    recv = [sum(_bytes(fields[id(it)], src, world) for it in mine) for src in range(world)]
+    readers = [_Reader(b) for b in _exchange(parts, recv, comm)]
+    full = []
+    for it in mine:
+        pieces = [
+            torch.cat([r.take(_piece(s, src, world), d) for src, r in enumerate(readers)]) for s, d in fields[id(it)]
+        ]
+        W, u, *slots = [p.to(it.p.device) for p in pieces]
+        st = {k: v for (k, _, _), v in zip(_present(it, states), slots)}
+        st.update({k: states[it.p][k] for k, _, _ in _slots(it)[1] if k in states[it.p]})
+        u = u.reshape(u.shape[0], -1) if mask_kind(it.manifold) == "euclidean" else u
+        full.append(MatrixItem(it.index, W, it.group, it.manifold, u, it.name, st))
+    return full
+
+
+def _solve(full: list[MatrixItem], table: StatsTable, certify_now: bool) -> list[tuple]:
+    """Step 4, on the owner: solve and retract the whole matrices as one process does; per item its new
+    weights and warm-start state (the `Commit` s applied to copies), and its ``has_state`` row."""
+    solved = []
+    for batch in group_batches(full):
+        A, st, sizes = batched_directions(batch, certify_now)
+        solved += apply_directions(batch, A, st, sizes, table)
+    new = {id(f.p): (f.p, dict(f.state)) for f in full}
+    for c in solved:
+        W, st = new[id(c.p)]
+        for key, value in (c.state or {}).items():
+            if value is None:
+                st.pop(key, None)
+            else:
+                st[key] = value
+        new[id(c.p)] = (W if c.weights is None else c.weights, st)
+    for f in full:
+        spec = get_solver(f.group["solver"])
+        st = new[id(f.p)][1]
+        table.set(f.index, "has_state", float(bool(spec.state) and all(s.key in st for s in spec.state)))
+    return [new[id(f.p)] for f in full]
+
+
+def _scatter(moving, mine, owner, new, comm) -> list[Commit]:
+    """Step 4, back: each rank's rows of the new W and of every matrix slot (zeros where the owner keeps
+    none), every flag slot whole (ONE all-to-all); this rank's `Commit` s."""
+    rank, world = dist.get_rank(), dist.get_world_size()
+    parts = [[] for _ in range(world)]
+    for it, (W, st) in zip(mine, new):
+        matrix, flag = _slots(it)
+        values = [W] + [st[k].to(d) if k in st else torch.zeros(s, dtype=d, device=W.device) for k, s, d in matrix]
+        flags = [st[k].to(d) if k in st else torch.zeros(s, dtype=d, device=W.device) for k, s, d in flag]
+        for dest in range(world):
+            parts[dest] += [_rows(v, dest, world) for v in values] + flags
+    recv = [0] * world
+    for it in moving:
+        matrix, flag = _slots(it)
+        rows = [(tuple(it.p.shape), it.p.dtype)] + [(s, d) for _, s, d in matrix]
+        recv[owner[it.index]] += _bytes(rows, rank, world) + _bytes([(s, d) for _, s, d in flag], None, world)
+    readers = [_Reader(b) for b in _exchange(parts, recv, comm)]
+    commits = []
+    for it in moving:  # each owner's buffer holds its items in item order
+        r, mesh, device = readers[owner[it.index]], it.p.device_mesh, it.p.device
+        W = r.take(_piece(tuple(it.p.shape), rank, world), it.p.dtype).to(device)
+        matrix, flag = _slots(it)
+        st = {k: _sharded(r.take(_piece(s, rank, world), d).to(device), mesh, s) for k, s, d in matrix}
+        st.update({k: r.take(s, d).to(device) for k, s, d in flag})
+        commits.append(Commit(it.p, weights=sharded_like(it.p, W), state=st))
+    return commits
+
+
+PLACEHOLDER_FLAG = 255  # a flag slot is 0 or 1
+
+
+def placeholder_slots(p: DTensor, group: dict, manifold, entry: dict) -> dict:
+    """A parameter's state entry with every warm-start slot it lacks as a placeholder (a ``"matrix"`` slot:
+    NaN, sharded; a flag: `PLACEHOLDER_FLAG`). DCP loads only the keys of the state dict it loads into, and a
+    fresh optimizer has no warm-start state yet: with these its state dict has every key a checkpoint may have.
+    A real slot is never non-finite (`apply_directions` writes none), so `drop_placeholders` can tell them."""
+    it = MatrixItem(0, p, group, manifold, None, "", entry)
+    matrix, flag = _slots(it)
+    out = dict(entry)
+    for k, s, d in matrix:
+        if k not in out:
+            local = torch.full(_piece(s, dist.get_rank(), dist.get_world_size()), math.nan, dtype=d, device=p.device)
+            out[k] = _sharded(local, p.device_mesh, s)
+    for k, s, d in flag:
+        out.setdefault(k, torch.full(s, PLACEHOLDER_FLAG, dtype=d, device=p.device))
+    return out
+
+
+def drop_placeholders(entries: list[tuple]) -> None:
+    """Remove `placeholder_slots`' placeholders from loaded state entries ``(p, group, manifold, state)``, in
+    place: a matrix slot with a NaN on any rank (ONE all-reduce, every rank calls it), a flag slot holding
+    `PLACEHOLDER_FLAG`; the flags kept go back to uint8 (``Optimizer.load_state_dict`` casts them)."""
+    matrix = []
+    for p, group, manifold, st in entries:
+        it = MatrixItem(0, p, group, manifold, None, "", st)
+        slots, flags = _slots(it)
+        matrix += [(st, k) for k, _, _ in slots if k in st]
+        for k, _, _ in flags:
+            if k in st and bool((st[k] == PLACEHOLDER_FLAG).any()):
+                st.pop(k)
+            elif k in st:
+                st[k] = st[k].to(torch.uint8)
+    finite = agree([~torch.isnan(st[k].to_local()).any() for st, k in matrix], CommCount())
+    for (st, k), ok in zip(matrix, finite):
+        if not ok:
+            st.pop(k)
