@@ -38,17 +38,22 @@ statistics all-reduce. `CommCount` kind ``"all_to_all"``: ``bytes_in`` is this r
 from __future__ import annotations
 
 import math
+import sys
+from typing import TYPE_CHECKING
 
 import torch
 import torch.distributed as dist
-from torch.distributed.tensor import DTensor, Shard
 
 from .direction import get_solver, mask_kind
 from .muon_dist import CommCount, comm_device, state_slots
 from .muon_step import Commit, MatrixItem, StatsTable, apply_directions, batched_directions, group_batches
 
+if TYPE_CHECKING:
+    from torch.distributed.tensor import DTensor
+
 __all__ = [
     "chunk_rows",
+    "is_dtensor",
     "owners_by_size",
     "check_sharded",
     "whole",
@@ -81,12 +86,21 @@ def owners_by_size(sizes: list[int], world: int) -> list[int]:
     return out
 
 
+def is_dtensor(t) -> bool:
+    """``t`` is a DTensor. None can exist before ``torch.distributed.tensor`` is imported (FSDP2 imports it), so
+    this never imports it (about 0.5 s)."""
+    mod = sys.modules.get("torch.distributed.tensor")
+    return mod is not None and isinstance(t, mod.DTensor)
+
+
 def check_sharded(params: list[torch.Tensor]):
     """The device mesh of FSDP2 parameters (None: all are plain tensors); a one-line error for a mix or for any
     other DTensor layout."""
-    dts = [p for p in params if isinstance(p, DTensor)]
+    dts = [p for p in params if is_dtensor(p)]
     if not dts:
         return None
+    from torch.distributed.tensor import Shard
+
     if len(dts) != len(params):
         raise ValueError(
             "ManifoldMuon takes plain tensors (one process, DDP) or FSDP2 DTensors, not both in one optimizer; "
@@ -96,7 +110,7 @@ def check_sharded(params: list[torch.Tensor]):
     for p in dts:
         m = p.device_mesh
         ok = m == mesh and m.ndim == 1 and m.size() == world and m.get_local_rank() == dist.get_rank()
-        ok = ok and tuple(p.placements) == (Shard(0),) and p.dim() >= 2
+        ok = ok and tuple(p.placements) == (Shard(0),)
         if not ok or p.to_local().shape[0] != chunk_rows(p.shape[0], world)[dist.get_rank()]:
             raise ValueError(
                 f"ManifoldMuon supports DTensor parameters with {SUPPORTED}; got placements {tuple(p.placements)} "
@@ -108,15 +122,14 @@ def check_sharded(params: list[torch.Tensor]):
 def whole(t: torch.Tensor) -> torch.Tensor:
     """``t`` detached as a plain full tensor: a DTensor's `full_tensor` (a collective every rank calls)."""
     t = t.detach()
-    return (t.full_tensor() if isinstance(t, DTensor) else t).as_subclass(torch.Tensor)
+    return (t.full_tensor() if is_dtensor(t) else t).as_subclass(torch.Tensor)
 
 
 def local_grad(p: DTensor) -> torch.Tensor:
     """This rank's rows of ``p.grad`` (redistributed to ``p``'s placement where it differs)."""
     g = p.grad
-    if not isinstance(g, DTensor):  # a full plain gradient: this rank's rows
-        rank, world = dist.get_rank(), dist.get_world_size()
-        return g.narrow(0, sum(chunk_rows(g.shape[0], world)[:rank]), chunk_rows(g.shape[0], world)[rank])
+    if not is_dtensor(g):  # a full plain gradient: this rank's rows
+        return _rows(g, dist.get_rank(), dist.get_world_size())
     if tuple(g.placements) != tuple(p.placements):
         g = g.redistribute(p.device_mesh, p.placements)
     return g.to_local()
@@ -124,10 +137,14 @@ def local_grad(p: DTensor) -> torch.Tensor:
 
 def sharded_like(p: DTensor, local: torch.Tensor) -> DTensor:
     """``local`` (this rank's rows of a tensor of ``p``'s shape) as a DTensor of ``p``'s placement."""
+    from torch.distributed.tensor import DTensor
+
     return DTensor.from_local(local, p.device_mesh, p.placements, run_check=False, shape=p.shape, stride=p.stride())
 
 
 def _sharded(local: torch.Tensor, mesh, shape: tuple) -> DTensor:
+    from torch.distributed.tensor import DTensor, Shard
+
     stride = torch.empty(shape, device="meta").stride()
     return DTensor.from_local(local, mesh, [Shard(0)], run_check=False, shape=torch.Size(shape), stride=stride)
 
@@ -163,7 +180,7 @@ def _exchange(parts: list[list[torch.Tensor]], recv: list[int], comm: CommCount)
     out = torch.empty(sum(recv), dtype=torch.uint8, device=device)
     dist.all_to_all_single(out, send, recv, sizes)
     comm.add("all_to_all", send.numel(), world, sent=send.numel() - sizes[rank])
-    return list(out.cpu().split(recv))
+    return list(out.split(recv))
 
 
 class _Reader:
