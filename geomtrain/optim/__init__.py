@@ -7,7 +7,8 @@
 Modules: `direction` (entry point), `solver` (the `Solver` record), `registry` (the registry),
 `gram` (the Gram-space dual), `gram_newton` (the ``exact`` solver, the default),
 `douglas_rachford` (degenerate duals), `baselines` (``tangent``, ``published``),
-`numerics` (kernels), `muon` (the optimizer).
+`numerics` (kernels), `muon` (the optimizer; `muon_step` its pieces, `muon_dist` the DDP exchange,
+`muon_fsdp` the FSDP2 one).
 """
 
 from .direction import (

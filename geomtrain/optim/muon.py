@@ -170,7 +170,7 @@ class ManifoldMuon(torch.optim.Optimizer):
             float64 dual gap of every manifold direction the solver returned (`geomtrain.optim.certificate`)
             into ``last_stats["certified_gap_max"]`` and its tangent residual ``certified_residual_max``.
         bucketed: under DDP, exchange the solved matrices in one all-gather per ``(shape, dtype, device)``
-            bucket (`geomtrain.optim.muon_dist`); ``False``: one broadcast per matrix and state slot.
+            bucket (`geomtrain.optim.muon_dist`); ``False``: one broadcast per matrix and state slot. (FSDP2: unused.)
     """
 
     def __init__(
