@@ -103,9 +103,9 @@ from .muon_dist import CommCount, owners, reduce_stats, share, share_bucketed
 from .muon_fsdp import (
     agree,
     check_sharded,
-    drop_placeholders,
     local_grad,
     placeholder_slots,
+    settle_loaded,
     sharded_like,
     solve_sharded,
     whole,
@@ -442,7 +442,8 @@ class ManifoldMuon(torch.optim.Optimizer):
 
     def load_state_dict(self, state_dict: dict) -> None:
         """Restore momentum, dual variables and hyperparameters; manifolds stay those of this optimizer
-        (a saved group whose manifold class differs is refused)."""
+        (a saved group whose manifold class differs is refused). Under FSDP2 (a collective: every rank calls it)
+        whole plain tensors are sharded and placeholders dropped (`geomtrain.optim.muon_fsdp.settle_loaded`)."""
         state_dict = dict(state_dict)
         first = state_dict["param_groups"][0] if state_dict["param_groups"] else {}
         total = state_dict.pop("n_skipped_nonfinite_total", first.get("n_skipped_nonfinite_total", 0))
@@ -469,6 +470,6 @@ class ManifoldMuon(torch.optim.Optimizer):
         super().load_state_dict(state_dict)
         if self.mesh is not None:
             params = [(p, g) for g in self.param_groups for p in g["params"]]
-            drop_placeholders([(p, g, self._manifold_of[id(p)], self.state[p]) for p, g in params if p in self.state])
+            settle_loaded([(p, g, self._manifold_of[id(p)], self.state[p]) for p, g in params if p in self.state])
         self.n_skipped_nonfinite_total = int(total)
         self.step_count = int(steps)

@@ -62,7 +62,7 @@ __all__ = [
     "agree",
     "solve_sharded",
     "placeholder_slots",
-    "drop_placeholders",
+    "settle_loaded",
 ]
 
 SUPPORTED = (
@@ -324,7 +324,7 @@ def placeholder_slots(p: DTensor, group: dict, manifold, entry: dict) -> dict:
     """A parameter's state entry with every warm-start slot it lacks as a placeholder (a ``"matrix"`` slot:
     NaN, sharded; a flag: `PLACEHOLDER_FLAG`). DCP loads only the keys of the state dict it loads into, and a
     fresh optimizer has no warm-start state yet: with these its state dict has every key a checkpoint may have.
-    A real slot is never non-finite (`apply_directions` writes none), so `drop_placeholders` can tell them."""
+    A real slot is never non-finite (`apply_directions` writes none), so `settle_loaded` can tell them."""
     it = MatrixItem(0, p, group, manifold, None, "", entry)
     matrix, flag = _slots(it)
     out = dict(entry)
@@ -337,20 +337,35 @@ def placeholder_slots(p: DTensor, group: dict, manifold, entry: dict) -> dict:
     return out
 
 
-def drop_placeholders(entries: list[tuple]) -> None:
-    """Remove `placeholder_slots`' placeholders from loaded state entries ``(p, group, manifold, state)``, in
-    place: a matrix slot with a NaN on any rank (ONE all-reduce, every rank calls it), a flag slot holding
-    `PLACEHOLDER_FLAG`; the flags kept go back to uint8 (``Optimizer.load_state_dict`` casts them)."""
+def settle_loaded(entries: list[tuple]) -> None:
+    """Loaded state entries ``(p, group, manifold, state)`` as this optimizer keeps them, in place (every rank
+    calls it): a momentum or warm-start matrix given whole as a plain tensor (a loader of whole tensors, a
+    ``.pt`` checkpoint) becomes this rank's rows as a DTensor; flags go back to uint8 (``Optimizer.load_state_dict``
+    casts them to the parameter's dtype); `placeholder_slots`' placeholders are dropped: a matrix slot with a
+    NaN on any rank (ONE all-reduce), a flag holding `PLACEHOLDER_FLAG`."""
+    rank, world = dist.get_rank(), dist.get_world_size()
+
+    def rows(t: torch.Tensor, shape: tuple, what: str) -> torch.Tensor:
+        if tuple(t.shape) != tuple(shape):
+            raise ValueError(f"loaded optimizer state {what!r} has shape {tuple(t.shape)}; expected {tuple(shape)}")
+        return _rows(t, rank, world)
+
     matrix = []
     for p, group, manifold, st in entries:
-        it = MatrixItem(0, p, group, manifold, None, "", st)
-        slots, flags = _slots(it)
-        matrix += [(st, k) for k, _, _ in slots if k in st]
-        for k, _, _ in flags:
+        buf = st.get("momentum_buffer")
+        if buf is not None and not is_dtensor(buf):
+            st["momentum_buffer"] = sharded_like(p, rows(buf.to(p.device, p.dtype), p.shape, "momentum_buffer"))
+        slots, flags = _slots(MatrixItem(0, p, group, manifold, None, "", st))
+        for k, s, d in slots:
+            if k in st and not is_dtensor(st[k]):
+                st[k] = _sharded(rows(st[k].to(p.device, d), s, k), p.device_mesh, s)
+            if k in st:
+                matrix.append((st, k))
+        for k, _, d in flags:
             if k in st and bool((st[k] == PLACEHOLDER_FLAG).any()):
                 st.pop(k)
             elif k in st:
-                st[k] = st[k].to(torch.uint8)
+                st[k] = st[k].to(d)
     finite = agree([~torch.isnan(st[k].to_local()).any() for st, k in matrix], CommCount())
     for (st, k), ok in zip(matrix, finite):
         if not ok:

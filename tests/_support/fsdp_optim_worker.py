@@ -91,6 +91,9 @@ def record(model: Bare, opt: ManifoldMuon) -> dict:
         "params": {n: whole(p) for n, p in model.named_parameters()},
         "state": {names[id(p)]: {k: whole(v) for k, v in st.items()} for p, st in opt.state.items()},
         "counters": (opt.step_count, opt.n_skipped_nonfinite_total),
+        "sharded": {
+            names[id(p)]: sorted(k for k, v in st.items() if hasattr(v, "to_local")) for p, st in opt.state.items()
+        },
     }
 
 
@@ -101,8 +104,8 @@ def run(solver: str, sharded: bool = False) -> dict:
 
 
 def dcp_round_trip(out: dict, ckpt: Path) -> dict:
-    """Save the optimizer state with DCP, load it into a fresh optimizer of a copy of the model; both records
-    and both after one more step."""
+    """Save the optimizer state with DCP, load it into a fresh optimizer of a copy of the model (and, as whole
+    plain tensors, into another); the records, and both after one more step."""
     import torch.distributed.checkpoint as dcp
     from torch.distributed.checkpoint.state_dict import get_optimizer_state_dict, set_optimizer_state_dict
 
@@ -116,9 +119,15 @@ def dcp_round_trip(out: dict, ckpt: Path) -> dict:
     dcp.load(target, checkpoint_id=str(ckpt))
     set_optimizer_state_dict(model2, opt2, target["optim"])
     loaded = record(model2, opt2)
+    model3, opt3 = make(True, "exact")  # a loader of whole plain tensors (a .pt checkpoint): sharded on load
+    whole_sd = opt.state_dict()
+    whole_sd["state"] = {i: {k: whole(v) for k, v in st.items()} for i, st in whole_sd["state"].items()}
+    opt3.load_state_dict(whole_sd)
+    loaded_whole = record(model3, opt3)
     step(model, opt, STEPS)
     step(model2, opt2, STEPS)
-    return {"saved": record(model, opt) | {"before": out["state"]}, "loaded": loaded, "after": record(model2, opt2)}
+    saved = record(model, opt) | {"before": out["state"]}
+    return {"saved": saved, "loaded": loaded, "loaded_whole": loaded_whole, "after": record(model2, opt2)}
 
 
 def refusals() -> dict:

@@ -100,13 +100,17 @@ def test_two_ranks_match_one_process_and_checkpoint_bit_exact(tmp_path):
     ranks = _torchrun(tmp_path, 2, "dcp")
     _check_against_one_process(ranks)
     for r in ranks:
-        saved, loaded, after = r["dcp"]["saved"], r["dcp"]["loaded"], r["dcp"]["after"]
-        assert loaded["state"].keys() == saved["before"].keys()
-        for name, state in saved["before"].items():
-            assert loaded["state"][name].keys() == state.keys(), name
-            for key, value in state.items():
-                assert torch.equal(loaded["state"][name][key], value), (name, key)
-        assert loaded["counters"] == r["exact"]["counters"]
+        saved, after = r["dcp"]["saved"], r["dcp"]["after"]
+        assert saved["sharded"]["st0"] == ["dual", "momentum_buffer"] and saved["sharded"]["eu"] == ["momentum_buffer"]
+        for how in ("loaded", "loaded_whole"):  # through DCP; from whole plain tensors (sharded on load)
+            loaded = r["dcp"][how]
+            assert loaded["state"].keys() == saved["before"].keys()
+            for name, state in saved["before"].items():
+                assert loaded["state"][name].keys() == state.keys(), (how, name)
+                for key, value in state.items():
+                    assert torch.equal(loaded["state"][name][key], value), (how, name, key)
+                assert loaded["sharded"][name] == saved["sharded"][name], (how, name)  # momentum and dual
+            assert loaded["counters"] == r["exact"]["counters"]
         for name, value in saved["params"].items():
             assert torch.equal(after["params"][name], value), name
             for key, v in saved["state"][name].items():
