@@ -8,6 +8,7 @@ returning `Commit` s, writing nothing) and the step's statistics (`StatsTable` p
 from __future__ import annotations
 
 import itertools
+import math
 from dataclasses import dataclass, field, fields
 
 import torch
@@ -92,7 +93,8 @@ class StatsTable:
     """Per-parameter statistics of a step, one float64 row per `MatrixItem` (a tensor, so DDP sums it):
     ``matrices``, ``msign_calls`` (summed), ``calls_max``, ``residual`` and ``dual_gap`` (worst),
     ``converged`` (all), ``off_manifold``, ``skipped`` (0 or a `SKIP_REASONS` code), ``has_state``,
-    ``certified_gap`` and ``certified_residual`` (worst; NaN where unknown, like ``dual_gap``)."""
+    ``certified_gap`` and ``certified_residual`` (worst; NaN where unknown, like ``dual_gap``), ``solved``
+    (matrices given a direction), ``length_sum`` and ``length_min`` (of `direction_length`; NaN: none solved)."""
 
     FIELDS = (
         "matrices",
@@ -106,8 +108,11 @@ class StatsTable:
         "has_state",
         "certified_gap",
         "certified_residual",
+        "solved",
+        "length_sum",
+        "length_min",
     )
-    UNKNOWN = ("dual_gap", "certified_gap", "certified_residual")  # NaN until a solver reports them
+    UNKNOWN = ("dual_gap", "certified_gap", "certified_residual", "length_min")  # NaN until a solver reports them
 
     def __init__(self, rows: int):
         self.rows = torch.zeros(rows, len(self.FIELDS), dtype=torch.float64)
@@ -142,6 +147,8 @@ class StepStats:
     skipped: list = field(default_factory=list)
     certified_gap_max: float | None = None
     certified_residual_max: float | None = None
+    length_mean: float | None = None
+    length_min: float | None = None
     comm: dict = field(default_factory=dict)
 
     def as_dict(self) -> dict:
@@ -160,6 +167,10 @@ class StepStats:
             known = table.col(name)[~torch.isnan(table.col(name))]
             return float(known.max()) if known.numel() else None
 
+        lowest = torch.nan_to_num(table.col("length_min"), nan=math.inf).min() if n else torch.tensor(math.inf)
+        sums = [table.col("solved").sum(), table.col("length_sum").sum(), lowest]
+        solved, length_sum, lowest = torch.stack(sums).tolist()  # one read of the (CPU) table
+
         return cls(
             n_matrices=int(table.col("matrices").sum()),
             msign_calls=int(table.col("msign_calls").sum()),
@@ -175,6 +186,8 @@ class StepStats:
             skipped=skipped,
             certified_gap_max=worst("certified_gap"),
             certified_residual_max=worst("certified_residual"),
+            length_mean=length_sum / solved if solved else None,
+            length_min=lowest if solved else None,
             comm=dict(comm or {}),
         )
 
@@ -278,7 +291,11 @@ def apply_directions(batch: list[MatrixItem], A: torch.Tensor, st: dict, sizes: 
     tall = None if euclid else (st["W"], A, bounds, moving)  # the batch as solved: tall and stacked
     updates = retract(batch, directions, skips, m, tall)
     computed = [i for i, new in enumerate(updates) if new is not None]
-    for i, ok in zip(computed, host_values([torch.isfinite(updates[i]).all() for i in computed])):
+    # one host read (float64) for the finite checks and every matrix's `direction_length`
+    finite = [torch.isfinite(updates[i]).all().double() for i in computed]
+    read = host_values(finite + list(direction_length(A).double().unbind()))
+    lengths = torch.tensor(read[len(finite) :], dtype=torch.float64)
+    for i, ok in zip(computed, read[: len(finite)]):
         if not ok:
             skips[i] = SKIP_DIRECTION if euclid else SKIP_RETRACTION
     applied = [i for i in computed if not skips[i]]
@@ -308,6 +325,9 @@ def apply_directions(batch: list[MatrixItem], A: torch.Tensor, st: dict, sizes: 
                 table.set(it.index, f, st[f][sl].double().max())
         table.set(it.index, "converged", st["converged"][sl].double().min())
         table.set(it.index, "skipped", skips[i])
+        table.set(it.index, "solved", sizes[i])
+        table.set(it.index, "length_sum", lengths[sl].sum())
+        table.set(it.index, "length_min", lengths[sl].min())
         if i in off_of:
             table.set(it.index, "off_manifold", off_of[i])
             if state_ok.get(i):
@@ -316,6 +336,13 @@ def apply_directions(batch: list[MatrixItem], A: torch.Tensor, st: dict, sizes: 
             elif keep:  # a non-finite state is never written: the previous one goes too (start cold)
                 commits[i].state = {slot.key: None for slot in spec.state}
     return list(commits.values())
+
+
+def direction_length(A: torch.Tensor) -> torch.Tensor:
+    r"""The RMS singular value $\|A\|_F / \sqrt{n}$ of each tall ``(B, m, n)`` direction: 1 for a direction that
+    uses the whole spectral budget (every singular value 1, as the exact solver's and msign's), less for one
+    the unit spectral ball cut short (a projected direction rescaled by its largest singular value)."""
+    return torch.linalg.vector_norm(A.flatten(1), dim=1) / A.shape[-1] ** 0.5
 
 
 def warm_state(it: MatrixItem, spec, state: dict, rows: slice, still) -> dict:
