@@ -25,13 +25,14 @@ own dim 0 the same way; ``"flag"`` slots are plain tensors, the same on every ra
    the statistics and drops the state of matrices whose owner kept none. A matrix with $u = 0$ is not sent:
    its owner only fills its statistics row (a Euclidean one decays on every rank's rows).
 
-**Bytes.** Matrix $i$ of $|W_i|$ bytes (the update has as many), warm-start matrix slots $|S_i|$, flags
-$f_i$, owner $o_i$, rank $r$'s share of rows $\rho_{ir}$. Rank $r$ sends
-$\sum_{i: o_i \ne r} \rho_{ir}(2|W_i| + |S_i|)$ in the gather and
-$\sum_{i: o_i = r} (1 - \rho_{ir})(|W_i| + |S_i|) + (N-1) f_i$ in the scatter; all ranks together
-$\sum_i (1 - \rho_{i o_i})(3|W_i| + 2|S_i|) + (N-1) f_i \approx \frac{N-1}{N}(3|W| + 2|S|)$ per step (DDP's
-all-gather: $(N-1)(|W| + |S|)$ per rank). Add the flags all-reduce ($2 \times 4$ bytes per parameter) and the
-statistics all-reduce. `CommCount` kind ``"all_to_all"``: ``bytes_in`` is this rank's send buffer,
+**Bytes.** Matrix $i$: $|W_i|$ bytes (its update as many), warm-start matrix slots $|S_i|$, flag slots
+$f_i$, owner $o_i$; $\rho_r(X)$ is rank $r$'s share of the rows of $X$ (`chunk_rows`). Rank $r$ sends
+$\sum_{i: o_i \ne r} 2\rho_r(W_i)|W_i| + \rho_r(S_i)|S_i|$ in the gather and
+$\sum_{i: o_i = r} (1 - \rho_r(W_i))|W_i| + (1 - \rho_r(S_i))|S_i| + (N-1) f_i$ in the scatter; all ranks
+together $\sum_i 3(1 - \rho_{o_i}(W_i))|W_i| + 2(1 - \rho_{o_i}(S_i))|S_i| + (N-1) f_i
+\approx \frac{N-1}{N}(3|W| + 2|S|)$ per step, against about $(N-1)(|W| + |S|)$ for DDP's all-gathers (all
+ranks together). Plus the flags all-reduce (two int32 per parameter with a gradient) and the statistics
+all-reduce. `CommCount` kind ``"all_to_all"``: ``bytes_in`` is this rank's send buffer,
 ``bytes_sent`` its part for the other ranks (so it differs between ranks).
 """
 

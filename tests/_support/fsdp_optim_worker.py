@@ -62,7 +62,7 @@ def make(sharded: bool, solver: str) -> tuple[Bare, ManifoldMuon]:
         from torch.distributed.fsdp import fully_shard
 
         fully_shard(model)
-    return model, ManifoldMuon(param_groups(model), lr=0.05, solver=solver)
+    return model, ManifoldMuon(param_groups(model), lr=0.05, solver=solver, certify_every=2)
 
 
 def whole(t: torch.Tensor) -> torch.Tensor:

@@ -86,6 +86,7 @@ def _check_against_one_process(ranks: list[dict]) -> None:
         for a, b in zip(r0["stats"], ref["stats"]):
             for key in ("n_matrices", "n_skipped_nonfinite", "skipped", "msign_calls"):
                 assert a[key] == b[key], (solver, key)
+        assert r0["stats"][1]["certified_gap_max"] is not None  # certify_every=2: the owners certify step 2
         skipped = r0["stats"][worker.NAN_STEP]["skipped"]
         assert [s["reason"] for s in skipped] == ["non-finite gradient"] and r0["counters"] == ref["counters"]
 
