@@ -88,6 +88,8 @@ class TrainConfig:
     device: str = "auto"  # auto | cpu | cuda | cuda:N | mps
     dtype: str = "float32"  # float32 | bfloat16 (autocast for the forward pass)
     compile: bool = False  # torch.compile the model
+    fsdp: bool = False  # under torchrun: FSDP2 (fully_shard per block) and DCP checkpoints instead of DDP; else a no-op
+    bucketed: bool = True  # under DDP: ManifoldMuon's one all-gather per (shape, dtype) bucket; False: a broadcast each
     tf32: bool = True  # on CUDA: TF32 tensor cores for the model's float32 matmuls (the optimizer's stay IEEE)
     out_dir: str = "runs/{model}-{preset}-s{seed}"
     progress: bool = True  # tqdm progress bar
@@ -222,7 +224,10 @@ RUN_DEFINING_KEYS = (
     "seed",
     "dtype",
 )
-"""Keys whose change makes a different run: a resume that changes one is refused unless allowed."""
+"""Keys whose change makes a different run: a resume that changes one is refused unless allowed. ``fsdp``
+and ``bucketed`` are not among them: like the number of ranks, they change how the same step is
+computed (float rounding: another order of the gradient reduction, other batches of solves), not the
+step, so a run may resume on another world size or strategy."""
 
 INVOCATION_KEYS = ("out_dir", "stop_after", "progress")
 """Keys of one invocation, not of the run: a resume does not take them from the run (the folder is

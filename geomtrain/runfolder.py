@@ -9,6 +9,8 @@ A run folder holds::
     diagnostics.jsonl    spectral and attention diagnostics per evaluation
     ckpt.pt              the last good checkpoint (atomic), verified against ckpt.json on load
     ckpt.json            {"sha256", "bytes", "step", "previous": {...}, "config"}: checksum and config
+    ckpt.dcp/, .json     an ``fsdp`` run's checkpoint instead: step-N/ (DCP shards, trainer.pt) and the
+                         manifest naming it with its files' sha256 (`geomtrain.sharding`)
     status.json          running | finished | diverged | interrupted | failed, step, pid, losses
     tensorboard/         with ``tensorboard=True``: every number of metrics and diagnostics as a scalar
 
@@ -22,6 +24,9 @@ Guarantees (tested in ``tests/train/test_faults.py`` and ``tests/train/test_run_
   resumes it or asks to overwrite it.
 - **Never half-written**: every file but the JSONL logs is written atomically (temporary file,
   fsync, rename); a torn last JSONL line (a killed process) is cut with a warning on resume.
+- **DCP checkpoints**: every rank writes a new ``ckpt.dcp/step-N``; then rank 0 writes its files'
+  sha256 into ``ckpt.dcp.json`` (atomic: the commit) and deletes the previous folder. A folder it
+  does not name is never loaded (deleted at the next open); a file that does not match is refused.
 - **Never unverified**: ``ckpt.json`` is written *before* the checkpoint is renamed into place
   and names both the new checkpoint's sha256 and the previous one's, so a kill between the two
   renames leaves a checkpoint that still verifies; anything else that does not match is
@@ -56,6 +61,7 @@ from ._io import (
     atomic_write_text,
     read_json,
     read_jsonl,
+    sha256_file,
     truncate_jsonl,
 )
 from .config import INVOCATION_KEYS, RUN_DEFINING_KEYS, TrainConfig, load_toml, make_config, saved_config
@@ -73,6 +79,7 @@ __all__ = [
 ]
 
 CHECKPOINT_FORMAT = 2
+DCP_MANIFEST, DCP_DIR = "ckpt.dcp.json", "ckpt.dcp"  # an FSDP run's checkpoint: manifest and folder of folders
 _RUN_FILES = (
     "config.json",
     "env.json",
@@ -82,6 +89,7 @@ _RUN_FILES = (
     "diagnostics.jsonl",
     "ckpt.pt",
     "ckpt.json",
+    DCP_MANIFEST,
     "status.json",
     "config_history.jsonl",
     "init_from.json",
@@ -177,10 +185,21 @@ class RunFolder:
     # ------------------------------------------------------------------ state of the folder
     def holds_run(self) -> bool:
         """True when any run file is present (a run started here before)."""
-        return any(self.file(n).exists() for n in ("config.json", "metrics.jsonl", "ckpt.pt", "status.json"))
+        return any(
+            self.file(n).exists() for n in ("config.json", "metrics.jsonl", "ckpt.pt", DCP_MANIFEST, "status.json")
+        )
 
     def has_checkpoint(self) -> bool:
-        return self.file("ckpt.pt").exists()
+        return self.checkpoint_format() is not None
+
+    def checkpoint_format(self) -> str | None:
+        """``"pt"`` (``ckpt.pt``), ``"dcp"`` (``ckpt.dcp.json``: an FSDP run's) or None; when both are
+        there (a kill between a save and the removal of the other format), the later step's."""
+        pt, dcp = self.file("ckpt.pt").exists(), self.file(DCP_MANIFEST).exists()
+        if pt and dcp:
+            steps = [float((read_json(self.file(n)) or {}).get("step") or 0) for n in ("ckpt.json", DCP_MANIFEST)]
+            return "dcp" if steps[1] >= steps[0] else "pt"
+        return "pt" if pt else "dcp" if dcp else None
 
     def read_config(self) -> dict | None:
         """``config.json``, keys added since it was written filled with their defaults (`saved_config`)."""
@@ -296,20 +315,30 @@ class RunFolder:
             if name in _RUN_FILES and pid.isdigit() and pid_alive(int(pid)) is False:
                 tmp.unlink(missing_ok=True)
                 removed.append(tmp.name)
-        return removed
+        return removed + self._remove_uncommitted_dcp()
+
+    def _remove_uncommitted_dcp(self, keep: str | None = None) -> list[str]:
+        """Delete the ``ckpt.dcp/`` folders ``ckpt.dcp.json`` does not name (a save killed before its commit,
+        or the previous checkpoint once a new one is committed), but ``keep``. Returns their names."""
+        named = (read_json(self.file(DCP_MANIFEST)) or {}).get("folder")
+        stale = [d for d in sorted(self.file(DCP_DIR).glob("step-*")) if f"{DCP_DIR}/{d.name}" not in (named, keep)]
+        for d in stale:
+            shutil.rmtree(d, ignore_errors=True)
+        return [f"{DCP_DIR}/{d.name}" for d in stale]
 
     def _remove_run_files(self) -> None:
         if self.master:
             for name in _RUN_FILES:
                 self.file(name).unlink(missing_ok=True)
             shutil.rmtree(self.file("tensorboard"), ignore_errors=True)
+            shutil.rmtree(self.file(DCP_DIR), ignore_errors=True)
 
     def run_config(self) -> dict | None:
         """The run's config: the checkpoint's own (from ``ckpt.json``, or the verified ``ckpt.pt`` of
         a checkpoint written before ``ckpt.json`` carried it), else ``config.json``; ``None`` when
         the folder holds neither. Keys added since are filled with their defaults (`saved_config`)."""
         if self.has_checkpoint():
-            manifest = read_json(self.file("ckpt.json"))
+            manifest = read_json(self.file("ckpt.json" if self.checkpoint_format() == "pt" else DCP_MANIFEST))
             if isinstance(manifest, dict) and isinstance(manifest.get("config"), dict):
                 return saved_config(manifest["config"])
             return saved_config(self.load_checkpoint().get("config"))
@@ -433,6 +462,60 @@ class RunFolder:
         atomic_write_json(self.file("ckpt.json"), manifest)
         atomic_write_bytes(self.file("ckpt.pt"), data)
         self._in_place = entry
+        self.file(DCP_MANIFEST).unlink(missing_ok=True)  # a DCP checkpoint of this run (--fsdp before) is older now
+        shutil.rmtree(self.file(DCP_DIR), ignore_errors=True)
+
+    def new_dcp_folder(self, step: int) -> Path:
+        """Where the DCP checkpoint of ``step`` is written: ``ckpt.dcp/step-N``, or ``step-Nb`` when
+        ``step-N`` is the committed one (a second save at the same step must not overwrite it)."""
+        name = f"step-{step:08d}"
+        if (read_json(self.file(DCP_MANIFEST)) or {}).get("folder") == f"{DCP_DIR}/{name}":
+            name += "b"
+        return self.file(DCP_DIR) / name
+
+    def commit_dcp(self, folder: Path, step: int, config: dict | None, world_size: int) -> None:
+        """After every rank wrote ``folder``: its files' checksums into ``ckpt.dcp.json`` (atomic, the
+        commit), then the previous checkpoint (any other ``ckpt.dcp/`` folder, ``ckpt.pt``) is deleted."""
+        if not self.master:
+            return
+        files = {
+            str(f.relative_to(folder)): {"sha256": sha256_file(f), "bytes": f.stat().st_size}
+            for f in sorted(folder.rglob("*"))
+            if f.is_file()
+        }
+        manifest = {
+            "format": CHECKPOINT_FORMAT,
+            "kind": "dcp",
+            "folder": f"{DCP_DIR}/{folder.name}",
+            "step": step,
+            "world_size": world_size,
+            "files": files,
+            "config": config,
+        }
+        atomic_write_json(self.file(DCP_MANIFEST), manifest)
+        self._in_place = {"step": step}
+        self._remove_uncommitted_dcp()
+        self.file("ckpt.pt").unlink(missing_ok=True)
+        self.file("ckpt.json").unlink(missing_ok=True)
+
+    def verified_dcp_folder(self) -> Path:
+        """The committed DCP checkpoint folder, every file checked against ``ckpt.dcp.json``;
+        `CheckpointError` (one line, naming the file) otherwise."""
+        manifest = read_json(self.file(DCP_MANIFEST))
+        if not (isinstance(manifest, dict) and isinstance(manifest.get("files"), dict) and manifest.get("folder")):
+            raise CheckpointError(f"{self.file(DCP_MANIFEST)} is unreadable or names no checkpoint folder")
+        folder = self.file(manifest["folder"])
+        for name, entry in manifest["files"].items():
+            path = folder / name
+            if not path.is_file():
+                raise CheckpointError(f"checkpoint file {path} is missing; nothing was changed")
+            if path.stat().st_size != entry.get("bytes") or sha256_file(path) != entry.get("sha256"):
+                raise CheckpointError(
+                    f"checkpoint file {path} is corrupted (does not match {DCP_MANIFEST}); nothing was changed: "
+                    "restore it or start over with --overwrite"
+                )
+        self._in_place = {"step": manifest.get("step")}
+        return folder
 
     def load_checkpoint(self, map_location: Any = "cpu") -> dict:
         """The verified checkpoint; `CheckpointError` (one line, naming the file) when it does not verify."""

@@ -4,6 +4,7 @@
   (agreed across ranks under DDP), so a step is never half-applied.
 - `distributed_from_env`: initialise the process group when launched by ``torchrun`` and tear it
   down in the order that avoids aborts at exit.
+- `resolve_device`: the device a config's ``device`` names, checked against this machine.
 """
 
 from __future__ import annotations
@@ -16,7 +17,29 @@ import threading
 import torch
 import torch.distributed as dist
 
-__all__ = ["StopSignals", "distributed_from_env"]
+__all__ = ["StopSignals", "distributed_from_env", "resolve_device", "DEVICES"]
+
+DEVICES = ("auto", "cpu", "cuda", "cuda:N", "mps")
+
+
+def resolve_device(name: str) -> torch.device:
+    """``auto`` picks cuda, then mps, then cpu; an unavailable or unknown device is a ValueError."""
+    mps = getattr(torch.backends, "mps", None) is not None and torch.backends.mps.is_available()
+    if name == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "mps" if mps else "cpu")
+    try:
+        device = torch.device(name)
+    except (RuntimeError, ValueError):
+        raise ValueError(f"unknown device {name!r}; valid: {', '.join(DEVICES)}") from None
+    if device.type not in ("cpu", "cuda", "mps"):
+        raise ValueError(f"unknown device {name!r}; valid: {', '.join(DEVICES)}")
+    if device.type == "cuda" and not torch.cuda.is_available():
+        raise ValueError(f"device {name!r} requested but CUDA is not available here; valid here: auto, cpu")
+    if device.type == "cuda" and device.index is not None and device.index >= torch.cuda.device_count():
+        raise ValueError(f"device {name!r}: only {torch.cuda.device_count()} CUDA device(s) here")
+    if device.type == "mps" and not mps:
+        raise ValueError(f"device {name!r} requested but MPS is not available here; valid here: auto, cpu")
+    return device
 
 
 class StopSignals:

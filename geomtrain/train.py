@@ -17,7 +17,10 @@ the status) and the step counter moves on, so the batches stay a function of the
 
 Batches are a pure function of ``(seed, step, rank)`` (`geomtrain.data.get_batch`), so a resumed
 run sees exactly the batches the uninterrupted run would have seen and continues bit-exactly.
-Under ``torchrun`` the run is DDP (gloo on CPU, nccl on GPU); rank 0 writes the outputs.
+Under ``torchrun`` the run is DDP (gloo on CPU, nccl on GPU), or with ``fsdp`` FSDP2
+(`geomtrain.sharding`: parameters, gradients and optimizer state sharded; DCP checkpoints);
+rank 0 writes the outputs. Every collective (the non-finite check, clipping, evaluation, the
+diagnostics' gathers) runs on every rank.
 """
 
 from __future__ import annotations
@@ -42,8 +45,19 @@ from .diagnostics import collect_diagnostics, gradient_norms
 from .groups import optimizer_groups, pick_solvers, project_onto_manifolds
 from .hardware import matmul_precision, mfu, model_flops_per_token, model_matmul_precision, peak_bf16_flops
 from .model import GPT, load_hf_gpt2_folder, match_qkv_layout, model_config
-from .runfolder import CheckpointError, RunFolder, RunFolderError, load_verified_checkpoint
-from .runtime import StopSignals, distributed_from_env
+from .runfolder import CheckpointError, RunFolder, RunFolderError
+from .runtime import StopSignals, distributed_from_env, resolve_device
+from .sharding import (
+    check_same_run,
+    full_copy,
+    load_checkpoint,
+    load_run_checkpoint,
+    local,
+    rng_state,
+    save_dcp,
+    set_rng_state,
+    shard_model,
+)
 
 __all__ = [
     "Trainer",
@@ -61,29 +75,6 @@ __all__ = [
     "RunFolderError",
     "CheckpointError",
 ]
-
-DEVICES = ("auto", "cpu", "cuda", "cuda:N", "mps")
-
-
-# ----------------------------------------------------------------------------- helpers
-def resolve_device(name: str) -> torch.device:
-    """``auto`` picks cuda, then mps, then cpu; an unavailable or unknown device is a ValueError."""
-    mps = getattr(torch.backends, "mps", None) is not None and torch.backends.mps.is_available()
-    if name == "auto":
-        return torch.device("cuda" if torch.cuda.is_available() else "mps" if mps else "cpu")
-    try:
-        device = torch.device(name)
-    except (RuntimeError, ValueError):
-        raise ValueError(f"unknown device {name!r}; valid: {', '.join(DEVICES)}") from None
-    if device.type not in ("cpu", "cuda", "mps"):
-        raise ValueError(f"unknown device {name!r}; valid: {', '.join(DEVICES)}")
-    if device.type == "cuda" and not torch.cuda.is_available():
-        raise ValueError(f"device {name!r} requested but CUDA is not available here; valid here: auto, cpu")
-    if device.type == "cuda" and device.index is not None and device.index >= torch.cuda.device_count():
-        raise ValueError(f"device {name!r}: only {torch.cuda.device_count()} CUDA device(s) here")
-    if device.type == "mps" and not mps:
-        raise ValueError(f"device {name!r} requested but MPS is not available here; valid here: auto, cpu")
-    return device
 
 
 def lr_at(step: int, cfg: TrainConfig) -> float:
@@ -114,33 +105,17 @@ def build_optimizers(model: torch.nn.Module, assignments, cfg: TrainConfig):
     if not muon_groups:
         return adamw, None
     kwargs = dict(
-        lr=cfg.muon_lr, momentum=cfg.muon_momentum, nesterov=cfg.muon_nesterov, weight_decay=cfg.muon_weight_decay
+        lr=cfg.muon_lr,
+        momentum=cfg.muon_momentum,
+        nesterov=cfg.muon_nesterov,
+        weight_decay=cfg.muon_weight_decay,
+        bucketed=cfg.bucketed,
     )
     if cfg.muon_solver is not None:
         kwargs["solver"] = cfg.muon_solver
     if cfg.muon_solver_options:
         kwargs["solver_options"] = cfg.solver_options()
     return adamw, ManifoldMuon(muon_groups, certify_every=cfg.muon_certify_every, **kwargs)
-
-
-def rng_state() -> dict:
-    state = {"torch": torch.get_rng_state(), "numpy": np.random.get_state()}
-    if torch.cuda.is_available():
-        state["cuda"] = torch.cuda.get_rng_state_all()
-    return state
-
-
-def set_rng_state(state: dict) -> None:
-    torch.set_rng_state(state["torch"])
-    np.random.set_state(state["numpy"])
-    if "cuda" in state and torch.cuda.is_available():
-        torch.cuda.set_rng_state_all(state["cuda"])
-
-
-def load_checkpoint(path, map_location="cpu") -> dict:
-    """Load a checkpoint written by `train` (verified against its ``ckpt.json``); a run folder or a file."""
-    path = os.fspath(path)
-    return load_verified_checkpoint(os.path.join(path, "ckpt.pt") if os.path.isdir(path) else path, map_location)
 
 
 @dataclass
@@ -163,6 +138,7 @@ class Trainer:
     def __init__(self, cfg: TrainConfig, assignments=None, custom_manifolds=None):
         self.cfg = cfg
         self.ddp = dist.is_available() and dist.is_initialized()
+        self.fsdp = self.ddp and cfg.fsdp  # in one process, fsdp only makes the checkpoints DCP
         self.rank = dist.get_rank() if self.ddp else 0
         self.world = dist.get_world_size() if self.ddp else 1
         self.device = resolve_device(cfg.device)
@@ -191,6 +167,8 @@ class Trainer:
             named, cfg.preset, cfg.rules, custom_manifolds, is_gpt_matrix, "2-D weights (and a split c_attn)"
         )
         self.projection = project_onto_manifolds(dict(named), self.assignments)  # start on the manifolds
+        if self.fsdp:
+            shard_model(self.model)  # in place: the optimizers get the sharded parameters
         self.adamw, self.muon = build_optimizers(self.model, self.assignments, cfg)
         self._steps_done = 0
         self.n_skipped = 0
@@ -199,7 +177,7 @@ class Trainer:
         self.last_val: float | None = None
         self.grad_norms: dict[str, float] = {}
         self.net = self.model
-        if self.ddp:
+        if self.ddp and not self.fsdp:
             self.net = torch.nn.parallel.DistributedDataParallel(
                 self.model, device_ids=[self.device.index] if self.device.type == "cuda" else None
             )
@@ -281,7 +259,10 @@ class Trainer:
                 world_size=self.world,
                 device=self.device,
             )
-            sync = self.net.no_sync() if self.ddp and micro < cfg.grad_accum - 1 else contextlib.nullcontext()
+            last = micro == cfg.grad_accum - 1
+            if self.fsdp:
+                self.model.set_requires_gradient_sync(last)
+            sync = self.net.no_sync() if self.ddp and not self.fsdp and not last else contextlib.nullcontext()
             with sync:
                 with self.autocast:
                     _, loss = self.net(x, y)
@@ -296,12 +277,13 @@ class Trainer:
 
         A gradient counts as non-finite when its squared norm is: NaN and Inf entries, and also
         finite entries too large for AdamW's second moment (``g**2`` overflows float32 above
-        ~1.8e19, writing Inf into ``exp_avg_sq`` when clipping is off)."""
-        named = [(n, p.grad) for n, p in self.model.named_parameters() if p.grad is not None]
-        checks = torch.stack(
-            [torch.isfinite(loss).all()]
-            + [torch.isfinite(torch.linalg.vector_norm(g.float()).square()) for _, g in named]
-        )
+        ~1.8e19, writing Inf into ``exp_avg_sq`` when clipping is off). Under FSDP the squared norms of
+        the shards are summed over the ranks (one all-reduce)."""
+        named = [(n, local(p.grad)) for n, p in self.model.named_parameters() if p.grad is not None]
+        squares = torch.stack([torch.linalg.vector_norm(g.float()).square() for _, g in named])
+        if self.fsdp:
+            dist.all_reduce(squares)
+        checks = torch.cat([torch.isfinite(loss).reshape(1), torch.isfinite(squares)])
         if bool(checks.all()):
             return None
         if not bool(checks[0]):
@@ -325,7 +307,7 @@ class Trainer:
         skipped = self.nonfinite_reason(loss)
         if skipped is None:
             if record_grads:
-                self.grad_norms = gradient_norms(self.model, self.assignments)
+                self.grad_norms = gradient_norms(self.full_model(grads=True), self.assignments)
             if self.cfg.grad_clip > 0:
                 torch.nn.utils.clip_grad_norm_(self.model.parameters(), self.cfg.grad_clip)
             for opt in self.optimizers():
@@ -353,11 +335,17 @@ class Trainer:
         self.last_val = float(np.mean(losses))
         return self.last_val
 
+    def full_model(self, grads: bool = False) -> torch.nn.Module:
+        """The model with whole weights (and gradients): itself, or under FSDP a gathered copy (every rank)."""
+        return full_copy(self.model, lambda: GPT(self.model_cfg), grads) if self.fsdp else self.model
+
     def diagnostics(self) -> dict:
-        """Spectral and attention diagnostics on the fixed diagnostic batch (`geomtrain.diagnostics`)."""
-        return collect_diagnostics(
-            self.model, self.assignments, self.diag_batch.to(self.device), grad_norms=self.grad_norms
-        )
+        """Spectral and attention diagnostics on the fixed diagnostic batch (`geomtrain.diagnostics`); under
+        FSDP every rank gathers the weights and rank 0 computes them (the others return ``{}``)."""
+        model = self.full_model()
+        if self.rank != 0:
+            return {}
+        return collect_diagnostics(model, self.assignments, self.diag_batch.to(self.device), grad_norms=self.grad_norms)
 
     # --------------------------------------------------------------- state
     def state_dict(self) -> dict:
@@ -378,23 +366,9 @@ class Trainer:
         }
 
     def load_state_dict(self, ckpt: dict) -> None:
-        """Restore a `state_dict`; a checkpoint of another model shape is a `CheckpointError` naming the keys."""
-        saved = ckpt.get("model_config") or {}
-        differ = {k: (saved.get(k), v) for k, v in self.model_cfg.to_dict().items() if saved.get(k) != v}
-        if differ:
-            listed = "; ".join(f"{k}: checkpoint {a!r}, now {b!r}" for k, (a, b) in differ.items())
-            raise CheckpointError(f"the checkpoint is of another model ({listed})")
-        assigned = [(a.name, a.optimizer, a.manifold_name, a.solver) for a in self.assignments]
-        solver_now = {a.name: a.solver for a in self.assignments}  # a checkpoint without solvers: as now
-        saved_assigned = [
-            (a["name"], a["optimizer"], a.get("manifold"), a.get("solver", solver_now.get(a["name"])))
-            for a in ckpt.get("assignment", [])
-        ]
-        if saved_assigned and saved_assigned != assigned:
-            raise CheckpointError(
-                "the checkpoint has another manifold assignment or Muon solver (preset, rules, muon_solver or "
-                "muon_solver_rules changed)"
-            )
+        """Restore a `state_dict` (its tensors laid out as this run's: `geomtrain.sharding.load_run_checkpoint`);
+        a checkpoint of another model, assignment or solver is a `CheckpointError` (`check_same_run`)."""
+        check_same_run(ckpt, self.model_cfg.to_dict(), self.assignments)
         self.model.load_state_dict(ckpt["model"])
         self.adamw.load_state_dict(ckpt["adamw"])
         if self.muon is not None and ckpt["muon"] is not None:
@@ -402,6 +376,13 @@ class Trainer:
         self._steps_done, self.best_val, self.last_val = ckpt["step"], ckpt["best_val"], ckpt["last_val"]
         self.n_skipped, self.skipped_in_a_row = ckpt.get("n_skipped", 0), ckpt.get("skipped_in_a_row", 0)
         set_rng_state(ckpt["rng"])
+
+    def save_checkpoint(self, folder: RunFolder) -> None:
+        """This state into ``folder``: a DCP checkpoint with ``fsdp`` (every rank writes), else ``ckpt.pt``."""
+        if self.cfg.fsdp:
+            save_dcp(folder, self.state_dict())
+        else:
+            folder.save_checkpoint(self.state_dict())
 
 
 # ----------------------------------------------------------------------------- the loop
@@ -425,10 +406,15 @@ def train(
     master = not (dist.is_available() and dist.is_initialized()) or dist.get_rank() == 0
     folder = RunFolder(cfg.resolved_out_dir(), master=master)
     trainer = Trainer(cfg, assignments=assignments, custom_manifolds=custom_manifolds)
+    sync = dist.barrier if trainer.ddp else lambda: None  # every rank opens the folder before rank 0 writes
+    sync()
     has_checkpoint = folder.open(resume=resume, overwrite=overwrite)  # takes the folder's lock
+    sync()
     try:
         if has_checkpoint:
-            ckpt = folder.load_checkpoint(map_location=trainer.device)
+            ckpt = load_run_checkpoint(
+                folder, trainer.model, {"adamw": trainer.adamw, "muon": trainer.muon}, trainer.device
+            )
             folder.check_resume_config(cfg.to_dict(), ckpt.get("config"), allow_config_change)
             trainer.load_state_dict(ckpt)
             del ckpt
@@ -436,6 +422,8 @@ def train(
             print_fn(f"resuming {folder.path} from step {trainer.steps_done}")
         elif resume:
             print_fn(f"no checkpoint in {folder.path} yet: starting from step 0")
+        if cfg.fsdp and not trainer.ddp:
+            folder.notes.append("fsdp runs under torchrun; in one process it only keeps the checkpoints DCP")
         if master:
             for note in folder.notes:
                 print_fn(f"note: {note}")
@@ -534,18 +522,18 @@ def _loop(trainer: Trainer, folder: RunFolder, print_fn: Callable) -> dict:
             elif is_eval:
                 end = _evaluate(trainer, folder, progress, r.loss)
                 if end is None and (r.step % ckpt_every == 0 or r.step == cfg.max_iters):
-                    folder.save_checkpoint(trainer.state_dict())
+                    trainer.save_checkpoint(folder)
                     _status(trainer, folder, "running", checkpoint_step=r.step)
             if end is None and (
                 stop.requested(trainer.ddp) or (cfg.stop_after is not None and r.step >= cfg.stop_after)
             ):
-                folder.save_checkpoint(trainer.state_dict())
+                trainer.save_checkpoint(folder)
                 end = {"status": "interrupted", **({"signal": stop.received} if stop.received else {})}
     if progress is not None:
         progress.close()
     ms = 1000 * float(np.median(step_times)) if step_times else None
     if end is None:
-        folder.save_checkpoint(trainer.state_dict())
+        trainer.save_checkpoint(folder)
         end = {"status": "finished", "final_val_loss": trainer.last_val}
     return _status(trainer, folder, end.pop("status"), ms_per_step=ms, **end)
 
@@ -575,8 +563,9 @@ def _evaluate(trainer: Trainer, folder: RunFolder, progress, train_loss: float) 
     cfg, step = trainer.cfg, trainer.steps_done
     val = trainer.evaluate()
     folder.log({"kind": "eval", "step": step, "val_loss": val, "train_loss": train_loss})
-    if cfg.diagnostics and folder.master:
-        folder.log_diagnostics({"step": step, **trainer.diagnostics()})
+    if cfg.diagnostics and (folder.master or trainer.fsdp):
+        diagnostics = trainer.diagnostics()  # under FSDP every rank gathers the weights
+        folder.log_diagnostics({"step": step, **diagnostics})
     if progress is not None:
         progress.write(f"step {step}: val loss {val:.4f}")
     if not math.isfinite(val) or val > trainer.best_val + cfg.divergence_margin:

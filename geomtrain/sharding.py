@@ -1,0 +1,269 @@
+"""FSDP2 sharding of the GPT and the trainer's checkpoint state: ``.pt`` files and DCP folders.
+
+- `shard_model`: ``fully_shard`` on each transformer block, then on the root (which keeps the tied
+  ``wte``/``lm_head`` weight in one parameter). Each rank holds a ``Shard(0)`` slice of every
+  parameter, gradients and optimizer state alike; the forward and backward all-gather the weights of
+  a block and the backward reduce-scatters its gradients (averaged over the ranks).
+- `full_copy`: a plain, unsharded copy of a sharded model (weights and gradients), for the
+  diagnostics, which need whole matrices. A collective: every rank calls it.
+- `save_dcp` / `load_dcp`: a run's checkpoint through ``torch.distributed.checkpoint``: the model's
+  and the optimizers' tensors as DCP shards (each rank writes its own; a load reads the slices it needs,
+  so a checkpoint of 2 ranks resumes on 1 or 4), the small state (step, losses, RNG, optimizer
+  hyperparameters and counters, config, assignment) in ``trainer.pt`` beside them. Written and
+  committed by `geomtrain.runfolder.RunFolder` rules (a new folder, the manifest last).
+- `rng_state`, `set_rng_state`, `load_checkpoint`, `check_same_run`: the checkpoint state of any run.
+
+A DCP checkpoint's tensors are keyed ``model/<name>``, ``<optimizer>/<index>/<slot>`` (``index``: the
+parameter's position in the optimizer, as in ``Optimizer.state_dict``), so a load rebuilds the state
+dicts that ``load_state_dict`` takes; without a process group (one process) it loads plain tensors.
+"""
+
+from __future__ import annotations
+
+import io
+import os
+import warnings
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+import torch.distributed as dist
+
+from ._io import atomic_write_bytes
+from .runfolder import CheckpointError, RunFolder, load_verified_checkpoint
+
+__all__ = [
+    "shard_model",
+    "is_sharded",
+    "local",
+    "full_copy",
+    "save_dcp",
+    "load_dcp",
+    "load_run_checkpoint",
+    "load_checkpoint",
+    "rng_state",
+    "set_rng_state",
+    "check_same_run",
+]
+
+SMALL_STATE = "trainer.pt"  # the small state beside the DCP shards
+OPTIMIZERS = ("adamw", "muon")  # the optimizer entries of a trainer state
+
+
+# ----------------------------------------------------------------------------- FSDP2
+def shard_model(model: torch.nn.Module, mesh=None) -> torch.nn.Module:
+    """``fully_shard`` each block of ``model.transformer.h``, then the root (in place; returns ``model``).
+    ``mesh``: a 1-D device mesh over all ranks (default: on the model's device type)."""
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.fsdp import fully_shard
+
+    if mesh is None:
+        mesh = init_device_mesh(next(model.parameters()).device.type, (dist.get_world_size(),))
+    for block in model.transformer.h:
+        fully_shard(block, mesh=mesh)
+    fully_shard(model, mesh=mesh)
+    return model
+
+
+def is_sharded(t: Any) -> bool:
+    from torch.distributed.tensor import DTensor
+
+    return isinstance(t, DTensor)
+
+
+def local(t: torch.Tensor) -> torch.Tensor:
+    """This rank's part of a DTensor; a plain tensor as it is."""
+    return t.to_local() if is_sharded(t) else t
+
+
+def full(t: torch.Tensor) -> torch.Tensor:
+    """The whole tensor of a DTensor (a collective); a plain tensor as it is."""
+    return t.full_tensor() if is_sharded(t) else t
+
+
+@torch.no_grad()
+def full_copy(model: torch.nn.Module, make_model, grads: bool = False) -> torch.nn.Module:
+    """A plain copy of ``model`` (``make_model()`` built on the meta device, then filled) with whole
+    weights and, with ``grads``, whole gradients. All-gathers every parameter: call it on every rank."""
+    device = next(model.parameters()).device
+    with torch.device("meta"):
+        copy = make_model()
+    copy.to_empty(device=device)
+    source = dict(model.named_parameters(remove_duplicate=False))
+    gathered: dict[int, tuple] = {}  # by parameter: a tied weight is gathered once
+    for name, q in copy.named_parameters(remove_duplicate=False):  # to_empty may untie: fill every name
+        p = source[name]
+        if id(p) not in gathered:
+            gathered[id(p)] = (full(p.detach()), full(p.grad) if grads and p.grad is not None else None)
+        weight, grad = gathered[id(p)]
+        q.copy_(weight)
+        q.grad = grad
+    return copy
+
+
+def shard_like(value: torch.Tensor, param: torch.Tensor) -> torch.Tensor:
+    """``value`` (a whole tensor, equal on every rank) laid out as ``param``: sharded as it is, when it is a
+    DTensor of ``value``'s shape; else ``value`` itself."""
+    from torch.distributed.tensor import distribute_tensor
+
+    if is_sharded(param) and not is_sharded(value) and value.shape == param.shape:
+        return distribute_tensor(value.to(param.device), param.device_mesh, param.placements)
+    return value
+
+
+# ----------------------------------------------------------------------------- state of any run
+def rng_state() -> dict:
+    state = {"torch": torch.get_rng_state(), "numpy": np.random.get_state()}
+    if torch.cuda.is_available():
+        state["cuda"] = torch.cuda.get_rng_state_all()
+    return state
+
+
+def set_rng_state(state: dict) -> None:
+    torch.set_rng_state(state["torch"])
+    np.random.set_state(state["numpy"])
+    if "cuda" in state and torch.cuda.is_available():
+        torch.cuda.set_rng_state_all(state["cuda"])
+
+
+def check_same_run(ckpt: dict, model_cfg: dict, assignments) -> None:
+    """`CheckpointError` when ``ckpt`` is of another model shape (naming the keys), manifold assignment
+    or Muon solver than ``model_cfg`` (a dict) and ``assignments``."""
+    saved = ckpt.get("model_config") or {}
+    differ = {k: (saved.get(k), v) for k, v in model_cfg.items() if saved.get(k) != v}
+    if differ:
+        listed = "; ".join(f"{k}: checkpoint {a!r}, now {b!r}" for k, (a, b) in differ.items())
+        raise CheckpointError(f"the checkpoint is of another model ({listed})")
+    assigned = [(a.name, a.optimizer, a.manifold_name, a.solver) for a in assignments]
+    solver_now = {a.name: a.solver for a in assignments}  # a checkpoint without solvers: as now
+    saved_assigned = [
+        (a["name"], a["optimizer"], a.get("manifold"), a.get("solver", solver_now.get(a["name"])))
+        for a in ckpt.get("assignment", [])
+    ]
+    if saved_assigned and saved_assigned != assigned:
+        raise CheckpointError(
+            "the checkpoint has another manifold assignment or Muon solver (preset, rules, muon_solver or "
+            "muon_solver_rules changed)"
+        )
+
+
+def load_checkpoint(path, map_location="cpu") -> dict:
+    """A checkpoint written by `geomtrain.train.train` as one dict of whole tensors: a run folder (its
+    ``ckpt.pt`` or DCP checkpoint, verified) or a ``ckpt.pt`` file (verified against its ``ckpt.json``)."""
+    path = os.fspath(path)
+    if os.path.isdir(path):
+        folder = RunFolder(path, master=False)
+        if folder.checkpoint_format() == "dcp":
+            return load_dcp(folder.verified_dcp_folder(), no_dist=True, map_location=map_location)
+        path = os.path.join(path, "ckpt.pt")
+    return load_verified_checkpoint(path, map_location)
+
+
+def load_run_checkpoint(folder: RunFolder, model: torch.nn.Module, optimizers: dict, device) -> dict:
+    """The checkpoint of ``folder`` (``.pt`` or DCP, verified), its tensors laid out as ``model``'s
+    parameters (`load_dcp`; a ``.pt`` checkpoint's whole tensors sharded with `shard_like`)."""
+    if folder.checkpoint_format() == "dcp":
+        return load_dcp(folder.verified_dcp_folder(), model, optimizers, map_location=device)
+    ckpt = folder.load_checkpoint(map_location=device)
+    if any(is_sharded(p) for p in model.parameters()):
+        params = dict(model.named_parameters(remove_duplicate=False))
+        ckpt["model"] = {k: shard_like(v, params[k]) for k, v in ckpt["model"].items()}
+        for name, opt in optimizers.items():
+            listed = [p for g in opt.param_groups for p in g["params"]] if opt is not None else []
+            for idx, slots in (ckpt.get(name) or {}).get("state", {}).items():
+                for slot, v in slots.items():
+                    if isinstance(v, torch.Tensor):
+                        slots[slot] = shard_like(v, listed[idx])
+    return ckpt
+
+
+# ----------------------------------------------------------------------------- DCP
+def _split(state: dict) -> tuple[dict[str, torch.Tensor], dict]:
+    """A trainer state as ``(tensors, small)``: the model's and the optimizers' tensors by DCP key, and the rest."""
+    tensors = {f"model/{k}": v for k, v in state["model"].items()}
+    small = {k: v for k, v in state.items() if k != "model"}
+    for name in OPTIMIZERS:
+        sd = state.get(name)
+        if sd is None:
+            continue
+        kept = {}
+        for idx, slots in sd["state"].items():
+            kept[idx] = {s: v for s, v in slots.items() if not isinstance(v, torch.Tensor)}
+            tensors.update({f"{name}/{idx}/{s}": v for s, v in slots.items() if isinstance(v, torch.Tensor)})
+        small[name] = {**sd, "state": kept}
+    return tensors, small
+
+
+def save_dcp(folder: RunFolder, state: dict) -> None:
+    """Write ``state`` (`geomtrain.train.Trainer.state_dict`) as a DCP checkpoint of ``folder``; every rank
+    calls it. Rank 0 makes a new ``ckpt.dcp/step-N``, every rank writes its shards, rank 0 the small
+    state; after a barrier (every rank's files complete) rank 0 commits it (`RunFolder.commit_dcp`)."""
+    import torch.distributed.checkpoint as dcp
+
+    distributed = dist.is_available() and dist.is_initialized()
+    barrier = dist.barrier if distributed else lambda: None
+    target = folder.new_dcp_folder(state["step"])  # the same on every rank: read before any rank commits
+    barrier()
+    if folder.master:
+        import shutil
+
+        shutil.rmtree(target, ignore_errors=True)  # a save of this step killed before its commit
+        target.mkdir(parents=True)
+    barrier()
+    tensors, small = _split(state)
+    with warnings.catch_warnings():  # "assuming the intent is to save in a single process": it is
+        warnings.simplefilter("ignore", UserWarning)
+        dcp.save(tensors, checkpoint_id=target, no_dist=not distributed)
+    if folder.master:
+        buf = io.BytesIO()
+        torch.save(small, buf)
+        atomic_write_bytes(target / SMALL_STATE, buf.getvalue())
+    barrier()
+    folder.commit_dcp(target, state["step"], state.get("config"), dist.get_world_size() if distributed else 1)
+    barrier()  # no rank reads the manifest of the next save before this commit
+
+
+def load_dcp(path: Path, model=None, optimizers=None, no_dist: bool = False, map_location="cpu") -> dict:
+    """The trainer state saved by `save_dcp` in ``path`` (a ``ckpt.dcp/step-N``): the dict `save_dcp` was
+    given. Each tensor is read into a tensor laid out as the live one it replaces: the ``model``'s
+    parameter, an optimizer slot of its parameter's shape sharded as the parameter; any other (and all
+    without ``model``) a whole tensor on every rank. ``optimizers``: ``{"adamw": opt, "muon": opt or None}``."""
+    import torch.distributed.checkpoint as dcp
+    from torch.distributed.checkpoint.metadata import TensorStorageMetadata
+
+    small = torch.load(path / SMALL_STATE, map_location=map_location, weights_only=False)
+    metadata = dcp.FileSystemReader(str(path)).read_metadata().state_dict_metadata
+    live = dict(model.state_dict()) if model is not None else {}
+    listed = {
+        name: [p for g in opt.param_groups for p in g["params"]]
+        for name, opt in (optimizers or {}).items()
+        if opt is not None
+    }
+
+    def target(key: str, md: TensorStorageMetadata) -> torch.Tensor:
+        kind, _, rest = key.partition("/")
+        like = live.get(rest) if kind == "model" else None
+        if kind in listed:
+            like = listed[kind][int(rest.split("/")[0])]
+        if like is not None and tuple(like.shape) == tuple(md.size):
+            return torch.empty_like(like, dtype=md.properties.dtype)
+        return torch.empty(md.size, dtype=md.properties.dtype, device=map_location)
+
+    targets = {k: target(k, md) for k, md in metadata.items() if isinstance(md, TensorStorageMetadata)}
+    no_dist = no_dist or not (dist.is_available() and dist.is_initialized())
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", UserWarning)
+        dcp.load(targets, checkpoint_id=path, no_dist=no_dist)
+    state = dict(small, model={k.partition("/")[2]: v for k, v in targets.items() if k.startswith("model/")})
+    for name in OPTIMIZERS:
+        if small.get(name) is None:
+            continue
+        slots = {idx: dict(kept) for idx, kept in small[name]["state"].items()}
+        for key, value in targets.items():
+            kind, _, rest = key.partition("/")
+            if kind == name:
+                idx, _, slot = rest.partition("/")
+                slots.setdefault(int(idx), {})[slot] = value
+        state[name] = {**small[name], "state": slots}
+    return state
