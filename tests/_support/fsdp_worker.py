@@ -3,14 +3,18 @@
 
     fsdp_worker.py DATA_DIR OUT_ROOT REPORT.pt MODE PRESET[,PRESET...] [KEY=VALUE ...]
 
-MODE ``fsdp`` or ``ddp``: one run per preset in ``OUT_ROOT/<preset>`` (``fsdp`` sets ``fsdp=True``);
+MODE ``fsdp``: one run per preset in ``OUT_ROOT/<preset>`` with ``fsdp=True``; ``ddp`` or ``single``: without
+(DDP under torchrun, else one process);
 MODE ``resume``: continue the run in ``OUT_ROOT/<preset>`` (``--resume``). ``KEY=VALUE`` are config keys
 (`geomtrain.config.parse_assignments`), e.g. ``max_iters=10 stop_after=5``. The report maps each preset to
 ``{"losses": {step: loss}, "weights": {name: whole tensor}, "start": {name: whole tensor}}`` (``start``:
-the weights just after loading, for resume), written by rank 0.
+the weights just after loading, for resume), written by rank 0. Each rank writes its PID to
+``OUT_ROOT/rank<r>.pid`` first.
 """
 
+import os
 import sys
+from pathlib import Path
 
 import torch
 import torch.distributed as dist
@@ -79,8 +83,11 @@ def run_one(data_dir: str, out_dir: str, mode: str, preset: str, overrides: dict
 def main(data_dir: str, out_root: str, report: str, mode: str, presets: str, *keys: str) -> None:
     overrides = parse_assignments(keys)
     with distributed_from_env():
+        rank = dist.get_rank() if dist.is_initialized() else 0
+        Path(out_root).mkdir(parents=True, exist_ok=True)
+        Path(out_root, f"rank{rank}.pid").write_text(str(os.getpid()))  # the kill test's target
         results = {p: run_one(data_dir, f"{out_root}/{p}", mode, p, overrides) for p in presets.split(",")}
-        if not dist.is_initialized() or dist.get_rank() == 0:
+        if rank == 0:
             torch.save(results, report)
         if dist.is_initialized():
             dist.barrier()

@@ -1,0 +1,216 @@
+"""``fsdp``: FSDP2 training on 2 gloo CPU ranks against one process, DCP checkpoints (bit-exact resume,
+resharding 2 -> 1 -> 2, a rank killed mid-run), the DDP bucketed exchange on every preset, and the
+``fsdp`` key's bad values. The runs are `fsdp_worker.worker_config`: 20 steps of ``tiny``."""
+
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import fsdp_worker
+import pytest
+import torch
+
+from geomtrain.cli import main as cli_main
+from geomtrain.config import make_config
+from geomtrain.runfolder import CheckpointError, RunFolder, resume_config
+from geomtrain.train import load_checkpoint, train
+
+pytestmark = pytest.mark.slow  # torchrun jobs of 2 ranks: `make test` runs them, `make check` does not
+
+PRESETS = ("adamw", "unconstrained", "all-stiefel", "all-dgram", "hetero", "hetero-inv")
+NO_SOLVE = ("adamw", "unconstrained")  # no manifold direction solve: only the reduction order differs
+# Tolerances against one process (same global batch, same update rule). The losses are ~10 nats, where
+# float32's spacing is 9.5e-7: 1e-6 is one ulp, and the gradient averages are summed in another order (a
+# reduce-scatter or all-reduce of per-rank means vs one mean), so the losses differ by a few ulps (measured:
+# at most 4.8e-6 over 20 steps, FSDP and DDP alike). The weights: 1.4e-5 measured without a manifold solve
+# (AdamW's g / sqrt(v) turns last-bit gradient differences into lr-sized ones for entries near 0); with one,
+# up to 4.1e-4 (FSDP) and 7.8e-4 (DDP) on hetero-inv, where a solve that stops at its tolerance (1e-4
+# RMS residual) may stop at another iterate. Bounds a few times above, far below another seed's or
+# preset's difference (> 1e-2).
+LOSS_TOL = 2e-5
+WEIGHT_TOL = {"no solve": 1e-4, "solve": 2e-3}
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def _run_worker(data_dir, out_root, report, mode, presets, *keys, ranks=2, timeout=300) -> dict:
+    """``fsdp_worker`` under torchrun (``ranks`` 2) or as one process (``ranks`` 1); its report."""
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(ROOT)}
+    launch = [sys.executable]
+    if ranks > 1:
+        launch += ["-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={ranks}"]
+    cmd = [*launch, fsdp_worker.__file__, data_dir, str(out_root), str(report), mode, ",".join(presets), *keys]
+    proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=timeout)
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    return torch.load(report, weights_only=False)
+
+
+@pytest.fixture(scope="module")
+def one_process(data_dir, tmp_path_factory):
+    """Every preset's run in one process (the reference): about 30 s."""
+    tmp = tmp_path_factory.mktemp("single")
+    return _run_worker(data_dir, tmp / "runs", tmp / "report.pt", "single", PRESETS, ranks=1)
+
+
+@pytest.fixture(scope="module")
+def fsdp_runs(data_dir, tmp_path_factory):
+    """Every preset's run on 2 ranks under FSDP2, in one torchrun job: about 50 s."""
+    tmp = tmp_path_factory.mktemp("fsdp")
+    return tmp / "runs", _run_worker(data_dir, tmp / "runs", tmp / "report.pt", "fsdp", PRESETS)
+
+
+def _assert_matches(runs: dict, reference: dict, what: str) -> None:
+    for preset in PRESETS:
+        got, want = runs[preset], reference[preset]
+        assert sorted(got["losses"]) == sorted(want["losses"]) == list(range(1, 21))
+        dloss = max(abs(got["losses"][s] - want["losses"][s]) for s in want["losses"])
+        dw = max(float((got["weights"][k].double() - want["weights"][k].double()).abs().max()) for k in want["weights"])
+        print(f"{what} {preset}: max |loss - one process| {dloss:.2e}, max |W - one process| {dw:.2e}")
+        assert dloss < LOSS_TOL, preset
+        assert dw < WEIGHT_TOL["no solve" if preset in NO_SOLVE else "solve"], preset
+
+
+def test_fsdp_matches_one_process_on_every_preset(fsdp_runs, one_process):
+    root, runs = fsdp_runs
+    _assert_matches(runs, one_process, "FSDP2")
+    for preset in PRESETS:
+        weights = runs[preset]["weights"]
+        assert torch.equal(weights["transformer.wte.weight"], weights["lm_head.weight"])  # still tied
+        manifest = json.loads((root / preset / "ckpt.dcp.json").read_text())
+        assert manifest["step"] == 20 and manifest["world_size"] == 2
+        assert not (root / preset / "ckpt.pt").exists()
+    # diagnostics need whole matrices: every rank gathered them, rank 0 wrote the same rows as one process
+    diag = [json.loads(line) for line in (root / "hetero" / "diagnostics.jsonl").read_text().splitlines()]
+    assert [d["step"] for d in diag] == [10, 20]
+    rows = {r["name"]: r for r in diag[-1]["matrices"]}
+    assert len(rows) == 12 and all(r["grad_norm"] is not None for r in rows.values() if "[" not in r["name"])
+
+
+def test_ddp_bucketed_matches_one_process_on_every_preset(data_dir, tmp_path, one_process):
+    runs = _run_worker(data_dir, tmp_path / "runs", tmp_path / "report.pt", "ddp", PRESETS, "bucketed=true")
+    _assert_matches(runs, one_process, "DDP bucketed")
+
+
+@pytest.fixture(scope="module")
+def stopped(data_dir, tmp_path_factory):
+    """A 2-rank FSDP2 hetero run stopped at step 10 (DCP checkpoint of 2 ranks) and its report."""
+    tmp = tmp_path_factory.mktemp("stopped")
+    report = _run_worker(data_dir, tmp / "runs", tmp / "report.pt", "fsdp", ["hetero"], "stop_after=10")
+    return tmp / "runs", report["hetero"]
+
+
+def _copy(stopped, tmp_path) -> Path:
+    shutil.copytree(stopped[0], tmp_path / "runs")
+    return tmp_path / "runs"
+
+
+def test_dcp_resume_on_the_same_world_size_is_bit_exact(data_dir, tmp_path, stopped, fsdp_runs):
+    runs = _copy(stopped, tmp_path)
+    resumed = _run_worker(data_dir, runs, tmp_path / "report.pt", "resume", ["hetero"])["hetero"]
+    uninterrupted = fsdp_runs[1]["hetero"]
+    assert stopped[1]["weights"].keys() == resumed["start"].keys()
+    assert all(torch.equal(resumed["start"][k], w) for k, w in stopped[1]["weights"].items())
+    assert [resumed["losses"][s] for s in range(11, 21)] == [uninterrupted["losses"][s] for s in range(11, 21)]
+    assert all(torch.equal(resumed["weights"][k], w) for k, w in uninterrupted["weights"].items())
+
+
+def test_dcp_reshards_two_ranks_to_one_and_back(data_dir, tmp_path, stopped, one_process):
+    runs = _copy(stopped, tmp_path)
+    one = _run_worker(data_dir, runs, tmp_path / "one.pt", "resume", ["hetero"], "stop_after=15", ranks=1)["hetero"]
+    assert all(torch.equal(one["start"][k], w) for k, w in stopped[1]["weights"].items())  # 2 -> 1: same weights
+    assert json.loads((runs / "hetero" / "ckpt.dcp.json").read_text())["world_size"] == 1
+    two = _run_worker(data_dir, runs, tmp_path / "two.pt", "resume", ["hetero"])["hetero"]
+    assert all(torch.equal(two["start"][k], w) for k, w in one["weights"].items())  # 1 -> 2: same weights
+    assert sorted(two["losses"]) == list(range(1, 21))
+    reference = one_process["hetero"]
+    assert max(abs(two["losses"][s] - reference["losses"][s]) for s in range(11, 21)) < LOSS_TOL
+    dw = max(float((two["weights"][k] - w).abs().max()) for k, w in reference["weights"].items())
+    assert dw < WEIGHT_TOL["solve"]
+
+
+def test_a_rank_killed_mid_run_leaves_the_last_checkpoint_loadable(data_dir, tmp_path):
+    """SIGKILL one rank of a 2-rank FSDP2 job once it has committed a checkpoint past step 10: the job
+    dies; the last committed checkpoint verifies, loads and resumes (here in one process)."""
+    root = tmp_path / "runs"
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(ROOT)}
+    keys = ["max_iters=400", "eval_interval=5", "diagnostics=false", "warmup_iters=2"]
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2", fsdp_worker.__file__]
+    log = open(tmp_path / "job.log", "w")  # a file, not a pipe: a full pipe would stall the ranks
+    job = subprocess.Popen(
+        [*cmd, data_dir, str(root), str(tmp_path / "report.pt"), "fsdp", "adamw", *keys],
+        env=env,
+        stdout=log,
+        stderr=subprocess.STDOUT,
+    )
+    manifest = root / "adamw" / "ckpt.dcp.json"
+    try:
+        deadline = time.monotonic() + 120
+        while (
+            time.monotonic() < deadline
+            and (json.loads(manifest.read_text()) if manifest.exists() else {}).get("step", 0) < 10
+        ):
+            assert job.poll() is None, (tmp_path / "job.log").read_text()[-3000:]
+            time.sleep(0.2)
+        os.kill(int((root / "rank1.pid").read_text()), signal.SIGKILL)
+        job.wait(timeout=120)
+    finally:
+        if job.poll() is None:
+            job.kill()
+            job.wait()
+        log.close()
+    assert job.returncode != 0
+    committed = json.loads(manifest.read_text())
+    assert committed["step"] >= 10 and committed["step"] % 5 == 0
+    ckpt = load_checkpoint(root / "adamw")  # verified, whole tensors, no process group
+    assert ckpt["step"] == committed["step"]
+    assert all(bool(torch.isfinite(t).all()) for t in ckpt["model"].values())
+    cfg = resume_config({"out_dir": str(root / "adamw"), "stop_after": committed["step"] + 3, "progress": False})
+    status = train(cfg, resume=True, print_fn=lambda *a: None)
+    assert status["status"] == "interrupted" and status["step"] == committed["step"] + 3
+
+
+# ----------------------------------------------------------------------------- one process: DCP rules
+def _dcp_run(data_dir, out, **keys):
+    cfg = fsdp_worker.worker_config(data_dir, str(out), "hetero", fsdp=True, max_iters=10, eval_interval=5, **keys)
+    return train(cfg, print_fn=lambda *a: None)
+
+
+def test_dcp_checkpoint_is_committed_last_and_verified(data_dir, tmp_path):
+    """Without torchrun ``fsdp`` keeps the checkpoints DCP (so the run can go back to torchrun); a folder
+    the manifest does not name (a save killed before its commit) is never loaded and is removed on resume;
+    a committed file that changed is refused in one line naming it."""
+    run = tmp_path / "run"
+    assert _dcp_run(data_dir, run)["status"] == "finished"
+    manifest = json.loads((run / "ckpt.dcp.json").read_text())
+    assert manifest["step"] == 10 and [f"ckpt.dcp/{name}" for name in os.listdir(run / "ckpt.dcp")] == [
+        manifest["folder"]
+    ]  # the previous checkpoints deleted once this one was committed
+    half = run / "ckpt.dcp" / "step-00000015"  # a save killed before its commit
+    half.mkdir()
+    (half / "__0_0.distcp").write_bytes(b"torn")
+    assert load_checkpoint(run)["step"] == 10
+    folder = RunFolder(run)
+    folder.open(resume=True)  # removes it
+    folder.close()
+    assert not half.exists()
+    shard = run / manifest["folder"] / "__0_0.distcp"
+    data = bytearray(shard.read_bytes())
+    data[len(data) // 2] ^= 0xFF
+    shard.write_bytes(bytes(data))
+    with pytest.raises(CheckpointError, match="__0_0.distcp is corrupted"):
+        load_checkpoint(run)
+
+
+def test_fsdp_bad_values_are_one_line_errors(tmp_path, capsys):
+    assert cli_main(["train", "--fsdp=maybe"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and "--fsdp" in err
+    toml = tmp_path / "run.toml"
+    toml.write_text('fsdp = "yes"\nbucketed = 1\n')
+    with pytest.raises(ValueError, match="fsdp must be a bool; got 'yes'"):
+        make_config(toml_path=toml)
+    assert make_config({"fsdp": True, "bucketed": False}).fsdp is True
