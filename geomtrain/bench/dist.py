@@ -7,13 +7,20 @@ three ways to take the same optimizer steps on the same gradients:
 - ``DDP broadcast``: ``ManifoldMuon(bucketed=False)`` on ``--ranks`` gloo CPU ranks, one broadcast per
   matrix and warm-start state slot from its owner;
 - ``DDP bucketed``: the default, one all-gather per ``(shape, dtype, device)`` bucket
-  (`geomtrain.optim.muon_dist`).
+  (`geomtrain.optim.muon_dist`);
+- ``FSDP2``: the model sharded by `geomtrain.sharding.shard_model`, each matrix's rows sent to its owner
+  rank and the new rows back, two all-to-alls per step (`geomtrain.optim.muon_fsdp`).
 
 Per step and rank: the collectives and the bytes sent (``last_stats["comm"]``: the ring algorithms' bytes,
 computed from the buffers, `geomtrain.optim.muon_dist.CommCount`), and the median time of
 ``ManifoldMuon.step`` over the timed steps (per step, the slowest rank). The ranks are processes spawned by
-``torch.multiprocessing`` with a ``file://`` rendezvous, one CPU thread each (``--threads``); the two DDP modes
-run in the same processes, stepped alternately so a shared machine's drift hits both alike.
+``torch.multiprocessing`` with a ``file://`` rendezvous, one CPU thread each (``--threads``); the distributed
+modes run in the same processes, stepped alternately so a shared machine's drift hits them alike. FSDP2's
+bytes differ between ranks (a rank sends the rows it holds of the matrices others own): the row gives the
+largest. ``model bytes`` is what the training step sends besides the optimizer, computed from the $P$
+float32 parameters under the ring algorithms (not measured): DDP's gradient all-reduce
+$2\frac{N-1}{N} 4P$; FSDP2's all-gather of the weights in the forward and again in the backward and
+reduce-scatter of the gradients, $3\frac{N-1}{N} 4P$.
 """
 
 from __future__ import annotations
@@ -31,7 +38,7 @@ from ..config import non_negative_int, positive_int
 
 __all__ = ["MODES", "bench_dist", "format_dist_table", "add_parser"]
 
-MODES = ("one process", "DDP broadcast", "DDP bucketed")
+MODES = ("one process", "DDP broadcast", "DDP bucketed", "FSDP2")
 
 
 def _optimizer(model_name: str, preset: str, bucketed: bool):
@@ -49,6 +56,31 @@ def _optimizer(model_name: str, preset: str, bucketed: bool):
     return params, ManifoldMuon(groups.muon, lr=0.02, bucketed=bucketed)
 
 
+def _fsdp_optimizer(model_name: str, preset: str):
+    """`_optimizer`'s matrices, the model sharded by `geomtrain.sharding.shard_model` first (DTensor rows)."""
+    import torch
+
+    from ..groups import param_groups
+    from ..model import GPT, model_config
+    from ..optim import ManifoldMuon
+    from ..sharding import shard_model
+
+    torch.manual_seed(0)
+    model = GPT(model_config(model_name))
+    param_groups(model, preset=preset)  # projects the constrained matrices onto their manifolds, as _optimizer
+    groups = param_groups(shard_model(model), preset=preset, project=False)
+    return [p for g in groups.muon for p in g["params"]], ManifoldMuon(groups.muon, lr=0.02)
+
+
+def _like(grad, p):
+    """``grad`` (whole, the same on every rank) as ``p``'s rows when ``p`` is a DTensor (sliced here, no exchange)."""
+    if not hasattr(p, "device_mesh"):
+        return grad
+    from torch.distributed.tensor import distribute_tensor
+
+    return distribute_tensor(grad, p.device_mesh, p.placements, src_data_rank=None)
+
+
 def _timed_steps(runs: list, steps: int, warmup: int, barrier: Callable[[], None]) -> list[dict]:
     """Step every ``(params, optimizer)`` of ``runs`` alternately on the same seeded gradients; per run the
     seconds of each timed step and the last step's statistics."""
@@ -59,7 +91,7 @@ def _timed_steps(runs: list, steps: int, warmup: int, barrier: Callable[[], None
         for (params, opt), rec in zip(runs, out):
             gen = torch.Generator().manual_seed(1000 + i)
             for p in params:
-                p.grad = torch.randn(p.shape, generator=gen) * 1e-3
+                p.grad = _like(torch.randn(p.shape, generator=gen) * 1e-3, p)
             barrier()
             start = time.perf_counter()
             opt.step()
@@ -71,7 +103,7 @@ def _timed_steps(runs: list, steps: int, warmup: int, barrier: Callable[[], None
 
 
 def _rank(rank: int, world: int, out_dir: str, models: list, preset: str, steps: int, warmup: int, threads: int):
-    """One spawned rank: both DDP modes per model; each rank writes ``<out_dir>/<model>.rank<r>.json``."""
+    """One spawned rank: the distributed modes per model; each rank writes ``<out_dir>/<model>.rank<r>.json``."""
     import torch
     import torch.distributed as dist
 
@@ -80,7 +112,7 @@ def _rank(rank: int, world: int, out_dir: str, models: list, preset: str, steps:
     dist.init_process_group("gloo", init_method=f"file://{init_file}", rank=rank, world_size=world)
     try:
         for name in models:
-            runs = [_optimizer(name, preset, bucketed) for bucketed in (False, True)]
+            runs = [_optimizer(name, preset, bucketed) for bucketed in (False, True)] + [_fsdp_optimizer(name, preset)]
             recs = _timed_steps(runs, steps, warmup, dist.barrier)
             Path(out_dir, f"{name}.rank{rank}.json").write_text(json.dumps(recs))
             del runs
@@ -104,8 +136,9 @@ def bench_dist(
     log: Callable[[str], None] | None = None,
 ) -> list[dict]:
     """Rows per model and mode (`MODES`): ``model``, ``mode``, ``ranks``, ``matrices``, ``buckets``,
-    ``collectives``, ``bytes_sent``, ``bytes_padding`` (per step and rank) and ``ms_step`` (median over the
-    timed steps of the slowest rank's ``step``)."""
+    ``collectives``, ``bytes_sent``, ``bytes_padding`` (per step and rank: the largest), ``model_bytes`` (the
+    gradients' and weights' exchange, computed) and ``ms_step`` (median over the timed steps of the slowest
+    rank's ``step``)."""
     import torch
     import torch.multiprocessing as mp
 
@@ -130,7 +163,7 @@ def bench_dist(
                 run = _optimizer(name, preset, True)
                 rec = _timed_steps([run], steps, warmup, lambda: None)[0]
                 n_buckets = len(buckets(_shapes(run[0])))
-                rows.append(_row(name, MODES[0], 1, [rec], n_buckets))
+                rows.append(_row(name, MODES[0], 1, [rec], n_buckets, 0))
                 if log:
                     log(f"{name}: one process {rows[-1]['ms_step']:.1f} ms/step; {ranks} ranks next")
         finally:
@@ -146,7 +179,8 @@ def bench_dist(
             per_rank = [json.loads(Path(tmp, f"{name}.rank{r}.json").read_text()) for r in range(ranks)]
             n_buckets = next(r["buckets"] for r in rows if r["model"] == name)
             for k, mode in enumerate(MODES[1:]):
-                rows.append(_row(name, mode, ranks, [recs[k] for recs in per_rank], n_buckets))
+                model_bytes = _model_bytes(name, ranks, 3 if mode == "FSDP2" else 2)
+                rows.append(_row(name, mode, ranks, [recs[k] for recs in per_rank], n_buckets, model_bytes))
     return sorted(rows, key=lambda r: (list(models).index(r["model"]), MODES.index(r["mode"])))
 
 
@@ -157,9 +191,21 @@ def _shapes(params: list) -> list:
     return [SimpleNamespace(index=i, p=p) for i, p in enumerate(params)]
 
 
-def _row(model: str, mode: str, ranks: int, recs: list[dict], n_buckets: int) -> dict:
+def _model_bytes(model: str, ranks: int, passes: int) -> int:
+    r"""Bytes a rank sends per step for the model's float32 parameters: ``passes`` ring collectives of
+    $\frac{N-1}{N} 4P$ each (an all-reduce is 2, FSDP2's two all-gathers and a reduce-scatter 3)."""
+    import torch
+
+    from ..model import GPT, model_config
+
+    with torch.device("meta"):
+        n_params = sum(p.numel() for p in GPT(model_config(model)).parameters())
+    return round(passes * (ranks - 1) / ranks * 4 * n_params)
+
+
+def _row(model: str, mode: str, ranks: int, recs: list[dict], n_buckets: int, model_bytes: int) -> dict:
     stats = recs[0]["stats"]
-    comm = stats.get("comm") or {}
+    comm = max((r["stats"].get("comm") or {} for r in recs), key=lambda c: c.get("bytes_sent", 0))
     slowest = [max(times) for times in zip(*(r["seconds"] for r in recs))]
     return {
         "model": model,
@@ -170,6 +216,7 @@ def _row(model: str, mode: str, ranks: int, recs: list[dict], n_buckets: int) ->
         "collectives": comm.get("collectives", 0),
         "bytes_sent": comm.get("bytes_sent", 0),
         "bytes_padding": comm.get("bytes_padding", 0),
+        "model_bytes": model_bytes,
         "ms_step": 1000 * statistics.median(slowest),
     }
 
@@ -178,12 +225,12 @@ def format_dist_table(rows: list[dict]) -> str:
     """Markdown table of `bench_dist` rows."""
     lines = [
         "| model | exchange | ranks | matrices | buckets | collectives/step | bytes sent/step/rank | padding "
-        "| step ms |",
-        "|---|---|---|---|---|---|---|---|---|",
+        "| model bytes/step/rank | step ms |",
+        "|---|---|---|---|---|---|---|---|---|---|",
     ]
     for r in rows:
         cells = [r["model"], r["mode"], r["ranks"], r["matrices"], r["buckets"], r["collectives"]]
-        cells += [f"{r['bytes_sent']:,}", f"{r['bytes_padding']:,}", f"{r['ms_step']:.1f}"]
+        cells += [f"{r['bytes_sent']:,}", f"{r['bytes_padding']:,}", f"{r['model_bytes']:,}", f"{r['ms_step']:.1f}"]
         lines.append("| " + " | ".join(map(str, cells)) + " |")
     return "\n".join(lines)
 
@@ -200,7 +247,7 @@ def add_parser(sub) -> None:
     """Register ``dist`` on the ``geomtrain bench`` subparsers."""
     p = sub.add_parser(
         "dist",
-        help="Manifold Muon's DDP exchange: bytes and collectives per step, one process vs broadcast vs bucketed",
+        help="Manifold Muon's exchange: bytes and collectives per step, one process vs DDP broadcast, bucketed, FSDP2",
         description=__doc__.split("\n")[0],
     )
     p.add_argument(

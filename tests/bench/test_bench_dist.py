@@ -29,7 +29,11 @@ def test_bench_dist_counts_what_each_exchange_sends(capsys):
     ranks = 2
     rows = bench_dist(("tiny",), ranks=ranks, steps=1, warmup=0, log=print)
     assert [r["mode"] for r in rows] == list(MODES)
-    one, broadcast, bucketed = rows
+    one, broadcast, bucketed, fsdp = rows
+    # FSDP2: the flags all-reduce, an all-to-all to the owners and one back, the statistics all-reduce; the
+    # model's exchange: two all-gathers and a reduce-scatter against DDP's all-reduce (3 : 2)
+    assert fsdp["collectives"] == 4 and fsdp["bytes_sent"] > 0
+    assert 2 * fsdp["model_bytes"] == 3 * bucketed["model_bytes"] and one["model_bytes"] == 0
     payload, n_params, n_shapes = _exchanged("tiny")
     stats = n_params * len(StatsTable.FIELDS) * 8 * 2 * (ranks - 1) / ranks  # the statistics all-reduce
     assert (one["collectives"], one["bytes_sent"], one["ranks"]) == (0, 0, 1)
