@@ -175,7 +175,8 @@ def test_a_rank_killed_mid_run_leaves_the_last_checkpoint_loadable(data_dir, tmp
 
 # ----------------------------------------------------------------------------- one process: DCP rules
 def _dcp_run(data_dir, out, **keys):
-    cfg = fsdp_worker.worker_config(data_dir, str(out), "hetero", fsdp=True, max_iters=10, eval_interval=5, **keys)
+    keys = {"fsdp": True, "max_iters": 10, "eval_interval": 5, **keys}
+    cfg = fsdp_worker.worker_config(data_dir, str(out), "hetero", **keys)
     return train(cfg, print_fn=lambda *a: None)
 
 
@@ -203,6 +204,19 @@ def test_dcp_checkpoint_is_committed_last_and_verified(data_dir, tmp_path):
     shard.write_bytes(bytes(data))
     with pytest.raises(CheckpointError, match="__0_0.distcp is corrupted"):
         load_checkpoint(run)
+
+
+def test_a_run_may_leave_fsdp_on_resume(data_dir, tmp_path):
+    """``fsdp`` is not run-defining: a DCP run resumed without it loads the DCP checkpoint, records the
+    change, writes ``ckpt.pt`` and deletes the DCP checkpoint (never two checkpoints of one run)."""
+    run = tmp_path / "run"
+    _dcp_run(data_dir, run, max_iters=14, stop_after=10)
+    cfg = resume_config({"out_dir": str(run), "fsdp": False, "stop_after": 12})
+    assert train(cfg, resume=True, print_fn=lambda *a: None)["step"] == 12
+    assert load_checkpoint(run)["step"] == 12 and (run / "ckpt.pt").exists()
+    assert not (run / "ckpt.dcp.json").exists() and not (run / "ckpt.dcp").exists()
+    history = [json.loads(line) for line in (run / "config_history.jsonl").read_text().splitlines()]
+    assert history[-1]["step"] == 10 and history[-1]["changes"]["fsdp"] == {"old": True, "new": False}
 
 
 def test_fsdp_bad_values_are_one_line_errors(tmp_path, capsys):
