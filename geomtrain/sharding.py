@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import io
 import os
+import shutil
 import warnings
 from pathlib import Path
 from typing import Any
@@ -45,6 +46,7 @@ __all__ = [
     "rng_state",
     "set_rng_state",
     "check_same_run",
+    "drop_placeholders",
 ]
 
 SMALL_STATE = "trainer.pt"  # the small state beside the DCP shards
@@ -206,8 +208,6 @@ def save_dcp(folder: RunFolder, state: dict) -> None:
     target = folder.new_dcp_folder(state["step"])  # the same on every rank: read before any rank commits
     barrier()
     if folder.master:
-        import shutil
-
         shutil.rmtree(target, ignore_errors=True)  # a save of this step killed before its commit
         target.mkdir(parents=True)
     barrier()

@@ -132,6 +132,22 @@ def test_dcp_reshards_two_ranks_to_one_and_back(data_dir, tmp_path, stopped, one
     assert dw < WEIGHT_TOL["solve"]
 
 
+def test_a_ckpt_pt_run_resumes_under_fsdp(data_dir, tmp_path, one_process):
+    """A run of one process (``ckpt.pt``, whole tensors) resumed on 2 ranks with ``fsdp``: its weights and
+    optimizer state are sharded as the live ones, it trains on like one process and writes DCP."""
+    runs = tmp_path / "runs"
+    first = _run_worker(data_dir, runs, tmp_path / "one.pt", "single", ["hetero"], "stop_after=10", ranks=1)
+    assert (runs / "hetero" / "ckpt.pt").exists()
+    resumed = _run_worker(data_dir, runs, tmp_path / "two.pt", "resume", ["hetero"], "fsdp=true")["hetero"]
+    assert all(torch.equal(resumed["start"][k], w) for k, w in first["hetero"]["weights"].items())
+    reference = one_process["hetero"]
+    assert max(abs(resumed["losses"][s] - reference["losses"][s]) for s in range(11, 21)) < LOSS_TOL
+    dw = max(float((resumed["weights"][k] - w).abs().max()) for k, w in reference["weights"].items())
+    assert dw < WEIGHT_TOL["solve"]
+    assert json.loads((runs / "hetero" / "ckpt.dcp.json").read_text())["world_size"] == 2
+    assert not (runs / "hetero" / "ckpt.pt").exists()
+
+
 def test_a_rank_killed_mid_run_leaves_the_last_checkpoint_loadable(data_dir, tmp_path):
     """SIGKILL one rank of a 2-rank FSDP2 job once it has committed a checkpoint past step 10: the job
     dies; the last committed checkpoint verifies, loads and resumes (here in one process)."""
@@ -211,12 +227,21 @@ def test_a_run_may_leave_fsdp_on_resume(data_dir, tmp_path):
     change, writes ``ckpt.pt`` and deletes the DCP checkpoint (never two checkpoints of one run)."""
     run = tmp_path / "run"
     _dcp_run(data_dir, run, max_iters=14, stop_after=10)
-    cfg = resume_config({"out_dir": str(run), "fsdp": False, "stop_after": 12})
+    cfg = resume_config({"out_dir": str(run), "fsdp": False, "stop_after": 12, "progress": False})
     assert train(cfg, resume=True, print_fn=lambda *a: None)["step"] == 12
     assert load_checkpoint(run)["step"] == 12 and (run / "ckpt.pt").exists()
     assert not (run / "ckpt.dcp.json").exists() and not (run / "ckpt.dcp").exists()
     history = [json.loads(line) for line in (run / "config_history.jsonl").read_text().splitlines()]
     assert history[-1]["step"] == 10 and history[-1]["changes"]["fsdp"] == {"old": True, "new": False}
+
+
+def test_bucketed_reaches_the_optimizer(data_dir):
+    from conftest import tiny_config
+
+    from geomtrain.train import Trainer
+
+    assert Trainer(tiny_config(data_dir, bucketed=False)).muon.bucketed is False
+    assert Trainer(tiny_config(data_dir)).muon.bucketed is True
 
 
 def test_fsdp_bad_values_are_one_line_errors(tmp_path, capsys):
