@@ -46,7 +46,6 @@ __all__ = [
     "rng_state",
     "set_rng_state",
     "check_same_run",
-    "drop_placeholders",
 ]
 
 SMALL_STATE = "trainer.pt"  # the small state beside the DCP shards
@@ -266,21 +265,4 @@ def load_dcp(path: Path, model=None, optimizers=None, no_dist: bool = False, map
                 idx, _, slot = rest.partition("/")
                 slots.setdefault(int(idx), {})[slot] = value
         state[name] = {**small[name], "state": slots}
-    if state.get("muon") is not None and not any(is_sharded(p) for p in listed.get("muon", [])):
-        drop_placeholders(state["muon"]["state"])
     return state
-
-
-def drop_placeholders(slots: dict) -> None:
-    """Drop, in place, the warm-start placeholders an FSDP2 ManifoldMuon writes for slots it lacks
-    (`geomtrain.optim.muon_fsdp.placeholder_slots`: NaN matrices, flags of ``PLACEHOLDER_FLAG``) from
-    whole tensors loaded for an unsharded optimizer (one process, DDP); a sharded one drops them itself."""
-    from .optim.muon_fsdp import PLACEHOLDER_FLAG
-
-    for entry in slots.values():
-        for key in [k for k, v in entry.items() if isinstance(v, torch.Tensor) and k != "momentum_buffer"]:
-            v = entry[key]
-            if (v.is_floating_point() and bool(torch.isnan(v).any())) or (
-                v.dtype == torch.uint8 and bool((v == PLACEHOLDER_FLAG).any())
-            ):
-                entry.pop(key)

@@ -106,6 +106,7 @@ from .muon_dist import CommCount, owners, reduce_stats, share, share_bucketed
 from .muon_fsdp import (
     agree,
     check_sharded,
+    drop_placeholders,
     local_grad,
     placeholder_slots,
     settle_loaded,
@@ -446,7 +447,8 @@ class ManifoldMuon(torch.optim.Optimizer):
     def load_state_dict(self, state_dict: dict) -> None:
         """Restore momentum, dual variables and hyperparameters; manifolds stay those of this optimizer
         (a saved group whose manifold class differs is refused). Under FSDP2 (a collective: every rank calls it)
-        whole plain tensors are sharded and placeholders dropped (`geomtrain.optim.muon_fsdp.settle_loaded`)."""
+        whole plain tensors are sharded and placeholders dropped (`geomtrain.optim.muon_fsdp.settle_loaded`); an
+        unsharded optimizer drops the placeholders of a state an FSDP2 run saved (`drop_placeholders`)."""
         state_dict = dict(state_dict)
         first = state_dict["param_groups"][0] if state_dict["param_groups"] else {}
         total = state_dict.pop("n_skipped_nonfinite_total", first.get("n_skipped_nonfinite_total", 0))
@@ -474,5 +476,7 @@ class ManifoldMuon(torch.optim.Optimizer):
         if self.mesh is not None:
             params = [(p, g) for g in self.param_groups for p in g["params"]]
             settle_loaded([(p, g, self._manifold_of[id(p)], self.state[p]) for p, g in params if p in self.state])
+        else:  # an FSDP2 run's state loaded whole: its placeholders for missing warm-start slots go
+            drop_placeholders(list(self.state.values()))
         self.n_skipped_nonfinite_total = int(total)
         self.step_count = int(steps)

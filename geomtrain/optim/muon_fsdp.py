@@ -64,6 +64,7 @@ __all__ = [
     "solve_sharded",
     "placeholder_slots",
     "settle_loaded",
+    "drop_placeholders",
 ]
 
 SUPPORTED = (
@@ -371,3 +372,16 @@ def settle_loaded(entries: list[tuple]) -> None:
     for (st, k), ok in zip(matrix, finite):
         if not ok:
             st.pop(k)
+
+
+def drop_placeholders(entries: list[dict]) -> None:
+    """Drop, in place, `placeholder_slots`' placeholders from state entries loaded into an unsharded optimizer
+    (one process, DDP: a checkpoint an FSDP2 run wrote, loaded whole): a warm-start slot holding a NaN or
+    `PLACEHOLDER_FLAG` (a flag slot is one value per matrix, a vector, in whatever dtype
+    ``Optimizer.load_state_dict`` cast it to). The momentum buffer is never a placeholder."""
+    for entry in entries:
+        for key in [k for k, v in entry.items() if isinstance(v, torch.Tensor) and k != "momentum_buffer"]:
+            v = entry[key]
+            flag = v.dim() == 1 and bool((v == PLACEHOLDER_FLAG).any())
+            if flag or (v.is_floating_point() and bool(torch.isnan(v).any())):
+                entry.pop(key)

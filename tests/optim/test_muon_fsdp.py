@@ -157,3 +157,28 @@ def test_four_ranks_with_empty_chunks_match_one_process_and_count_bytes(tmp_path
         comm = [r[solver]["stats"][-1]["comm"] for r in ranks]
         assert {c["collectives"] for c in comm} == {4} and {c["bytes_padding"] for c in comm} == {0}
         assert sum(c["bytes_sent"] for c in comm) == expected, solver
+
+
+def test_an_unsharded_optimizer_drops_the_placeholders_of_an_fsdp_state():
+    # An FSDP2 run's state dict holds placeholders for warm-start slots a matrix has no value for yet (NaN
+    # matrices, flags of PLACEHOLDER_FLAG); loaded whole into a one-process optimizer they must go, and the
+    # real entries stay: a NaN warm start would reach the solver.
+    from geomtrain.optim import ManifoldMuon
+    from geomtrain.optim.muon_fsdp import PLACEHOLDER_FLAG
+    from manifolds import Stiefel
+
+    gen = torch.Generator().manual_seed(0)
+    params = [torch.nn.Parameter(Stiefel().random(12, 4, generator=gen)) for _ in range(2)]
+    opt = ManifoldMuon([{"params": params, "manifold": Stiefel()}])
+    for p in params:
+        p.grad = torch.randn(12, 4, generator=gen)
+    opt.step()
+    sd = opt.state_dict()
+    real = {k: v.clone() for k, v in sd["state"][0].items()}
+    sd["state"][1]["dual"] = torch.full((4, 4), math.nan)
+    sd["state"][1]["escalated"] = torch.full((1,), PLACEHOLDER_FLAG, dtype=torch.uint8)
+    fresh = ManifoldMuon([{"params": params, "manifold": Stiefel()}])
+    fresh.load_state_dict(sd)
+    assert set(fresh.state[params[1]]) == {"momentum_buffer"}
+    for key, value in real.items():
+        assert torch.equal(fresh.state[params[0]][key], value.to(fresh.state[params[0]][key].dtype)), key
