@@ -19,8 +19,8 @@ study() { local name=$1; shift; "$GEOMTRAIN" study "${common[@]}" --out "$out/$n
 for step in "${@:-pt8-probe pt8 lr-check pt8r3-probe tangent-hetero-inv compare}"; do for s in $step; do case "$s" in
     pt8-probe) study pt8 --presets "$presets" --seeds 1 "${pt[@]}" --set muon_solver_options=msign_steps=8 ;;
     pt8) study pt8 --presets "$presets" --seeds 3 "${pt[@]}" --set muon_solver_options=msign_steps=8 ;;
-    lr-check)  # is projected_tangent the exact direction at a smaller step? hetero at muon_lr 0.02 / 0.77
-        study pt8-lr0.026 --presets hetero --seeds 1 "${pt[@]}" --set muon_solver_options=msign_steps=8 --set muon_lr=0.026 ;;
+    lr-check)  # is projected_tangent the exact direction at a smaller step? muon_lr 0.02 / 0.77 where it lost
+        study pt8-lr0.026 --presets hetero,all-stiefel --seeds 1 "${pt[@]}" --set muon_solver_options=msign_steps=8 --set muon_lr=0.026 ;;
     pt8r3-probe)  # three alternating projections (a fuller spectrum) where one round lost: hetero, all-stiefel
         study pt8r3 --presets hetero,all-stiefel --seeds 1 "${pt[@]}" --set "muon_solver_options=msign_steps=8;rounds=3" ;;
     tangent-hetero-inv) study tangent-hetero-inv --presets hetero-inv --seeds 3 --set muon_solver=tangent ;;
