@@ -75,9 +75,9 @@ skipped matrices, ``[{"param": name, "reason": one of SKIP_REASONS}]``, where ``
 ``certify_every=N`` on steps N, 2N, ...: ``certified_gap_max`` (the exact float64 relative dual gap of the
 directions the solver returned, made feasible first, `geomtrain.optim.certificate`) and
 ``certified_residual_max`` (their tangent residual), else ``None``; ``length_mean`` and ``length_min``: the
-RMS singular value $\|A\|_F/\sqrt{n}$ of the directions solved this step (1: the whole spectral budget, as
+RMS singular value $\|A\|_F/\sqrt{n}$ of the directions applied this step (1: the whole spectral budget, as
 exact and msign directions; a products-only direction is shorter: a smaller step at the same ``lr``;
-``None`` when none was solved); ``comm``: this step's collectives and
+``None`` when none was applied); ``comm``: this step's collectives and
 bytes sent by this rank (`geomtrain.optim.muon_dist.CommCount`; zeros in one process). ``step_stats`` holds
 the same as a `StepStats`.
 

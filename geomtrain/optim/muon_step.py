@@ -94,7 +94,8 @@ class StatsTable:
     ``matrices``, ``msign_calls`` (summed), ``calls_max``, ``residual`` and ``dual_gap`` (worst),
     ``converged`` (all), ``off_manifold``, ``skipped`` (0 or a `SKIP_REASONS` code), ``has_state``,
     ``certified_gap`` and ``certified_residual`` (worst; NaN where unknown, like ``dual_gap``), ``solved``
-    (matrices given a direction), ``length_sum`` and ``length_min`` (of `direction_length`; NaN: none solved)."""
+    (matrices whose direction was applied), ``length_sum`` and ``length_min`` (of `direction_length`; NaN:
+    none applied)."""
 
     FIELDS = (
         "matrices",
@@ -325,9 +326,10 @@ def apply_directions(batch: list[MatrixItem], A: torch.Tensor, st: dict, sizes: 
                 table.set(it.index, f, st[f][sl].double().max())
         table.set(it.index, "converged", st["converged"][sl].double().min())
         table.set(it.index, "skipped", skips[i])
-        table.set(it.index, "solved", sizes[i])
-        table.set(it.index, "length_sum", lengths[sl].sum())
-        table.set(it.index, "length_min", lengths[sl].min())
+        if not skips[i]:  # the step-length statistics of the directions applied
+            table.set(it.index, "solved", sizes[i])
+            table.set(it.index, "length_sum", lengths[sl].sum())
+            table.set(it.index, "length_min", lengths[sl].min())
         if i in off_of:
             table.set(it.index, "off_manifold", off_of[i])
             if state_ok.get(i):

@@ -350,6 +350,9 @@ def test_a_skipped_update_is_named_with_its_reason(fault, monkeypatch):
         assert not torch.equal(b.detach(), before_b) and bool(torch.isfinite(b).all())
     assert torch.equal(a.detach(), before) and opt.last_stats["n_skipped_nonfinite"] == len(skipped)
     assert json.loads(json.dumps(opt.last_stats))["skipped"] == skipped
+    # the step-length statistics count the applied directions only: a skipped one never makes them NaN
+    lengths = [opt.last_stats["length_mean"], opt.last_stats["length_min"]]
+    assert lengths == [None, None] if len(skipped) == 2 else all(math.isfinite(v) for v in lengths), lengths
 
 
 def test_a_non_finite_warm_start_state_is_never_kept(monkeypatch):
