@@ -1,15 +1,13 @@
 """ManifoldMuon on 2 and 4 CPU ranks (gloo): solves split across ranks, every rank ends identical and equal to
 one process; the bucketed exchange's ownership and what it sends."""
 
-import os
-import subprocess
-import sys
 import warnings
 from pathlib import Path
 
 import pytest
 import torch
 from hypothesis import given, strategies
+from ranks import run_ranks
 
 from geomtrain.optim import ManifoldMuon, muon_dist
 from geomtrain.optim.muon_step import MatrixItem, StatsTable
@@ -25,18 +23,7 @@ def test_two_ranks_match_each_other_and_one_process(tmp_path):
         warnings.simplefilter("ignore", RuntimeWarning)  # the planted NaN gradient warns once
         ref_params, ref_state, ref_stats = dist_optim_worker.run()
 
-    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(SUPPORT.parents[1])}
-    cmd = [
-        sys.executable,
-        "-m",
-        "torch.distributed.run",
-        "--standalone",
-        "--nproc_per_node=2",
-        str(SUPPORT / "dist_optim_worker.py"),
-        str(tmp_path),
-    ]
-    proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=180)
-    assert proc.returncode == 0, proc.stderr[-3000:]
+    run_ranks(2, SUPPORT / "dist_optim_worker.py", tmp_path, timeout=180)
     r0, r1 = (torch.load(tmp_path / f"rank{r}.pt", weights_only=True) for r in (0, 1))
     assert r0["world_size"] == r1["world_size"] == 2
     for name in ref_params:
@@ -56,11 +43,7 @@ def test_two_ranks_match_each_other_and_one_process(tmp_path):
 
 def _torchrun(tmp_path, ranks: int, *args: str) -> list[dict]:
     """Run the worker on ``ranks`` gloo CPU ranks; each rank's record."""
-    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(SUPPORT.parents[1])}
-    worker = [str(SUPPORT / "dist_optim_worker.py"), str(tmp_path), *args]
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={ranks}", *worker]
-    proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=300)
-    assert proc.returncode == 0, proc.stderr[-3000:]
+    run_ranks(ranks, SUPPORT / "dist_optim_worker.py", tmp_path, *args)
     return [torch.load(tmp_path / f"rank{r}.pt", weights_only=True) for r in range(ranks)]
 
 

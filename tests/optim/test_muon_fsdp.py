@@ -3,15 +3,13 @@ ranks agree and equal one process, a NaN in one rank's rows skips the matrix eve
 goes through torch.distributed.checkpoint bit-exact, the all-to-all bytes follow muon_fsdp's formula."""
 
 import math
-import os
-import subprocess
-import sys
 import warnings
 from pathlib import Path
 
 import pytest
 import torch
 from hypothesis import given, strategies
+from ranks import run_ranks
 
 from geomtrain.optim.muon_fsdp import chunk_rows, owners_by_size
 from geomtrain.optim.muon_step import StatsTable
@@ -47,11 +45,7 @@ def test_chunk_rows_is_torch_chunk(rows, world):
 
 def _torchrun(tmp_path, ranks: int, *args: str) -> list[dict]:
     """Run the worker on ``ranks`` gloo CPU ranks; each rank's record."""
-    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(SUPPORT.parents[1])}
-    worker = [str(SUPPORT / "fsdp_optim_worker.py"), str(tmp_path), *args]
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={ranks}", *worker]
-    proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=300)
-    assert proc.returncode == 0, proc.stderr[-3000:]
+    run_ranks(ranks, SUPPORT / "fsdp_optim_worker.py", tmp_path, *args)
     return [torch.load(tmp_path / f"rank{r}.pt", weights_only=True) for r in range(ranks)]
 
 

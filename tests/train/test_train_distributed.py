@@ -1,14 +1,12 @@
 """2-rank DDP on CPU (gloo): identical parameters across ranks, same loss curve as one process."""
 
 import json
-import os
-import subprocess
-import sys
 from pathlib import Path
 
 import dist_train_worker
 import pytest
 from dist_train_worker import run_config
+from ranks import run_ranks
 
 from geomtrain.train import load_checkpoint, train
 
@@ -23,20 +21,7 @@ def _losses(run_dir):
 def test_two_rank_ddp_matches_single_process(data_dir, tmp_path):
     worker = Path(dist_train_worker.__file__)  # tests/_support/dist_train_worker.py
     report = tmp_path / "report.json"
-    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(Path(__file__).resolve().parents[2])}
-    cmd = [
-        sys.executable,
-        "-m",
-        "torch.distributed.run",
-        "--standalone",
-        "--nproc_per_node=2",
-        str(worker),
-        data_dir,
-        str(tmp_path / "ddp"),
-        str(report),
-    ]
-    proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=300)
-    assert proc.returncode == 0, proc.stderr[-3000:]
+    run_ranks(2, worker, data_dir, tmp_path / "ddp", report)
     assert json.loads(report.read_text()) == {"ranks_identical": True, "world_size": 2}
 
     cfg = run_config(data_dir, str(tmp_path / "single"))

@@ -7,13 +7,13 @@ import os
 import shutil
 import signal
 import subprocess
-import sys
 import time
 from pathlib import Path
 
 import fsdp_worker
 import pytest
 import torch
+from ranks import launch_command, run_ranks, worker_env
 
 from geomtrain.cli import main as cli_main
 from geomtrain.config import make_config
@@ -34,18 +34,11 @@ NO_SOLVE = ("adamw", "unconstrained")  # no manifold direction solve: only the r
 # preset's difference (> 1e-2).
 LOSS_TOL = 2e-5
 WEIGHT_TOL = {"no solve": 1e-4, "solve": 2e-3}
-ROOT = Path(__file__).resolve().parents[2]
 
 
 def _run_worker(data_dir, out_root, report, mode, presets, *keys, ranks=2, timeout=300) -> dict:
     """``fsdp_worker`` under torchrun (``ranks`` 2) or as one process (``ranks`` 1); its report."""
-    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(ROOT)}
-    launch = [sys.executable]
-    if ranks > 1:
-        launch += ["-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={ranks}"]
-    cmd = [*launch, fsdp_worker.__file__, data_dir, str(out_root), str(report), mode, ",".join(presets), *keys]
-    proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=timeout)
-    assert proc.returncode == 0, proc.stderr[-4000:]
+    run_ranks(ranks, fsdp_worker.__file__, data_dir, out_root, report, mode, ",".join(presets), *keys, timeout=timeout)
     return torch.load(report, weights_only=False)
 
 
@@ -152,13 +145,12 @@ def test_a_rank_killed_mid_run_leaves_the_last_checkpoint_loadable(data_dir, tmp
     """SIGKILL one rank of a 2-rank FSDP2 job once it has committed a checkpoint past step 10: the job
     dies; the last committed checkpoint verifies, loads and resumes (here in one process)."""
     root = tmp_path / "runs"
-    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(ROOT)}
     keys = ["max_iters=400", "eval_interval=5", "diagnostics=false", "warmup_iters=2"]
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2", fsdp_worker.__file__]
     log = open(tmp_path / "job.log", "w")  # a file, not a pipe: a full pipe would stall the ranks
+    args = [data_dir, str(root), str(tmp_path / "report.pt"), "fsdp", "adamw", *keys]
     job = subprocess.Popen(
-        [*cmd, data_dir, str(root), str(tmp_path / "report.pt"), "fsdp", "adamw", *keys],
-        env=env,
+        [*launch_command(2, fsdp_worker.__file__), *args],
+        env=worker_env(),
         stdout=log,
         stderr=subprocess.STDOUT,
     )
