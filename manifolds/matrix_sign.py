@@ -36,6 +36,8 @@ __all__ = [
     "msign",
     "polar",
     "polar_near_orthogonal",
+    "newton_schulz_polar",
+    "newton_schulz_steps",
     "NEAR_ORTHOGONAL",
     "POLAR_EXPRESS_COEFFICIENTS",
     "KELLER_JORDAN_COEFFICIENTS",
@@ -224,6 +226,28 @@ def polar(X: torch.Tensor, method: str = "auto") -> torch.Tensor:
 NEAR_ORTHOGONAL = 0.1
 
 
+def newton_schulz_steps(bound: float, dtype: torch.dtype) -> int:
+    r"""Newton-Schulz steps (at most 6) that take every $|\sigma - 1| \le$ ``bound`` to the rounding of
+    ``dtype``: a step maps the bound $d$ to $\tfrac32 d^2 + \tfrac12 d^3$. Host arithmetic only."""
+    eps, steps = torch.finfo(dtype).eps, 0
+    while True:
+        steps += 1
+        bound = 1.5 * bound**2 + 0.5 * bound**3
+        if bound <= eps or steps >= 6:
+            return steps
+
+
+def newton_schulz_polar(Y: torch.Tensor, P: torch.Tensor, steps: int) -> torch.Tensor:
+    r"""``steps`` Newton-Schulz steps $Y \leftarrow \tfrac12 Y (3I - Y^\top Y)$ on tall ``(..., m, n)`` matrices,
+    given $P = Y^\top Y$: matrix products only, no host read (the count comes from `newton_schulz_steps`)."""
+    eye = torch.eye(Y.shape[-1], dtype=Y.dtype, device=Y.device)
+    for k in range(steps):
+        if k:
+            P = Y.mT @ Y
+        Y = 0.5 * Y @ (3 * eye - P)
+    return Y
+
+
 def polar_near_orthogonal(X: torch.Tensor, method: str = "auto") -> torch.Tensor:
     r"""Polar factor of a matrix with nearly orthonormal columns (rows, if wide), by Newton-Schulz.
 
@@ -232,34 +256,26 @@ def polar_near_orthogonal(X: torch.Tensor, method: str = "auto") -> torch.Tensor
     bounds every $|\sigma^2 - 1|$) a few steps reach the dtype's rounding: the same polar factor as
     `polar`, for two $mn^2$ products a step instead of an SVD (a Stiefel retraction $W - \eta A$ with
     $A$ tangent has $X^\top X = I + \eta^2 A^\top A$). The number of steps is fixed in advance from that
-    bound. Matrices of the batch further from orthonormal go to ``polar(X, method)``.
+    bound, read with the batch's deviations in one host transfer. Matrices of the batch further from
+    orthonormal go to ``polar(X, method)``.
     """
     _check_matrix(X)
     tall = X.shape[-2] >= X.shape[-1]
     T = X if tall else X.mT
     lead, (m, n) = T.shape[:-2], T.shape[-2:]
     T3 = T.reshape(-1, m, n)
-    eye = torch.eye(n, dtype=T3.dtype, device=T3.device)
     P = T3.mT @ T3
-    dev = (P - eye).norm(dim=(-2, -1))
-    near = dev <= NEAR_ORTHOGONAL
-    out = torch.empty_like(T3)
-    if bool((~near).any()):
-        far = (~near).nonzero().squeeze(-1)
+    eye = torch.eye(n, dtype=T3.dtype, device=T3.device)
+    dev = (P - eye).norm(dim=(-2, -1)).tolist()  # the one host read: |sigma - 1| <= ||X^T X - I||_F
+    near = [i for i, d in enumerate(dev) if d <= NEAR_ORTHOGONAL]
+    if len(near) == len(dev):  # the usual case after a retraction step: no index copies
+        out = newton_schulz_polar(T3, P, newton_schulz_steps(max(dev, default=0.0), T3.dtype))
+    else:
+        far = [i for i, d in enumerate(dev) if not d <= NEAR_ORTHOGONAL]  # NaN too
+        out = torch.empty_like(T3)
         out[far] = polar(T3[far], method)
-    if bool(near.any()):
-        idx = near.nonzero().squeeze(-1)
-        Y, Py = T3[idx], P[idx]
-        eps = torch.finfo(T3.dtype).eps
-        bound = float(dev[idx].max())  # |sigma - 1| <= |sigma^2 - 1| <= ||X^T X - I||_F
-        steps = 0
-        while True:
-            Y = 0.5 * Y @ (3 * eye - Py)
-            steps += 1
-            bound = 1.5 * bound**2 + 0.5 * bound**3
-            if bound <= eps or steps >= 6:
-                break
-            Py = Y.mT @ Y
-        out[idx] = Y
+        if near:
+            bound = max(dev[i] for i in near)
+            out[near] = newton_schulz_polar(T3[near], P[near], newton_schulz_steps(bound, T3.dtype))
     out = out.reshape(*lead, m, n)
     return out if tall else out.mT

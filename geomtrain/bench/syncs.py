@@ -22,7 +22,7 @@ import torch
 from torch.overrides import TorchFunctionMode
 from torch.utils._python_dispatch import TorchDispatchMode
 
-__all__ = ["count_host_syncs", "SYNC_KINDS"]
+__all__ = ["count_host_syncs", "counted_in_steps", "SYNC_KINDS"]
 
 SYNC_KINDS = ("scalar read", "nonzero", "boolean index", "copy to host")
 _SCALAR = {"_local_scalar_dense"}  # what bool(), float(), int() and .item() dispatch to
@@ -80,3 +80,26 @@ def count_host_syncs() -> Iterator[collections.Counter]:
     counts: collections.Counter = collections.Counter()
     with _HostReadCounter(counts), _SyncCounter(counts):
         yield counts
+
+
+@contextlib.contextmanager
+def counted_in_steps(optimizer: torch.optim.Optimizer | None, counts: collections.Counter) -> Iterator[list[int]]:
+    """Context manager, inside `count_host_syncs`: a one-item list holding how many of ``counts`` were added
+    during ``optimizer.step()`` calls (its step hooks, removed on exit); with no optimizer (None), 0."""
+    inside, start = [0], [0]
+    if optimizer is None:
+        yield inside
+        return
+
+    def before(*_):
+        start[0] = sum(counts.values())
+
+    def after(*_):
+        inside[0] += sum(counts.values()) - start[0]
+
+    hooks = [optimizer.register_step_pre_hook(before), optimizer.register_step_post_hook(after)]
+    try:
+        yield inside
+    finally:
+        for hook in hooks:
+            hook.remove()

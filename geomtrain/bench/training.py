@@ -18,7 +18,7 @@ from .._io import atomic_write_json, environment_record, writable_output
 from ..assign import PRESETS
 from ..config import TrainConfig, check_integer, make_config, non_negative_int, parse_assignments, positive_int
 from ..model import model_config
-from .syncs import count_host_syncs
+from .syncs import count_host_syncs, counted_in_steps
 
 __all__ = ["measure_step_times", "measure_training_speed", "format_speed_table", "add_parser"]
 
@@ -30,6 +30,7 @@ def measure_step_times(
     log: Callable[[str], None] | None = None,
     evaluations: dict[str, list[int]] | None = None,
     syncs: dict[str, int] | None = None,
+    muon_syncs: dict[str, int] | None = None,
 ) -> dict[str, list[float]]:
     """Seconds per full training step of each config, ``steps`` timed after ``warmup`` untimed ones.
 
@@ -40,7 +41,8 @@ def measure_step_times(
     still shows what it measured); ``evaluations``, if given, is filled with the Manifold Muon
     polar evaluations (``msign_calls``) of each timed step; ``syncs``, if given, with the host
     synchronisations of each config's last warmup step (`geomtrain.bench.syncs`: what a GPU step would
-    wait for; counted untimed, since counting slows the step; not counted for compiled models)."""
+    wait for; counted untimed, since counting slows the step; not counted for compiled models), and
+    ``muon_syncs`` with those made inside its Manifold Muon ``step()`` (the part the solver decides)."""
     from ..train import Trainer
 
     if steps < 1 or warmup < 0:
@@ -50,9 +52,11 @@ def measure_step_times(
     for i in range(warmup + steps):
         for label, trainer in trainers.items():
             if syncs is not None and i == warmup - 1 and not configs[label].compile:  # no modes in compiled code
-                with count_host_syncs() as counts:
+                with count_host_syncs() as counts, counted_in_steps(trainer.muon, counts) as inside:
                     result = trainer.step()
                 syncs[label] = sum(counts.values())
+                if muon_syncs is not None and trainer.muon is not None:
+                    muon_syncs[label] = inside[0]
             else:
                 result = trainer.step()
             calls = int(result.muon.get("msign_calls", 0) or 0)
@@ -79,8 +83,10 @@ def measure_training_speed(
     sets: Mapping[str, object] | None = None,
 ) -> list[dict]:
     """Median step time of each preset; rows with ``preset``, ``ms_per_step``, ``tokens_per_s``,
-    ``evaluations_per_step`` (median polar evaluations of Manifold Muon), ``muon_solver`` (its registered
-    name: an alias such as ``gram_newton`` reads ``exact``) and ratios. ``sets``: config
+    ``evaluations_per_step`` (median polar evaluations of Manifold Muon), ``host_syncs_per_step`` and
+    ``muon_host_syncs_per_step`` (those of the whole step and of its Manifold Muon ``step()``, counted on the
+    last warmup step), ``muon_solver`` (its registered name: an alias such as ``gram_newton`` reads ``exact``)
+    and ratios. ``sets``: config
     overrides for every preset (``bench train --set``, e.g. ``muon_solver_options``); a key that the
     timing protocol sets itself (below, and ``batch_size``, which has its own argument) is a ValueError."""
     if not presets:
@@ -107,20 +113,11 @@ def measure_training_speed(
         if batch_size is not None:
             overrides["batch_size"] = batch_size
         configs[preset] = make_config({**(sets or {}), **overrides})
-    from ..optim import DEFAULT_SOLVER, get_solver
-
     evaluations: dict[str, list[int]] = {}
     syncs: dict[str, int] = {}
-    times = measure_step_times(configs, steps, warmup, log=log, evaluations=evaluations, syncs=syncs)
-    rows = []
-    for preset, cfg in configs.items():
-        ms = 1000 * statistics.median(times[preset])
-        tokens = cfg.batch_size * cfg.grad_accum * (cfg.block_size or model_config(cfg.model).block_size)
-        row = {"preset": preset, "ms_per_step": ms, "tokens_per_s": tokens / (ms / 1000)}
-        row["evaluations_per_step"] = statistics.median(evaluations.get(preset, [0]))
-        row["host_syncs_per_step"] = syncs.get(preset)  # None without a warmup step
-        row["muon_solver"] = get_solver(cfg.muon_solver or DEFAULT_SOLVER).name
-        rows.append(row)
+    muon_syncs: dict[str, int] = {}
+    times = measure_step_times(configs, steps, warmup, log, evaluations, syncs, muon_syncs)
+    rows = [speed_row(preset, cfg, times, evaluations, syncs, muon_syncs) for preset, cfg in configs.items()]
     base = {r["preset"]: r["ms_per_step"] for r in rows}
     for r in rows:
         r["vs_adamw"] = r["ms_per_step"] / base["adamw"] if "adamw" in base else None
@@ -128,11 +125,29 @@ def measure_training_speed(
     return rows
 
 
+def speed_row(preset: str, cfg: TrainConfig, times, evaluations, syncs, muon_syncs) -> dict:
+    """One preset's row of `measure_training_speed` (without the ratios), from `measure_step_times`' outputs."""
+    from ..optim import DEFAULT_SOLVER, get_solver
+
+    ms = 1000 * statistics.median(times[preset])
+    tokens = cfg.batch_size * cfg.grad_accum * (cfg.block_size or model_config(cfg.model).block_size)
+    return {
+        "preset": preset,
+        "ms_per_step": ms,
+        "tokens_per_s": tokens / (ms / 1000),
+        "evaluations_per_step": statistics.median(evaluations.get(preset, [0])),
+        "host_syncs_per_step": syncs.get(preset),  # None without a warmup step
+        "muon_host_syncs_per_step": muon_syncs.get(preset),  # None as well for adamw (no Manifold Muon)
+        "muon_solver": get_solver(cfg.muon_solver or DEFAULT_SOLVER).name,
+    }
+
+
 def format_speed_table(rows: list[dict]) -> str:
     """Markdown table of :func:`measure_training_speed` rows."""
     lines = [
-        "| preset | ms/step | tokens/s | evaluations/step | host syncs/step | x adamw | x unconstrained |",
-        "|---|---|---|---|---|---|---|",
+        "| preset | ms/step | tokens/s | evaluations/step | host syncs/step | in Manifold Muon | x adamw "
+        "| x unconstrained |",
+        "|---|---|---|---|---|---|---|---|",
     ]
     for r in rows:
         fmt = lambda v: "-" if v is None else f"{v:.2f}"  # noqa: E731
@@ -142,6 +157,7 @@ def format_speed_table(rows: list[dict]) -> str:
             f"{r['tokens_per_s']:,.0f}",
             f"{r.get('evaluations_per_step', 0):.0f}",
             "-" if r.get("host_syncs_per_step") is None else str(r["host_syncs_per_step"]),
+            "-" if r.get("muon_host_syncs_per_step") is None else str(r["muon_host_syncs_per_step"]),
             fmt(r["vs_adamw"]),
             fmt(r["vs_unconstrained"]),
         ]

@@ -138,8 +138,10 @@ def mask_kind(manifold: GramManifold) -> str:
 
 
 def constraint_count(manifold: GramManifold, n: int, like: torch.Tensor) -> float:
-    """Number of constrained Gram entries (the mask's sum) for size ``n``."""
-    return float(manifold.gram_mask(n, like).sum())
+    """Number of constrained Gram entries (the mask's sum) for size ``n``: host arithmetic for the built-in
+    masks (Stiefel $n^2$, DGram $n^2 - n$, Oblique $n$, Euclidean 0), a host read of the sum for any other."""
+    closed = {"euclidean": 0, "stiefel": n * n, "dgram": n * n - n, "oblique": n}.get(mask_kind(manifold))
+    return float(closed) if closed is not None else float(manifold.gram_mask(n, like).sum())
 
 
 def tangent_residual(manifold: GramManifold, W: torch.Tensor, A: torch.Tensor) -> torch.Tensor:

@@ -160,33 +160,39 @@ class StepStats:
     def from_table(
         cls, table: StatsTable, skipped: list[dict], names: list[str], total: int, comm: dict | None = None
     ) -> StepStats:
-        """From the per-parameter rows (row i is the item named ``names[i]``) and what was sent (``comm``)."""
-        n = table.rows.shape[0]
-        unconverged = [name for name, ok in zip(names, table.col("converged").tolist()) if ok < 1]
+        """From the per-parameter rows (row i is the item named ``names[i]``) and what was sent (``comm``), read
+        with one host transfer (the table is on the CPU; a reduction per field would be a read each)."""
+        rows = table.rows if table.rows.shape[0] else StatsTable(1).rows  # an empty step: zeros, unknowns NaN
 
-        def worst(name: str) -> float | None:
-            known = table.col(name)[~torch.isnan(table.col(name))]
-            return float(known.max()) if known.numel() else None
+        def col(name: str) -> torch.Tensor:
+            return rows[:, StatsTable.FIELDS.index(name)]
 
-        lowest = torch.nan_to_num(table.col("length_min"), nan=math.inf).min() if n else torch.tensor(math.inf)
-        sums = [table.col("solved").sum(), table.col("length_sum").sum(), lowest]
-        solved, length_sum, lowest = torch.stack(sums).tolist()  # one read of the (CPU) table
+        def worst(name: str) -> torch.Tensor:  # the largest known value; -inf where none is known
+            return torch.where(torch.isnan(col(name)), -math.inf, col(name)).max()
 
+        known = ("dual_gap", "certified_gap", "certified_residual")
+        summary = [col("matrices").sum(), col("msign_calls").sum(), col("calls_max").max(), col("residual").max()]
+        summary += [col("residual").mean(), col("off_manifold").max(), col("solved").sum(), col("length_sum").sum()]
+        summary += [torch.nan_to_num(col("length_min"), nan=math.inf).min(), *(worst(k) for k in known)]
+        values = torch.cat([torch.stack(summary), col("converged")]).tolist()
+        matrices, calls, calls_max, res_max, res_mean, off_max, solved, length_sum, lowest = values[:9]
+        gaps = [v if v > -math.inf else None for v in values[9 : 9 + len(known)]]
+        unconverged = [name for name, ok in zip(names, values[9 + len(known) :]) if ok < 1]
         return cls(
-            n_matrices=int(table.col("matrices").sum()),
-            msign_calls=int(table.col("msign_calls").sum()),
-            iterations_max=int(table.col("calls_max").max()) if n else 0,
-            residual_max=float(table.col("residual").max()) if n else 0.0,
-            residual_mean=float(table.col("residual").mean()) if n else 0.0,
-            dual_gap_max=worst("dual_gap"),
+            n_matrices=int(matrices),
+            msign_calls=int(calls),
+            iterations_max=int(calls_max),
+            residual_max=res_max,
+            residual_mean=res_mean,
+            dual_gap_max=gaps[0],
             n_unconverged=len(unconverged),
             unconverged=unconverged,
-            off_manifold_max=float(table.col("off_manifold").max()) if n else 0.0,
+            off_manifold_max=off_max,
             n_skipped_nonfinite=len(skipped),
             n_skipped_nonfinite_total=total,
             skipped=skipped,
-            certified_gap_max=worst("certified_gap"),
-            certified_residual_max=worst("certified_residual"),
+            certified_gap_max=gaps[1],
+            certified_residual_max=gaps[2],
             length_mean=length_sum / solved if solved else None,
             length_min=lowest if solved else None,
             comm=dict(comm or {}),
@@ -292,29 +298,28 @@ def apply_directions(batch: list[MatrixItem], A: torch.Tensor, st: dict, sizes: 
     tall = None if euclid else (st["W"], A, bounds, moving)  # the batch as solved: tall and stacked
     updates = retract(batch, directions, skips, m, tall)
     computed = [i for i, new in enumerate(updates) if new is not None]
-    # one host read (float64) for the finite checks and every matrix's `direction_length`
-    finite = [torch.isfinite(updates[i]).all().double() for i in computed]
-    read = host_values(finite + list(direction_length(A).double().unbind()))
-    lengths = torch.tensor(read[len(finite) :], dtype=torch.float64)
-    for i, ok in zip(computed, read[: len(finite)]):
-        if not ok:
-            skips[i] = SKIP_DIRECTION if euclid else SKIP_RETRACTION
-    applied = [i for i in computed if not skips[i]]
-    commits = {i: Commit(batch[i].p, weights=updates[i], state={}) for i in applied}
-    # with the warm-start state of each applied matrix: finite, or not kept (the next solve starts cold)
     spec = None if euclid else get_solver(g0["solver"])
     new_state = st.get("state")
     keep = spec is not None and spec.warm_starts and g0["warm_start"] and new_state is not None
     matrices = [key for key, v in (new_state or {}).items() if v.dim() > 1]  # the "matrix" slots
-    # (all in float64: host_values reads once per dtype)
-    checks = [] if euclid else [m.constraint_violation(updates[i]).max().double() for i in applied]
+    # one host read (all float64) for each retracted matrix's finite check, constraint violation and warm-start
+    # state check, and every matrix's `direction_length`; only the matrices that pass use the last two
+    checks = [torch.isfinite(updates[i]).all().double() for i in computed]
+    checks += [] if euclid else [m.constraint_violation(updates[i]).max().double() for i in computed]
     if keep:
-        for i in applied:
+        for i in computed:
             finite = [torch.isfinite(new_state[k][bounds[i] : bounds[i + 1]]).all() for k in matrices]
             checks.append(torch.stack(finite).all().double() if finite else torch.ones((), dtype=torch.float64))
-    values, n_off = host_values(checks), 0 if euclid else len(applied)
-    off_of = dict(zip(applied, values[:n_off]))
-    state_ok = dict(zip(applied, values[n_off:])) if keep else {}
+    read = host_values(checks + list(direction_length(A).double().unbind()))
+    c, n_off = len(computed), 0 if euclid else len(computed)
+    lengths = torch.tensor(read[len(checks) :], dtype=torch.float64)
+    for i, ok in zip(computed, read[:c]):
+        if not ok:
+            skips[i] = SKIP_DIRECTION if euclid else SKIP_RETRACTION
+    applied = [i for i in computed if not skips[i]]
+    commits = {i: Commit(batch[i].p, weights=updates[i], state={}) for i in applied}
+    off_of = {i: v for i, v in zip(computed, read[c : c + n_off]) if not skips[i]}
+    state_ok = {i: v for i, v in zip(computed, read[c + n_off : len(checks)]) if not skips[i]} if keep else {}
     for i, it in enumerate(batch):
         sl = slice(bounds[i], bounds[i + 1])
         table.set(it.index, "matrices", sizes[i])

@@ -51,6 +51,11 @@ def test_bench_train_logs_each_step_and_counts_evaluations(data_dir, tmp_path, c
     syncs = {p: r["host_syncs_per_step"] for p, r in rows.items()}
     assert all(isinstance(v, int) and v > 0 for v in syncs.values())
     assert syncs["all-stiefel"] > syncs["unconstrained"]
+    # those inside the Manifold Muon step: a part of the whole, and the whole difference between the presets
+    # (the rest of the step, forward, backward, checks and AdamW, is the same)
+    inside = {p: r["muon_host_syncs_per_step"] for p, r in rows.items()}
+    assert all(isinstance(v, int) and 0 < v < syncs[p] for p, v in inside.items())
+    assert syncs["all-stiefel"] - inside["all-stiefel"] == syncs["unconstrained"] - inside["unconstrained"]
 
 
 def test_bench_train_set_reaches_every_preset(data_dir, tmp_path, capsys):

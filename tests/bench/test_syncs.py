@@ -1,0 +1,42 @@
+"""The host-synchronisation counter (geomtrain/bench/syncs.py): kinds counted, and the share of an optimizer's step."""
+
+import torch
+
+from geomtrain.bench.syncs import count_host_syncs, counted_in_steps
+
+
+class ReadingSGD(torch.optim.SGD):
+    """SGD whose step reads two numbers on the host (as a solver's checks would)."""
+
+    def step(self, closure=None):
+        p = self.param_groups[0]["params"][0]
+        float(p.detach().sum())
+        bool(torch.isfinite(p.detach()).all())
+        return super().step(closure)
+
+
+def test_kinds_are_counted():
+    x = torch.randn(5)
+    with count_host_syncs() as counts:
+        float(x.sum())
+        x[x > 0]
+        x.nonzero()
+        x.tolist()
+    assert counts == {"scalar read": 1, "boolean index": 1, "nonzero": 1, "copy to host": 1}
+
+
+def test_counted_in_steps_is_the_optimizer_share():
+    p = torch.nn.Parameter(torch.ones(3))
+    p.grad = torch.ones(3)
+    opt = ReadingSGD([p], lr=0.1)
+    with count_host_syncs() as counts, counted_in_steps(opt, counts) as inside:
+        float(p.detach().sum())  # outside the step
+        opt.step()
+        opt.step()
+    assert sum(counts.values()) == 5 and inside == [4]
+    with count_host_syncs() as counts:  # the hooks are gone after the context
+        opt.step()
+    assert inside == [4] and sum(counts.values()) == 2
+    with count_host_syncs() as counts, counted_in_steps(None, counts) as none:
+        opt.step()
+    assert none == [0]
