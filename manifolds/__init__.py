@@ -8,7 +8,7 @@ from .base import GramManifold, from_tall, to_tall
 from .bounded import BoundedDGram
 from .dgram import DGram
 from .euclidean import Euclidean
-from .matrix_sign import MSIGN_METHODS, msign, polar, polar_near_orthogonal
+from .matrix_sign import MSIGN_METHODS, msign, newton_schulz_polar, newton_schulz_steps, polar, polar_near_orthogonal
 from .oblique import Oblique
 from .registry import MANIFOLDS, SPEC_SYNTAX, get_manifold, manifold_names, parse_spec, register, unregister
 from .stiefel import Stiefel
@@ -23,6 +23,8 @@ __all__ = [
     "msign",
     "polar",
     "polar_near_orthogonal",
+    "newton_schulz_polar",
+    "newton_schulz_steps",
     "MSIGN_METHODS",
     "MANIFOLDS",
     "get_manifold",

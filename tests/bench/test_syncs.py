@@ -40,3 +40,19 @@ def test_counted_in_steps_is_the_optimizer_share():
     with count_host_syncs() as counts, counted_in_steps(None, counts) as none:
         opt.step()
     assert none == [0]
+
+
+def test_a_retraction_reads_the_host_a_fixed_number_of_times_per_batch():
+    # near the manifold the polar factor is Newton-Schulz with its step count from one read of the batch's
+    # deviations; with the input checks of retr (u) and projx (x + u), and DGram's zero-column check, a batch
+    # costs 3 (Stiefel) or 4 (DGram) reads, however many matrices it holds
+    from manifolds import DGram, Stiefel
+
+    for manifold, reads in ((Stiefel(), 3), (DGram(), 4)):
+        for batch in (1, 6):
+            x = manifold.random(batch, 24, 8, dtype=torch.float64)
+            u = 1e-2 * manifold.proju(x, torch.randn_like(x))
+            with count_host_syncs() as counts:
+                y = manifold.retr(x, u)
+            assert sum(counts.values()) == reads, (type(manifold).__name__, batch, counts)
+            assert manifold.check_point_on_manifold(y)
