@@ -94,16 +94,29 @@ def rounding_margin(X: torch.Tensor, squarings: int = BOUND_SQUARINGS) -> float:
     return 1.0 + (m + squarings * n) * torch.finfo(X.dtype).eps
 
 
-def feasible_direction(manifold: GramManifold, W: torch.Tensor, X: torch.Tensor) -> torch.Tensor:
-    r"""$A = P_T(X) / \bar\sigma$ with $\bar\sigma \ge \|P_T(X)\|_{\mathrm{op}}$ (`scale_to_ball`): tangent,
-    $\|A\|_{\mathrm{op}} \le 1$ and within the bound's slack of 1; $X = 0$ gives $A = 0$ exactly."""
-    return scale_to_ball(tangent_part(manifold, W, X.to(W.dtype)))
+def feasible_direction(
+    manifold: GramManifold, W: torch.Tensor, X: torch.Tensor, near_unit: bool = False
+) -> torch.Tensor:
+    r"""$A = P_T(X) / \bar\sigma$ with $\bar\sigma \ge \|P_T(X)\|_{\mathrm{op}}$ (`scale_to_ball`, ``near_unit`` passed
+    on): tangent, $\|A\|_{\mathrm{op}} \le 1$ and within the bound's slack of 1; $X = 0$ gives $A = 0$ exactly."""
+    return scale_to_ball(tangent_part(manifold, W, X.to(W.dtype)), near_unit)
 
 
-def scale_to_ball(X: torch.Tensor) -> torch.Tensor:
+def scale_to_ball(X: torch.Tensor, near_unit: bool = False) -> torch.Tensor:
     r"""$X / \bar\sigma$ with $\bar\sigma \ge \|X\|_{\mathrm{op}}$ (`op_norm_upper_bound` times `rounding_margin`):
-    on or just inside the unit spectral ball; $X = 0$ stays 0."""
-    bound = op_norm_upper_bound(X) * rounding_margin(X)
+    on or just inside the unit spectral ball; $X = 0$ stays 0. With ``near_unit`` also
+    $\bar\sigma^2 \le (1 + \sqrt{1 + 4\beta})/2$, $\beta = \overline{\|E\|}_{\mathrm{op}} - \tfrac14$, the same bound
+    on the positive semi-definite $E = P^2 - P + \tfrac14 I$, $P = X^\top X$ (each eigenvalue $\lambda$ of $P$ has
+    $\lambda(\lambda - 1) \le \beta$): tight where the singular values are 0 or near 1, as after an msign of a
+    matrix of any rank. There the bound on $X$ itself is loose by up to $r^{1/2^{k+2}}$ ($r$ singular values at
+    the top: 1% at $r = 128$), this one by that factor of $\tfrac14$ (about 0.1% on $\bar\sigma$)."""
+    bound = op_norm_upper_bound(X)
+    if near_unit:
+        P = X.mT @ X
+        E = P @ P - P + 0.25 * torch.eye(P.shape[-1], dtype=P.dtype, device=P.device)
+        beta = (op_norm_upper_bound(E) - 0.25).clamp_min(-0.25)
+        bound = torch.minimum(bound, ((1 + (1 + 4 * beta).sqrt()) / 2).sqrt())
+    bound = bound * rounding_margin(X)
     return X / torch.where(bound == 0, torch.ones_like(bound), bound)[..., None, None]
 
 

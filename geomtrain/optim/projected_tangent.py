@@ -31,15 +31,18 @@ __all__ = ["OPTIONS", "SOLVER", "projected_tangent_direction", "solve_projected_
 OPTIONS = {"rounds": 1, **MSIGN_OPTIONS}
 
 
-def projected_tangent_direction(manifold: GramManifold, W: torch.Tensor, G: torch.Tensor, opts: dict) -> torch.Tensor:
+def projected_tangent_direction(
+    manifold: GramManifold, W: torch.Tensor, G: torch.Tensor, opts: dict, near_unit: bool = False
+) -> torch.Tensor:
     r"""$X_k$ (``opts["rounds"]`` rounds of $X \leftarrow P_T(\operatorname{msign}(X))$ from $P_T \hat G$) scaled into
-    the unit spectral ball, for tall ``(..., m, n)`` (``opts``: ``rounds``, ``msign``, ``msign_steps``,
-    ``msign_dtype``); $G = 0$ gives $A = 0$ exactly."""
+    the unit spectral ball (`geomtrain.optim.products.scale_to_ball`, ``near_unit`` passed on), for tall
+    ``(..., m, n)`` (``opts``: ``rounds``, ``msign``, ``msign_steps``, ``msign_dtype``); $G = 0$ gives $A = 0$
+    exactly."""
     Gn, _ = normalise(G)
     X = tangent_part(manifold, W, Gn)
     for _ in range(opts["rounds"] - 1):
         X = tangent_part(manifold, W, msign_with(X, opts))
-    return feasible_direction(manifold, W, msign_with(X, opts))
+    return feasible_direction(manifold, W, msign_with(X, opts), near_unit)
 
 
 def solve_projected_tangent(

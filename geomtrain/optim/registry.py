@@ -159,6 +159,7 @@ _BUILTINS = (
     ("baselines", "TANGENT"),
     ("baselines", "PUBLISHED"),
     ("projected_tangent", "SOLVER"),
+    ("split_tangent", "SOLVER"),
     ("dual_ascent", "SOLVER"),
     ("admm", "SOLVER"),
 )

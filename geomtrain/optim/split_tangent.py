@@ -1,0 +1,84 @@
+r"""Solver ``"split_tangent"``: the direction solved apart in the span of $W$ and in its complement, products only.
+
+On Stiefel and DGram the columns of $W$ are orthogonal: $W = UD$, $U^\top U = I$, $D = \operatorname{diag}(d)$ the
+column norms. Every $A$ splits as $A = U K + B$ with $K = U^\top A$ ($n \times n$) and $U^\top B = 0$; then
+$A^\top A = K^\top K + B^\top B$, the constraint $L_W(A) = P(DK + K^\top D) = 0$ falls on $K$ alone (it is the
+square problem's at the diagonal point $D$) and $B$ is free. Each part gets the unit spectral ball on its own,
+
+$$K = \mathrm{PT}_D(H),\quad H = U^\top \hat G,\qquad B = \operatorname{msign}(\hat G - UH),$$
+
+($\mathrm{PT}_D$ the ``projected_tangent`` direction of the square problem at $D$, ``rounds`` rounds; on
+Stiefel, $D = I$, it is $\operatorname{msign}(\operatorname{skew} H)$, already the square problem's optimum), and
+they share the budget at the angle that maximises $\langle \hat G, A\rangle$:
+
+$$A = \frac{cK + fB}{\sqrt{c^2 + f^2}},\qquad c = \langle H, K\rangle,\ f = \langle \hat G - UH, B\rangle,$$
+
+so $A^\top A = (c^2 K^\top K + f^2 B^\top B)/(c^2 + f^2) \preceq I$: every singular value of $A$ is 1 where both
+parts have full rank. `geomtrain.optim.products.scale_to_ball` (``near_unit``: tight where the singular values
+are 1) keeps $\|K\|_{\mathrm{op}}, \|A\|_{\mathrm{op}} \le 1$ against the msigns' rounding. Feasible by
+construction (tangent to rounding); suboptimal only through the shared angle (one $\theta$ for all
+directions, where the optimum couples $K$ and $B$ direction by direction) and through $\mathrm{PT}_D$ on DGram.
+Cost: one $m \times n$ msign, ``rounds`` $n \times n$ ones and a few $mn^2$ products: about 1.3 msigns at
+$m = 4n$, 1 at a square shape (where $B = 0$). No state, no certificate.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from manifolds import GramManifold
+
+from .baselines import MSIGN_OPTIONS, msign_with
+from .numerics import normalise
+from .products import check_products_kind, feasible_stats, scale_to_ball
+from .projected_tangent import projected_tangent_direction
+from .solver import Solver, is_int
+
+__all__ = ["OPTIONS", "SOLVER", "split_tangent_direction", "solve_split_tangent"]
+
+OPTIONS = {"rounds": 1, **MSIGN_OPTIONS}
+KINDS = ("stiefel", "dgram")  # orthogonal columns: the split above holds
+
+
+def split_tangent_direction(manifold: GramManifold, W: torch.Tensor, G: torch.Tensor, opts: dict) -> torch.Tensor:
+    r"""$A$ above for tall ``(..., m, n)`` on Stiefel or DGram (``opts``: ``rounds``, ``msign``, ``msign_steps``,
+    ``msign_dtype``)."""
+    Gn, _ = normalise(G)
+    d = W.norm(dim=-2)
+    U = W / torch.where(d == 0, torch.ones_like(d), d)[..., None, :]
+    H = U.mT @ Gn
+    K = projected_tangent_direction(manifold, torch.diag_embed(d), H, opts, near_unit=True)
+    R = Gn - U @ H
+    if W.shape[-2] > W.shape[-1]:
+        B = msign_with(R, opts).to(W.dtype)
+        B = B - U @ (U.mT @ B)
+    else:  # square: no complement (R is rounding)
+        B = torch.zeros_like(R)
+    c = (H * K).sum(dim=(-2, -1), keepdim=True)
+    f = (R * B).sum(dim=(-2, -1), keepdim=True)
+    r = torch.sqrt(c * c + f * f)
+    r = torch.where(r == 0, torch.ones_like(r), r)
+    return scale_to_ball((c / r) * (U @ K) + (f / r) * B, near_unit=True)
+
+
+def solve_split_tangent(
+    manifold: GramManifold, T: torch.Tensor, G: torch.Tensor, state: dict | None, opts: dict
+) -> tuple[torch.Tensor, dict, None]:
+    """The solver's entry (``(B, m, n)`` tall batches): the direction and its statistics (``rounds`` + 1 msigns)."""
+    kind = check_products_kind(manifold, "split_tangent")
+    if kind not in KINDS:
+        raise ValueError(
+            f"solver 'split_tangent' needs orthogonal columns (Stiefel or DGram); {type(manifold).__name__} is "
+            f"{kind}: use 'projected_tangent' or 'exact' there (per module: --solver-rule GLOB=SOLVER)"
+        )
+    A = split_tangent_direction(manifold, T, G, opts)
+    return A, feasible_stats(manifold, T, G, A, opts["rounds"] + 1, opts), None
+
+
+SOLVER = Solver(
+    name="split_tangent",
+    solve=solve_split_tangent,
+    options=OPTIONS,
+    rules={"rounds": (lambda v: is_int(v) and v >= 1, "an integer >= 1")},
+    summary="products only, Stiefel/DGram: an msign in the span of W, one in its complement, at the best angle",
+)
