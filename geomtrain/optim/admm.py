@@ -52,10 +52,16 @@ def singular_value_threshold(B: torch.Tensor, t: torch.Tensor, opts: dict) -> to
 
 
 def admm_direction(
-    manifold: GramManifold, W: torch.Tensor, G: torch.Tensor, S: torch.Tensor | None, opts: dict
+    manifold: GramManifold,
+    W: torch.Tensor,
+    G: torch.Tensor,
+    S: torch.Tensor | None,
+    opts: dict,
+    near_unit: bool = False,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     r"""``(A, S)`` for tall ``(..., m, n)``: ``opts["steps"]`` ADMM steps from the multiplier ``S``
-    (None: the tangent start $-N_W(\hat G)$, $Y = P_T(\hat G)$).
+    (None: the tangent start $-N_W(\hat G)$, $Y = P_T(\hat G)$); ``near_unit`` goes to the final scaling
+    (`geomtrain.optim.products.scale_to_ball`).
     A matrix with $G = 0$ gets $A = 0$ exactly and its $S$ back unchanged."""
     Gn, zero = normalise(G)
     S_in = -normal_multiplier(manifold, W, Gn) if S is None else S  # cold: the tangent start, Y = P_T(G)
@@ -70,7 +76,7 @@ def admm_direction(
         Omega = singular_value_threshold(B, t, opts)
         Lam = (B - Omega) / t
     S = normal_multiplier(manifold, W, Omega - Gn - t * Lam)
-    A = feasible_direction(manifold, W, Lam)
+    A = feasible_direction(manifold, W, Lam, near_unit)
     return torch.where(zero, torch.zeros_like(A), A), torch.where(zero, S_in.to(S), S)
 
 

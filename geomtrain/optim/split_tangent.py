@@ -8,7 +8,9 @@ square problem's at the diagonal point $D$) and $B$ is free. Each part gets the 
 $$K = \mathrm{PT}_D(H),\quad H = U^\top \hat G,\qquad B = \operatorname{msign}(\hat G - UH),$$
 
 ($\mathrm{PT}_D$ the ``projected_tangent`` direction of the square problem at $D$, ``rounds`` rounds; on
-Stiefel, $D = I$, it is $\operatorname{msign}(\operatorname{skew} H)$, already the square problem's optimum), and
+Stiefel, $D = I$, it is $\operatorname{msign}(\operatorname{skew} H)$, already the square problem's optimum; with
+``sub_steps`` $k \ge 1$, on DGram, $k$ steps of `geomtrain.optim.admm` there instead, $1 + 2k$ $n \times n$
+msigns: closer to the square optimum), and
 they share the budget at the angle that maximises $\langle \hat G, A\rangle$:
 
 $$A = \frac{cK + fB}{\sqrt{c^2 + f^2}},\qquad c = \langle H, K\rangle,\ f = \langle \hat G - UH, B\rangle,$$
@@ -19,7 +21,8 @@ are 1) keeps $\|K\|_{\mathrm{op}}, \|A\|_{\mathrm{op}} \le 1$ against the msigns
 construction (tangent to rounding); suboptimal only through the shared angle (one $\theta$ for all
 directions, where the optimum couples $K$ and $B$ direction by direction) and through $\mathrm{PT}_D$ on DGram.
 Cost: one $m \times n$ msign, ``rounds`` $n \times n$ ones and a few $mn^2$ products: about 1.3 msigns at
-$m = 4n$, 1 at a square shape (where $B = 0$). No state, no certificate.
+$m = 4n$, 1 at a square shape (where $B = 0$). No state, no certificate. On Oblique, whose columns are not
+orthogonal, it is ``projected_tangent``.
 """
 
 from __future__ import annotations
@@ -28,7 +31,9 @@ import torch
 
 from manifolds import GramManifold
 
+from .admm import admm_direction
 from .baselines import MSIGN_OPTIONS, msign_with
+from .gram import mask_kind
 from .numerics import normalise
 from .products import check_products_kind, feasible_stats, scale_to_ball
 from .projected_tangent import projected_tangent_direction
@@ -36,7 +41,8 @@ from .solver import Solver, is_int
 
 __all__ = ["OPTIONS", "SOLVER", "split_tangent_direction", "solve_split_tangent"]
 
-OPTIONS = {"rounds": 1, **MSIGN_OPTIONS}
+OPTIONS = {"rounds": 1, "sub_steps": 0, **MSIGN_OPTIONS}
+SUB_THRESHOLD = 3.0  # the ADMM threshold of the square part: the `admm` solver's default
 KINDS = ("stiefel", "dgram")  # orthogonal columns: the split above holds
 
 
@@ -47,7 +53,12 @@ def split_tangent_direction(manifold: GramManifold, W: torch.Tensor, G: torch.Te
     d = W.norm(dim=-2)
     U = W / torch.where(d == 0, torch.ones_like(d), d)[..., None, :]
     H = U.mT @ Gn
-    K = projected_tangent_direction(manifold, torch.diag_embed(d), H, opts, near_unit=True)
+    D = torch.diag_embed(d)
+    if opts["sub_steps"] and mask_kind(manifold) == "dgram":  # on Stiefel the projection is the optimum
+        sub = {**opts, "steps": opts["sub_steps"], "threshold": SUB_THRESHOLD}
+        K, _ = admm_direction(manifold, D, H, None, sub, near_unit=True)
+    else:
+        K = projected_tangent_direction(manifold, D, H, opts, near_unit=True)
     R = Gn - U @ H
     if W.shape[-2] > W.shape[-1]:
         B = msign_with(R, opts).to(W.dtype)
@@ -64,21 +75,23 @@ def split_tangent_direction(manifold: GramManifold, W: torch.Tensor, G: torch.Te
 def solve_split_tangent(
     manifold: GramManifold, T: torch.Tensor, G: torch.Tensor, state: dict | None, opts: dict
 ) -> tuple[torch.Tensor, dict, None]:
-    """The solver's entry (``(B, m, n)`` tall batches): the direction and its statistics (``rounds`` + 1 msigns)."""
-    kind = check_products_kind(manifold, "split_tangent")
-    if kind not in KINDS:
-        raise ValueError(
-            f"solver 'split_tangent' needs orthogonal columns (Stiefel or DGram); {type(manifold).__name__} is "
-            f"{kind}: use 'projected_tangent' or 'exact' there (per module: --solver-rule GLOB=SOLVER)"
-        )
+    """The solver's entry (``(B, m, n)`` tall batches): the direction and its statistics (``rounds`` + 1 msigns);
+    on Oblique (and Euclidean) matrices, whose columns need not be orthogonal, ``projected_tangent``'s."""
+    if check_products_kind(manifold, "split_tangent") not in KINDS:  # Oblique: columns not orthogonal, no split
+        A = projected_tangent_direction(manifold, T, G, opts)
+        return A, feasible_stats(manifold, T, G, A, opts["rounds"], opts), None
     A = split_tangent_direction(manifold, T, G, opts)
-    return A, feasible_stats(manifold, T, G, A, opts["rounds"] + 1, opts), None
+    square = 1 + 2 * opts["sub_steps"] if opts["sub_steps"] and mask_kind(manifold) == "dgram" else opts["rounds"]
+    return A, feasible_stats(manifold, T, G, A, square + 1, opts), None
 
 
 SOLVER = Solver(
     name="split_tangent",
     solve=solve_split_tangent,
     options=OPTIONS,
-    rules={"rounds": (lambda v: is_int(v) and v >= 1, "an integer >= 1")},
+    rules={
+        "rounds": (lambda v: is_int(v) and v >= 1, "an integer >= 1"),
+        "sub_steps": (lambda v: is_int(v) and v >= 0, "an integer >= 0 (0: projected_tangent on the square part)"),
+    },
     summary="products only, Stiefel/DGram: an msign in the span of W, one in its complement, at the best angle",
 )
