@@ -13,13 +13,14 @@ Stiefel, $D = I$, it is $\operatorname{msign}(\operatorname{skew} H)$, already t
 msigns: closer to the square optimum), and
 they share the budget at the angle that maximises $\langle \hat G, A\rangle$:
 
-$$A = \frac{cK + fB}{\sqrt{c^2 + f^2}},\qquad c = \langle H, K\rangle,\ f = \langle \hat G - UH, B\rangle,$$
+$$A = \frac{c\,UK + fB}{\sqrt{c^2 + f^2}},\qquad c = \langle H, K\rangle,\ f = \langle \hat G - UH, B\rangle,$$
 
 so $A^\top A = (c^2 K^\top K + f^2 B^\top B)/(c^2 + f^2) \preceq I$: every singular value of $A$ is 1 where both
 parts have full rank. `geomtrain.optim.products.scale_to_ball` (``near_unit``: tight where the singular values
-are 1) keeps $\|K\|_{\mathrm{op}}, \|A\|_{\mathrm{op}} \le 1$ against the msigns' rounding. Feasible by
-construction (tangent to rounding); suboptimal only through the shared angle (one $\theta$ for all
-directions, where the optimum couples $K$ and $B$ direction by direction) and through $\mathrm{PT}_D$ on DGram.
+are 0 or 1) keeps $\|K\|_{\mathrm{op}}, \|B\|_{\mathrm{op}} \le 1$ against the msigns' rounding, hence
+$\|A\|_{\mathrm{op}} \le 1$. Feasible by construction (tangent to rounding); suboptimal only through the shared
+angle (one $\theta$ for all directions, where the optimum couples $K$ and $B$ direction by direction) and
+through $\mathrm{PT}_D$ on DGram.
 Cost: one $m \times n$ msign, ``rounds`` $n \times n$ ones and a few $mn^2$ products: about 1.3 msigns at
 $m = 4n$, 1 at a square shape (where $B = 0$). No state, no certificate. On Oblique, whose columns are not
 orthogonal, it is ``projected_tangent``.
@@ -62,14 +63,14 @@ def split_tangent_direction(manifold: GramManifold, W: torch.Tensor, G: torch.Te
     R = Gn - U @ H
     if W.shape[-2] > W.shape[-1]:
         B = msign_with(R, opts).to(W.dtype)
-        B = B - U @ (U.mT @ B)
+        B = scale_to_ball(B - U @ (U.mT @ B), near_unit=True)
     else:  # square: no complement (R is rounding)
         B = torch.zeros_like(R)
     c = (H * K).sum(dim=(-2, -1), keepdim=True)
     f = (R * B).sum(dim=(-2, -1), keepdim=True)
     r = torch.sqrt(c * c + f * f)
     r = torch.where(r == 0, torch.ones_like(r), r)
-    return scale_to_ball((c / r) * (U @ K) + (f / r) * B, near_unit=True)
+    return (c / r) * (U @ K) + (f / r) * B  # A^T A = (c^2 K^T K + f^2 B^T B) / r^2: ||A||_op <= 1 as K's, B's
 
 
 def solve_split_tangent(
