@@ -57,10 +57,10 @@ def admm_direction(
     G: torch.Tensor,
     S: torch.Tensor | None,
     opts: dict,
-    near_unit: bool = False,
+    bound: str = "schatten",
 ) -> tuple[torch.Tensor, torch.Tensor]:
     r"""``(A, S)`` for tall ``(..., m, n)``: ``opts["steps"]`` ADMM steps from the multiplier ``S``
-    (None: the tangent start $-N_W(\hat G)$, $Y = P_T(\hat G)$); ``near_unit`` goes to the final scaling
+    (None: the tangent start $-N_W(\hat G)$, $Y = P_T(\hat G)$); ``bound`` goes to the final scaling
     (`geomtrain.optim.products.scale_to_ball`).
     A matrix with $G = 0$ gets $A = 0$ exactly and its $S$ back unchanged."""
     Gn, zero = normalise(G)
@@ -76,7 +76,7 @@ def admm_direction(
         Omega = singular_value_threshold(B, t, opts)
         Lam = (B - Omega) / t
     S = normal_multiplier(manifold, W, Omega - Gn - t * Lam)
-    A = feasible_direction(manifold, W, Lam, near_unit)
+    A = feasible_direction(manifold, W, Lam, bound)
     return torch.where(zero, torch.zeros_like(A), A), torch.where(zero, S_in.to(S), S)
 
 

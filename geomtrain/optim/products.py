@@ -35,6 +35,9 @@ __all__ = [
     "op_norm_upper_bound",
     "feasible_direction",
     "scale_to_ball",
+    "near_unit_bound",
+    "log_eigenvalue_bound",
+    "BOUNDS",
     "rounding_margin",
     "mean_singular_value",
 ]
@@ -73,7 +76,13 @@ def tangent_part(manifold: GramManifold, W: torch.Tensor, U: torch.Tensor) -> to
 def op_norm_upper_bound(X: torch.Tensor, squarings: int = BOUND_SQUARINGS) -> torch.Tensor:
     r"""An upper bound on $\|X\|_{\mathrm{op}}$ per matrix of a tall ``(..., m, n)`` (0 for $X = 0$), by
     ``squarings`` normalised squarings of $X^\top X$ (see the module docstring); batch-shaped, ``X``'s dtype."""
-    M = X.mT @ X
+    log_bound, zero = log_eigenvalue_bound(X.mT @ X, squarings)
+    return torch.where(zero, torch.zeros_like(log_bound), (0.5 * log_bound).exp())
+
+
+def log_eigenvalue_bound(M: torch.Tensor, squarings: int = BOUND_SQUARINGS) -> tuple[torch.Tensor, torch.Tensor]:
+    r"""``(log b, zero)``: $b \ge \lambda_{\max}(M)$ for symmetric positive semi-definite ``(..., n, n)`` $M$, from
+    ``squarings`` normalised squarings (its Schatten-$2^k$ norm), and the mask of $M = 0$ (where log b is 0)."""
     c = M.norm(dim=(-2, -1))
     zero = c == 0
     N = M / torch.where(zero, torch.ones_like(c), c)[..., None, None]
@@ -84,7 +93,23 @@ def op_norm_upper_bound(X: torch.Tensor, squarings: int = BOUND_SQUARINGS) -> to
         f = torch.where(zero, torch.ones_like(f), f)
         N = N / f[..., None, None]
         log_bound = log_bound + f.log() / 2**j
-    return torch.where(zero, torch.zeros_like(c), (0.5 * log_bound).exp())
+    return log_bound, zero
+
+
+def near_unit_bound(X: torch.Tensor, squarings: int = BOUND_SQUARINGS + 1) -> torch.Tensor:
+    r"""An upper bound on $\|X\|_{\mathrm{op}}$ per matrix of a tall ``(..., m, n)``, tight where the singular values
+    are 0 or near 1 (an msign's output, of a matrix of any rank): each eigenvalue $\lambda$ of $P = X^\top X$ has
+    $\lambda(\lambda - 1) \le \beta = \bar\lambda_{\max}(E) - \tfrac14$, $E = P^2 - P + \tfrac14 I = (P - \tfrac12 I)^2$
+    (positive semi-definite; `log_eigenvalue_bound`), so $\|X\|_{\mathrm{op}}^2 \le (1 + \sqrt{1 + 4\beta})/2$. Where
+    every $\lambda$ is 0 or 1 the Schatten bound on $E$ is loose by $r^{1/2^k}$ of $\tfrac14$: about 0.1% on the
+    result at $k = 8$ (one squaring more than `op_norm_upper_bound`, whose bound on $X$ is loose by up to
+    $r^{1/2^{k+2}}$ there: 1% at $r = 128$). Loose where the
+    spectrum is spread (all singular values 1/2 give 1): there use `op_norm_upper_bound`."""
+    half = 0.5 * torch.eye(X.shape[-1], dtype=X.dtype, device=X.device)
+    E = X.mT @ X - half
+    log_e, zero = log_eigenvalue_bound(E @ E, squarings)
+    beta = (torch.where(zero, torch.zeros_like(log_e), log_e.exp()) - 0.25).clamp_min(-0.25)
+    return ((1 + (1 + 4 * beta).sqrt()) / 2).sqrt()
 
 
 def rounding_margin(X: torch.Tensor, squarings: int = BOUND_SQUARINGS) -> float:
@@ -95,29 +120,31 @@ def rounding_margin(X: torch.Tensor, squarings: int = BOUND_SQUARINGS) -> float:
 
 
 def feasible_direction(
-    manifold: GramManifold, W: torch.Tensor, X: torch.Tensor, near_unit: bool = False
+    manifold: GramManifold, W: torch.Tensor, X: torch.Tensor, bound: str = "schatten"
 ) -> torch.Tensor:
-    r"""$A = P_T(X) / \bar\sigma$ with $\bar\sigma \ge \|P_T(X)\|_{\mathrm{op}}$ (`scale_to_ball`, ``near_unit`` passed
-    on): tangent, $\|A\|_{\mathrm{op}} \le 1$ and within the bound's slack of 1; $X = 0$ gives $A = 0$ exactly."""
-    return scale_to_ball(tangent_part(manifold, W, X.to(W.dtype)), near_unit)
+    r"""$A = P_T(X) / \bar\sigma$ with $\bar\sigma \ge \|P_T(X)\|_{\mathrm{op}}$ (`scale_to_ball` with ``bound``):
+    tangent, $\|A\|_{\mathrm{op}} \le 1$ and within the bound's slack of 1; $X = 0$ gives $A = 0$ exactly."""
+    return scale_to_ball(tangent_part(manifold, W, X.to(W.dtype)), bound)
 
 
-def scale_to_ball(X: torch.Tensor, near_unit: bool = False) -> torch.Tensor:
-    r"""$X / \bar\sigma$ with $\bar\sigma \ge \|X\|_{\mathrm{op}}$ (`op_norm_upper_bound` times `rounding_margin`):
-    on or just inside the unit spectral ball; $X = 0$ stays 0. With ``near_unit`` also
-    $\bar\sigma^2 \le (1 + \sqrt{1 + 4\beta})/2$, $\beta = \overline{\|E\|}_{\mathrm{op}} - \tfrac14$, the same bound
-    on the positive semi-definite $E = P^2 - P + \tfrac14 I$, $P = X^\top X$ (each eigenvalue $\lambda$ of $P$ has
-    $\lambda(\lambda - 1) \le \beta$): tight where the singular values are 0 or near 1, as after an msign of a
-    matrix of any rank. There the bound on $X$ itself is loose by up to $r^{1/2^{k+2}}$ ($r$ singular values at
-    the top: 1% at $r = 128$), this one by that factor of $\tfrac14$ (about 0.1% on $\bar\sigma$)."""
-    bound = op_norm_upper_bound(X)
-    if near_unit:
-        P = X.mT @ X
-        E = P @ P - P + 0.25 * torch.eye(P.shape[-1], dtype=P.dtype, device=P.device)
-        beta = (op_norm_upper_bound(E) - 0.25).clamp_min(-0.25)
-        bound = torch.minimum(bound, ((1 + (1 + 4 * beta).sqrt()) / 2).sqrt())
-    bound = bound * rounding_margin(X)
-    return X / torch.where(bound == 0, torch.ones_like(bound), bound)[..., None, None]
+BOUNDS = ("schatten", "near_unit", "both")
+
+
+def scale_to_ball(X: torch.Tensor, bound: str = "schatten") -> torch.Tensor:
+    r"""$X / \bar\sigma$ with $\bar\sigma \ge \|X\|_{\mathrm{op}}$ times `rounding_margin`: on or just inside the unit
+    spectral ball; $X = 0$ stays 0. ``bound``: ``"schatten"`` (`op_norm_upper_bound`: any spectrum, loose by up
+    to 1% where many singular values are the largest), ``"near_unit"`` (`near_unit_bound`: an msign's output, to
+    0.1%), ``"both"`` (the smaller of the two: for a spectrum of either kind)."""
+    if bound not in BOUNDS:
+        raise ValueError(f"bound {bound!r}; valid: {', '.join(BOUNDS)}")
+    if bound == "near_unit":
+        sigma = near_unit_bound(X)
+    else:
+        sigma = op_norm_upper_bound(X)
+        if bound == "both":
+            sigma = torch.minimum(sigma, near_unit_bound(X))
+    sigma = sigma * rounding_margin(X)
+    return X / torch.where(sigma == 0, torch.ones_like(sigma), sigma)[..., None, None]
 
 
 def mean_singular_value(Y: torch.Tensor, Q: torch.Tensor) -> torch.Tensor:

@@ -32,17 +32,17 @@ OPTIONS = {"rounds": 1, **MSIGN_OPTIONS}
 
 
 def projected_tangent_direction(
-    manifold: GramManifold, W: torch.Tensor, G: torch.Tensor, opts: dict, near_unit: bool = False
+    manifold: GramManifold, W: torch.Tensor, G: torch.Tensor, opts: dict, bound: str = "schatten"
 ) -> torch.Tensor:
     r"""$X_k$ (``opts["rounds"]`` rounds of $X \leftarrow P_T(\operatorname{msign}(X))$ from $P_T \hat G$) scaled into
-    the unit spectral ball (`geomtrain.optim.products.scale_to_ball`, ``near_unit`` passed on), for tall
+    the unit spectral ball (`geomtrain.optim.products.scale_to_ball`, with ``bound``), for tall
     ``(..., m, n)`` (``opts``: ``rounds``, ``msign``, ``msign_steps``, ``msign_dtype``); $G = 0$ gives $A = 0$
     exactly."""
     Gn, _ = normalise(G)
     X = tangent_part(manifold, W, Gn)
     for _ in range(opts["rounds"] - 1):
         X = tangent_part(manifold, W, msign_with(X, opts))
-    return feasible_direction(manifold, W, msign_with(X, opts), near_unit)
+    return feasible_direction(manifold, W, msign_with(X, opts), bound)
 
 
 def solve_projected_tangent(

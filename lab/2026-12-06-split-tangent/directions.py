@@ -27,10 +27,10 @@ from manifolds.base import to_tall
 
 ARMS = {
     "projected_tangent msign_steps=8": dict(solver="projected_tangent", msign_steps=8),
-    "split_tangent": dict(solver="split_tangent"),
+    "split_tangent msign_steps=5": dict(solver="split_tangent", msign_steps=5),
+    "split_tangent (6 steps)": dict(solver="split_tangent"),
     "split_tangent msign_steps=8": dict(solver="split_tangent", msign_steps=8),
-    "split_tangent msign_steps=8 sub_steps=2": dict(solver="split_tangent", msign_steps=8, sub_steps=2),
-    "split_tangent msign_steps=8 sub_steps=4": dict(solver="split_tangent", msign_steps=8, sub_steps=4),
+    "split_tangent sub_steps=2": dict(solver="split_tangent", sub_steps=2),
 }
 
 

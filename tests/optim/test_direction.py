@@ -7,7 +7,7 @@ import pytest
 import torch
 from optim_cases import CONSTRAINED, objective, opnorm, problem, reference, seeded
 
-from geomtrain.optim import SOLVERS, spectral_direction
+from geomtrain.optim import SOLVER_OPTIONS, SOLVERS, spectral_direction
 from manifolds import DGram, Euclidean, Stiefel, msign
 
 
@@ -15,8 +15,10 @@ from manifolds import DGram, Euclidean, Stiefel, msign
 def test_euclidean_is_plain_muon_for_every_solver(solver):
     W, G = problem(Euclidean(), (16, 8), seed=2)
     A, st = spectral_direction(Euclidean(), W, G, solver=solver)
-    opts = {"msign_dtype": torch.bfloat16} if solver == "published" else {}
-    expect = msign(G, "polar_express", steps=5, compute_dtype=opts.get("msign_dtype"))
+    # plain Muon's msign with the solver's msign settings: 5 Polar Express steps, except published's bf16 and
+    # split_tangent's 6 steps
+    opts = SOLVER_OPTIONS[solver]
+    expect = msign(G, "polar_express", steps=opts["msign_steps"], compute_dtype=opts["msign_dtype"])
     assert torch.equal(A, expect)
     assert int(st.evaluations) == 1 and float(st.residual) == 0.0
 

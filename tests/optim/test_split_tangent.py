@@ -16,7 +16,7 @@ from products_checks import (
 )
 
 from geomtrain.optim import spectral_direction
-from geomtrain.optim.products import scale_to_ball
+from geomtrain.optim.products import BOUNDS, scale_to_ball
 from geomtrain.optim.projected_tangent import projected_tangent_direction
 from geomtrain.optim.split_tangent import OPTIONS, split_tangent_direction
 
@@ -26,7 +26,7 @@ TANGENT_TOL, OP_TOL = 1e-5, 1e-6
 SPLIT = ("stiefel", "dgram")
 EXACT_MSIGN = {**OPTIONS, "msign": "svd"}  # the msigns exact: what is left is the construction's own gap
 # and the spectral-norm bound's slack where every singular value is 1: 1/4 of n^(1/512) - 1 on beta, so about
-# 1e-3 on the length at these n (scale_to_ball with near_unit); 2e-3 allows it twice
+# 1e-3 on the length at these n (scale_to_ball's near_unit bound); 2e-3 allows it twice
 SLACK = 2e-3
 
 
@@ -110,9 +110,9 @@ def test_oblique_is_projected_tangent():
 
 
 @pytest.mark.parametrize("spectrum", ["ones", "zeros and ones", "spread"])
-def test_near_unit_bound_is_an_upper_bound_and_tight_at_ones(spectrum):
-    # scale_to_ball(near_unit=True): sigma_max^2 <= (1 + sqrt(1 + 4 beta)) / 2 from lambda(lambda - 1) <= beta;
-    # tight (0.2%) where the singular values are 0 or 1 +- 1e-4, where the Schatten bound alone is loose by ~1%
+def test_scale_to_ball_bounds_are_upper_bounds_and_near_unit_is_tight_at_ones(spectrum):
+    # near_unit: sigma_max^2 <= (1 + sqrt(1 + 4 beta)) / 2 from lambda(lambda - 1) <= beta; tight (0.2%) where the
+    # singular values are 0 or 1 +- 1e-4, where the Schatten bound alone is loose by ~1%; loose where spread
     g = torch.Generator().manual_seed(0)
     n = 128
     Q, _ = torch.linalg.qr(torch.randn(2 * n, n, dtype=torch.float64, generator=g))
@@ -122,9 +122,14 @@ def test_near_unit_bound_is_an_upper_bound_and_tight_at_ones(spectrum):
         "spread": torch.logspace(0, -3, n, dtype=torch.float64),
     }[spectrum]
     X = (Q * s) @ torch.linalg.qr(torch.randn(n, n, dtype=torch.float64, generator=g))[0]
-    top = float(s.max())
-    for near_unit in (False, True):
-        scaled = float(torch.linalg.matrix_norm(scale_to_ball(X, near_unit), ord=2))
-        assert scaled <= 1 + 1e-12
-        if near_unit and spectrum != "spread":
-            assert scaled >= 0.998, (spectrum, scaled, top)
+    scaled = {b: float(torch.linalg.matrix_norm(scale_to_ball(X, b), ord=2)) for b in BOUNDS}
+    assert all(v <= 1 + 1e-12 for v in scaled.values()), scaled
+    if spectrum == "spread":
+        assert scaled["both"] == pytest.approx(scaled["schatten"])
+    else:
+        assert scaled["near_unit"] >= 0.998 and scaled["both"] >= 0.998 and scaled["schatten"] < 0.995, scaled
+
+
+def test_scale_to_ball_names_its_bounds():
+    with pytest.raises(ValueError, match="valid: schatten, near_unit, both"):
+        scale_to_ball(torch.ones(3, 2), "tight")
