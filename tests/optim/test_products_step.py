@@ -1,5 +1,5 @@
 """A whole `ManifoldMuon` step with a products-only solver dispatches no matrix decomposition: neither the
-direction (`projected_tangent`) nor the retraction (Stiefel's and DGram's products-only paths near the
+direction (`projected_tangent`, `split_tangent`) nor the retraction (Stiefel's and DGram's products-only paths near the
 manifold); the exact solver's step does (the counter sees them)."""
 
 from __future__ import annotations
@@ -32,8 +32,9 @@ def _decompositions_of_a_step(solver: str) -> tuple[dict, int]:
 
 
 @pytest.mark.slow  # about 1.3 s: three steps of four model-sized matrices
-def test_a_products_only_step_calls_no_decomposition():
-    decompositions, fallbacks = _decompositions_of_a_step("projected_tangent")
+@pytest.mark.parametrize("solver", ["projected_tangent", "split_tangent"])
+def test_a_products_only_step_calls_no_decomposition(solver):
+    decompositions, fallbacks = _decompositions_of_a_step(solver)
     assert decompositions == {} and fallbacks == 0, (decompositions, fallbacks)
 
 

@@ -32,14 +32,15 @@ SLACK = 2e-3
 
 @pytest.mark.parametrize("kind", SPLIT)
 @pytest.mark.parametrize("shape", SHAPES)
-def test_feasible_and_near_optimum(kind, shape):
+@pytest.mark.parametrize("sub_steps", [0, 2])
+def test_feasible_and_near_optimum(kind, shape, sub_steps):
     W, G = problem(kind, *shape, seed=sum(shape))
-    A = split_tangent_direction(MANIFOLDS[kind](), W, G, {**OPTIONS, "msign_steps": 8})
+    A = split_tangent_direction(MANIFOLDS[kind](), W, G, {**OPTIONS, "sub_steps": sub_steps})
     residual, op = feasibility(kind, W, A)
     assert residual < TANGENT_TOL and op <= 1 + OP_TOL, (residual, op)
     opt, gap = exact_optimum(kind, W, G)
-    # feasible, so never above the certified optimum; on these log-spread problems 8 Polar Express steps
-    # measured 0.90-0.99 of OPT: 0.8 catches a broken split, angle or scale
+    # feasible, so never above the certified optimum; on these log-spread problems the default 6 Polar Express
+    # steps measured 0.90-0.99 of OPT: 0.8 catches a broken split, angle or scale
     assert 0.8 <= objective_ratio(G, A, opt) <= 1 + gap + 1e-5
 
 
@@ -73,7 +74,7 @@ def test_longer_than_projected_tangent_on_tall_matrices(kind):
     W, G = problem(kind, 96, 24, seed=6)
     opts = {**OPTIONS, "msign_steps": 8}
     A = split_tangent_direction(MANIFOLDS[kind](), W, G, opts)
-    P = projected_tangent_direction(MANIFOLDS[kind](), W, G, opts)
+    P = projected_tangent_direction(MANIFOLDS[kind](), W, G, opts)  # the same 8 msign steps
     assert A.norm() > P.norm() and (G * A).sum() > (G * P).sum()
 
 
@@ -94,10 +95,11 @@ def test_batched_equals_one_by_one():
 
 
 @pytest.mark.parametrize("kind", list(MANIFOLDS))
-def test_products_only(kind):
+@pytest.mark.parametrize("sub_steps", [0, 2])
+def test_products_only(kind, sub_steps):
     W, G = problem(kind, 96, 32, seed=5)
     with count_operators() as counts:
-        spectral_direction(MANIFOLDS[kind](), W, G, solver="split_tangent")
+        spectral_direction(MANIFOLDS[kind](), W, G, solver="split_tangent", sub_steps=sub_steps)
     assert not set(counts) & set(FORBIDDEN), counts
     assert counts["bmm"] + counts["mm"] > 0  # the counter sees the solve
 
@@ -133,3 +135,10 @@ def test_scale_to_ball_bounds_are_upper_bounds_and_near_unit_is_tight_at_ones(sp
 def test_scale_to_ball_names_its_bounds():
     with pytest.raises(ValueError, match="valid: schatten, near_unit, both"):
         scale_to_ball(torch.ones(3, 2), "tight")
+
+
+def test_sub_steps_count_their_msigns_on_dgram_only():
+    for kind, square in (("dgram", 1 + 2 * 3), ("stiefel", 1)):  # Stiefel's square part is solved by one msign
+        W, G = problem(kind, 48, 12, seed=9)
+        _, stats = spectral_direction(MANIFOLDS[kind](), W, G, solver="split_tangent", sub_steps=3)
+        assert int(stats.evaluations) == square + 1, kind
