@@ -6,18 +6,22 @@
 #
 #   lab/2026-12-06-split-tangent/run.sh [STEP ...]      # from the repository root; default: every step
 #
-# Steps: split sub-probe directions compare
+# Steps: split per-kind sub-probe directions compare
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 GEOMTRAIN=${GEOMTRAIN:-.venv/bin/geomtrain}
 here=lab/2026-12-06-split-tangent
 out=runs/lab-split-tangent
-common=(--model mini --iters 500 --set block_size=64 --jobs 2 --quiet --set muon_solver=split_tangent)
+common=(--model mini --iters 500 --set block_size=64 --jobs 2 --quiet)
+split=(--set muon_solver=split_tangent)
 study() { local name=$1; shift; "$GEOMTRAIN" study "${common[@]}" --out "$out/$name" --runs-dir "$out/$name/runs" "$@"; }
-for step in "${@:-split sub-probe directions compare}"; do for s in $step; do case "$s" in
-    split) study split --presets hetero,all-stiefel,all-dgram,hetero-inv --seeds 3 ;;
+for step in "${@:-split per-kind sub-probe directions compare}"; do for s in $step; do case "$s" in
+    split) study split --presets hetero,all-stiefel,all-dgram,hetero-inv --seeds 3 "${split[@]}" ;;
+    per-kind)  # split_tangent on the Stiefel matrices only, exact on the DGram ones: the presets that mix them
+        study stiefel-split --presets hetero --seeds 3 --set 'muon_solver_rules=*.attn.*=split_tangent'
+        study stiefel-split-inv --presets hetero-inv --seeds 3 --set 'muon_solver_rules=*.mlp.*=split_tangent' ;;
     sub-probe)  # ADMM on the square DGram part, where the split loses most (hetero's DGram MLP), seed 0
-        study split-sub2 --presets hetero --seeds 1 --set muon_solver_options=sub_steps=2 ;;
+        study split-sub2 --presets hetero --seeds 1 "${split[@]}" --set muon_solver_options=sub_steps=2 ;;
     directions) mkdir -p "$here/results"
         .venv/bin/python "$here/directions.py" "$out/split/runs/hetero/s0/ckpt.pt" --out "$here/results/directions-hetero-s0.md"
         .venv/bin/python "$here/directions.py" "$out/split/runs/all-stiefel/s0/ckpt.pt" \
@@ -26,5 +30,5 @@ for step in "${@:-split sub-probe directions compare}"; do for s in $step; do ca
         for d in "$out"/*/; do n=$(basename "$d"); [ -f "$d/summary.json" ] || continue
             mkdir -p "$here/results/$n"; cp "$d"/{results.md,summary.json,study.json} "$here/results/$n/"; done
         .venv/bin/python "$here/table.py" --out "$here/results/table.md" ;;
-    *) echo "unknown step $s; valid: split sub-probe directions compare" >&2; exit 2 ;;
+    *) echo "unknown step $s; valid: split per-kind sub-probe directions compare" >&2; exit 2 ;;
 esac; done; done
