@@ -27,7 +27,7 @@ import math
 import torch
 
 from .base import SUPPORTED_DTYPES, GramManifold, from_tall, size_tuple, to_tall
-from .matrix_sign import NEAR_ORTHOGONAL, newton_schulz_polar, newton_schulz_steps, polar
+from .matrix_sign import newton_schulz_where_near, polar
 
 __all__ = ["DGram"]
 
@@ -78,31 +78,26 @@ class DGram(GramManifold):
 
     def near_dgram_polar(self, T: torch.Tensor) -> torch.Tensor:
         r"""For tall ``(..., m, n)``: $\operatorname{polar}(T D^{-1})$, $D$ the column norms, by Newton-Schulz
-        (`newton_schulz_polar`: matrix products only, its step count from one host read of the batch) for
+        (`newton_schulz_where_near`: matrix products only, its step count from one host read of the batch) for
         each matrix whose normalised Gram matrix has $\|D^{-1}T^\top T D^{-1} - I\|_F \le$ ``NEAR_ORTHOGONAL``
         (a retraction step from DGram: its off-diagonal entries are $O(\eta^2)$); every other matrix (or one
         with a zero column) gets $\operatorname{msign}(T)$ from `polar` (``"auto"``: the exact SVD on CPU) and
         adds one to `polar_fallbacks`. Both give $Q$ with $Q^\top T$ positive definite, and on DGram
         $Q\operatorname{diag}(\operatorname{diag}(Q^\top T)) = T$; they differ by $O(\eta^2)$ off it (both are
         first-order retractions)."""
-        lead, (m, n) = T.shape[:-2], T.shape[-2:]
+        m, n = T.shape[-2:]
         T3 = T.reshape(-1, m, n)
         norms = T3.norm(dim=-2, keepdim=True)
         X0 = T3 / torch.where(norms == 0, torch.ones_like(norms), norms)
         P = X0.mT @ X0
         dev = (P - torch.eye(n, dtype=T3.dtype, device=T3.device)).norm(dim=(-2, -1))
         dev = torch.where((norms > 0).all(dim=-1).squeeze(-1), dev, math.inf).tolist()  # the one host read
-        close = [i for i, d in enumerate(dev) if d <= NEAR_ORTHOGONAL]
-        if len(close) == len(dev):  # the usual case after a retraction step: no index copies
-            return newton_schulz_polar(X0, P, newton_schulz_steps(max(dev, default=0.0), T3.dtype)).reshape(T.shape)
-        far = [i for i, d in enumerate(dev) if not d <= NEAR_ORTHOGONAL]  # NaN too
-        self._polar_fallbacks = self.polar_fallbacks + len(far)
-        Q = torch.empty_like(T3)
-        Q[far] = polar(T3[far], "auto")
-        if close:
-            steps = newton_schulz_steps(max(dev[i] for i in close), T3.dtype)
-            Q[close] = newton_schulz_polar(X0[close], P[close], steps)
-        return Q.reshape(*lead, m, n)
+
+        def far_polar(far: list[int]) -> torch.Tensor:  # counted in polar_fallbacks
+            self._polar_fallbacks = self.polar_fallbacks + len(far)
+            return polar(T3[far], "auto")
+
+        return newton_schulz_where_near(X0, P, dev, far_polar).reshape(T.shape)
 
     def _check_point_on_manifold(self, x, *, atol=None, rtol=None):
         ok, reason = super()._check_point_on_manifold(x, atol=atol, rtol=rtol)

@@ -30,6 +30,8 @@ only for singular values above roughly ``1e-3 * ||X||_F`` in the given number of
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import torch
 
 __all__ = [
@@ -38,6 +40,7 @@ __all__ = [
     "polar_near_orthogonal",
     "newton_schulz_polar",
     "newton_schulz_steps",
+    "newton_schulz_where_near",
     "NEAR_ORTHOGONAL",
     "POLAR_EXPRESS_COEFFICIENTS",
     "KELLER_JORDAN_COEFFICIENTS",
@@ -248,6 +251,23 @@ def newton_schulz_polar(Y: torch.Tensor, P: torch.Tensor, steps: int) -> torch.T
     return Y
 
 
+def newton_schulz_where_near(
+    Y: torch.Tensor, P: torch.Tensor, dev: list[float], far_polar: Callable[[list[int]], torch.Tensor]
+) -> torch.Tensor:
+    r"""Polar factors of a tall batch ``(B, m, n)`` given $P = Y^\top Y$ and each matrix's deviation ``dev`` (read on
+    the host, a bound on $|\sigma - 1|$): `newton_schulz_polar` where it is at most ``NEAR_ORTHOGONAL``, its step
+    count from the largest of those; ``far_polar(indices)`` for the others (NaN included). No host read here."""
+    near = [i for i, d in enumerate(dev) if d <= NEAR_ORTHOGONAL]
+    if len(near) == len(dev):  # the usual case after a retraction step: no index copies
+        return newton_schulz_polar(Y, P, newton_schulz_steps(max(dev, default=0.0), Y.dtype))
+    far = [i for i, d in enumerate(dev) if not d <= NEAR_ORTHOGONAL]
+    out = torch.empty_like(Y)
+    out[far] = far_polar(far)
+    if near:
+        out[near] = newton_schulz_polar(Y[near], P[near], newton_schulz_steps(max(dev[i] for i in near), Y.dtype))
+    return out
+
+
 def polar_near_orthogonal(X: torch.Tensor, method: str = "auto") -> torch.Tensor:
     r"""Polar factor of a matrix with nearly orthonormal columns (rows, if wide), by Newton-Schulz.
 
@@ -267,15 +287,6 @@ def polar_near_orthogonal(X: torch.Tensor, method: str = "auto") -> torch.Tensor
     P = T3.mT @ T3
     eye = torch.eye(n, dtype=T3.dtype, device=T3.device)
     dev = (P - eye).norm(dim=(-2, -1)).tolist()  # the one host read: |sigma - 1| <= ||X^T X - I||_F
-    near = [i for i, d in enumerate(dev) if d <= NEAR_ORTHOGONAL]
-    if len(near) == len(dev):  # the usual case after a retraction step: no index copies
-        out = newton_schulz_polar(T3, P, newton_schulz_steps(max(dev, default=0.0), T3.dtype))
-    else:
-        far = [i for i, d in enumerate(dev) if not d <= NEAR_ORTHOGONAL]  # NaN too
-        out = torch.empty_like(T3)
-        out[far] = polar(T3[far], method)
-        if near:
-            bound = max(dev[i] for i in near)
-            out[near] = newton_schulz_polar(T3[near], P[near], newton_schulz_steps(bound, T3.dtype))
+    out = newton_schulz_where_near(T3, P, dev, lambda far: polar(T3[far], method))
     out = out.reshape(*lead, m, n)
     return out if tall else out.mT

@@ -48,6 +48,12 @@ SUB_THRESHOLD = 3.0  # the ADMM threshold of the square part: the `admm` solver'
 KINDS = ("stiefel", "dgram")  # orthogonal columns: the split above holds
 
 
+def square_by_admm(kind: str, opts: dict) -> bool:
+    """Whether the square part is solved by ``sub_steps`` ADMM steps: on DGram only (on Stiefel the projection
+    already gives the square optimum)."""
+    return bool(opts["sub_steps"]) and kind == "dgram"
+
+
 def split_tangent_direction(manifold: GramManifold, W: torch.Tensor, G: torch.Tensor, opts: dict) -> torch.Tensor:
     r"""$A$ above for tall ``(..., m, n)`` on Stiefel or DGram (``opts``: ``rounds``, ``msign``, ``msign_steps``,
     ``msign_dtype``)."""
@@ -55,13 +61,12 @@ def split_tangent_direction(manifold: GramManifold, W: torch.Tensor, G: torch.Te
     d = W.norm(dim=-2)
     U = W / torch.where(d == 0, torch.ones_like(d), d)[..., None, :]
     H = U.mT @ Gn
-    D = torch.diag_embed(d)
-    if opts["sub_steps"] and mask_kind(manifold) == "dgram":  # on Stiefel the projection is the optimum
+    D, kind = torch.diag_embed(d), mask_kind(manifold)
+    if square_by_admm(kind, opts):
         sub = {**opts, "steps": opts["sub_steps"], "threshold": SUB_THRESHOLD}
         K, _ = admm_direction(manifold, D, H, None, sub, bound="both")
-    else:
-        stiefel = mask_kind(manifold) == "stiefel"  # K = msign(skew H): its singular values are 0 or 1
-        K = projected_tangent_direction(manifold, D, H, opts, bound="near_unit" if stiefel else "both")
+    else:  # on Stiefel K = msign(skew H), the square optimum: its singular values are 0 or 1
+        K = projected_tangent_direction(manifold, D, H, opts, bound="near_unit" if kind == "stiefel" else "both")
     R = Gn - U @ H
     if W.shape[-2] > W.shape[-1]:
         B = msign_with(R, opts).to(W.dtype)
@@ -80,11 +85,12 @@ def solve_split_tangent(
 ) -> tuple[torch.Tensor, dict, None]:
     """The solver's entry (``(B, m, n)`` tall batches): the direction and its statistics (``rounds`` + 1 msigns);
     on Oblique (and Euclidean) matrices, whose columns need not be orthogonal, ``projected_tangent``'s."""
-    if check_products_kind(manifold, "split_tangent") not in KINDS:  # Oblique: columns not orthogonal, no split
+    kind = check_products_kind(manifold, "split_tangent")
+    if kind not in KINDS:  # Oblique: columns not orthogonal, no split
         A = projected_tangent_direction(manifold, T, G, opts)
         return A, feasible_stats(manifold, T, G, A, opts["rounds"], opts), None
     A = split_tangent_direction(manifold, T, G, opts)
-    square = 1 + 2 * opts["sub_steps"] if opts["sub_steps"] and mask_kind(manifold) == "dgram" else opts["rounds"]
+    square = 1 + 2 * opts["sub_steps"] if square_by_admm(kind, opts) else opts["rounds"]
     return A, feasible_stats(manifold, T, G, A, square + 1, opts), None
 
 
