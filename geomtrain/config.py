@@ -68,7 +68,7 @@ class TrainConfig:
     muon_lr: float = 0.02
     muon_momentum: float = 0.95
     muon_nesterov: bool = True
-    muon_solver: str | None = None  # None = the optimizer's default solver
+    muon_solver: str | None = None  # None: per manifold kind, split_tangent on Stiefel, exact on the others
     muon_solver_options: list[str] = field(default_factory=list)  # "KEY=VALUE" options of the solver
     muon_solver_rules: list[str] = field(default_factory=list)  # "GLOB=SOLVER" per Muon matrix, first match wins
     muon_weight_decay: float = 0.0  # decoupled, Euclidean (unconstrained) matrices only
@@ -335,14 +335,21 @@ def parse_scalar(kind: type, text: str, where: str) -> Any:
 
 def parse_solver_options(entries: Sequence[str], solver: str | None = None, what: str = "--solver-options") -> dict:
     """``["compute_dtype=float64", "tol=1e-5"]`` -> the typed options of a direction solver
-    (`geomtrain.optim.SOLVER_OPTIONS`; ``solver`` None is the default one): dtypes by torch name, the
-    rest typed by the option's default. A bad entry or value (`geomtrain.optim.check_solver_options`) is a
+    (`geomtrain.optim.SOLVER_OPTIONS`; ``solver`` None, the default per manifold kind, takes none): dtypes by
+    torch name, the rest typed by the option's default. A bad entry or value (`geomtrain.optim.check_solver_options`) is a
     one-line ``ValueError`` naming the valid keys or values."""
     import torch
 
-    from .optim import DEFAULT_SOLVER, SOLVER_OPTIONS, check_solver_options
+    from .optim import SOLVER_OPTIONS, TRAINING_DEFAULTS, check_solver_options
 
-    solver = solver or DEFAULT_SOLVER
+    if solver is None:
+        if not entries:
+            return {}
+        picks = ", ".join(f"{s} on {kind} matrices" for kind, s in TRAINING_DEFAULTS.items())
+        raise ValueError(
+            f"{what} need a solver to belong to: the default picks one per manifold kind ({picks}, exact on the "
+            "others); name one, e.g. muon_solver=exact"
+        )
     valid = {k: v for k, v in SOLVER_OPTIONS[solver].items() if k not in ("dual", "trace")}
     out = {}
     for entry in entries:

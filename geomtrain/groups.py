@@ -55,7 +55,7 @@ from torch.nn.utils import parametrize
 from manifolds import GramManifold
 
 from .assign import ADAMW, Assignment, Rule, assign, format_table
-from .optim import get_solver, solver_names
+from .optim import default_solver, get_solver, solver_names
 
 __all__ = [
     "param_groups",
@@ -283,10 +283,12 @@ def parse_solver_rule(text: str) -> tuple[str, str]:
 
 
 def pick_solvers(
-    assignments: Sequence[Assignment], rules: Sequence[str] = (), default: str | None = None
+    assignments: Sequence[Assignment], rules: Sequence[str] = (), default: str | None = None, by_kind: bool = False
 ) -> list[Assignment]:
     """Set ``solver`` of every Muon assignment, in place: the solver of the first rule (``"GLOB=SOLVER"``,
-    `parse_solver_rule`) whose glob matches its name, else ``default`` (``None``: the optimizer's default).
+    `parse_solver_rule`) whose glob matches its name, else ``default``; with ``default`` ``None``, the
+    default for its manifold kind (`geomtrain.optim.default_solver`) where ``by_kind``, else ``None`` (the
+    optimizer decides, by the same rule, unless it is given a ``solver``).
 
     Like a manifold rule (`geomtrain.assign.assign`), a solver rule that matches no Muon matrix is a
     one-line ``ValueError`` naming the rule and the closest Muon matrix names. Returns ``assignments``."""
@@ -301,6 +303,8 @@ def pick_solvers(
             )
     for a in muon:
         a.solver = next((solver for _, pattern, solver in parsed if fnmatch.fnmatchcase(a.name, pattern)), default)
+        if a.solver is None and by_kind:
+            a.solver = default_solver(a.manifold)
     return list(assignments)
 
 

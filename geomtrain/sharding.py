@@ -143,9 +143,14 @@ def check_same_run(ckpt: dict, model_cfg: dict, assignments) -> None:
         for a in ckpt.get("assignment", [])
     ]
     if saved_assigned and saved_assigned != assigned:
+        first = next(((s, n) for s, n in zip(saved_assigned, assigned) if s != n), None)
+        where = f": {first[0][0]} has {first[0][1:]} in the checkpoint, {first[1][1:]} now" if first else ""
+        hint = ""
+        if first and first[0][:3] == first[1][:3] and first[0][3] == "exact":  # only a solver differs
+            hint = "; a run begun with exact continues with muon_solver=exact (since the default is per manifold kind)"
         raise CheckpointError(
             "the checkpoint has another manifold assignment or Muon solver (preset, rules, muon_solver or "
-            "muon_solver_rules changed)"
+            f"muon_solver_rules changed){where} (optimizer, manifold, solver){hint}"
         )
 
 

@@ -91,12 +91,13 @@ def build_optimizers(model: torch.nn.Module, assignments, cfg: TrainConfig):
     """AdamW for the ``adamw`` parameters (weight decay on 2-D ones only) and ManifoldMuon for
     the ``muon`` parameters, one param group per manifold and solver (`geomtrain.groups.optimizer_groups`;
     ``muon_solver_rules`` pick a Muon matrix's solver, `pick_solvers`, which sets each assignment's
-    ``solver``). ``muon_solver_options`` are ``muon_solver``'s: a rule's other solver runs with its
-    defaults. Returns ``(adamw, muon_or_None)``."""
-    from .optim import DEFAULT_SOLVER, ManifoldMuon, get_solver
+    ``solver``: a rule's, else ``muon_solver``, else the default for its manifold kind,
+    `geomtrain.optim.default_solver`). ``muon_solver_options`` are ``muon_solver``'s: a rule's other solver
+    runs with its defaults. Returns ``(adamw, muon_or_None)``."""
+    from .optim import ManifoldMuon, get_solver
 
-    run_solver = get_solver(cfg.muon_solver or DEFAULT_SOLVER).name
-    pick_solvers(assignments, cfg.muon_solver_rules, run_solver)
+    run_solver = get_solver(cfg.muon_solver).name if cfg.muon_solver is not None else None
+    pick_solvers(assignments, cfg.muon_solver_rules, run_solver, by_kind=True)
     muon_groups, adam_groups = optimizer_groups(assignments, dict(model.named_parameters()), cfg.weight_decay)
     for group in muon_groups:
         if group["solver"] != run_solver:

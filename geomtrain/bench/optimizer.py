@@ -9,8 +9,8 @@ matrix it times, side by side in one process:
 - every other registered solver (`solver_arms`, from `geomtrain.optim.solver_names`: ``tangent``, one msign
   of the tangent-projected gradient; ``published``, the paper's dual ascent, 20 msign calls; the products-only
   ``projected_tangent``, ``split_tangent``, ``dual_ascent``, ``admm``), one cold solve, ``muon``'s msign dtype;
-- ``cold``: the default solver (``exact``) from a cold start;
-- ``warm``: the default solver on the *next* step of a simulated run (weights moved by
+- ``cold``: the reference solver (``exact``) from a cold start;
+- ``warm``: the reference solver on the *next* step of a simulated run (weights moved by
   ``lr = 0.02`` along the cold direction, momentum blended with a fresh gradient of the same
   distribution, 0.95/0.05), warm-started from the cold solve's dual variable and precision flag.
 
@@ -30,7 +30,7 @@ Accuracy of every direction $A$, computed in float64 from the returned $A$: ``re
 tangent residual $L_W(A)$), ``opnorm`` ($\|A\|_{\mathrm{op}}$), ``gap`` (relative objective gap
 $(\mathrm{OPT} - \langle \hat G, A\rangle)/\mathrm{OPT}$ against a float64 reference solve of the
 same problem, `geomtrain.bench.problems.reference_solve` to tol 1e-6, skipped by ``--quick``;
-negative when an infeasible $A$ overshoots) and, for the default solver, its own certified
+negative when an infeasible $A$ overshoots) and, for the reference solver, its own certified
 ``dual_gap``. Tables: per matrix (ratios to ``muon`` and evaluations) and per layer (summed times).
 The run prints its estimated duration first.
 """
@@ -76,11 +76,11 @@ _MSIGN_STEPS, _MSIGN_GRAMS = 5, 3  # Polar Express: per step X X^T, (X X^T)^2 an
 
 def solver_arms() -> tuple[str, ...]:
     """The benchmark's arms, read from the solver registry now: ``muon``, every registered solver but the
-    default (one cold solve each), then ``cold`` and ``warm`` (the default solver, cold and warm-started)."""
-    from ..optim import DEFAULT_SOLVER, get_solver, solver_names
+    reference (one cold solve each), then ``cold`` and ``warm`` (the reference solver, ``exact``, cold and
+    warm-started)."""
+    from ..optim import REFERENCE_SOLVER, solver_names
 
-    default = get_solver(DEFAULT_SOLVER).name
-    return ("muon", *(name for name in solver_names() if name != default), "cold", "warm")
+    return ("muon", *(name for name in solver_names() if name != REFERENCE_SOLVER), "cold", "warm")
 
 
 def _sync(device) -> None:
@@ -132,7 +132,7 @@ def estimate_seconds(
         rate = 2 * n**3 / sec
     else:
         rate = gflops * 1e9
-    slower = _CUSTOM_MASK_COST if custom_mask else 1.0  # the default solver's entries only
+    slower = _CUSTOM_MASK_COST if custom_mask else 1.0  # the reference solver's entries only
     total = 0.0
     for mname in manifolds:
         for _, (out, inp) in shapes:
@@ -169,7 +169,7 @@ def bench_optimizer(
     ``solvers``: arms of `solver_arms` (default: all of them; with ``custom_mask`` those that take a custom
     mask). ``shapes`` is a sequence of ``(name, (out, in))`` (default: one GPT-2-small layer).
     ``custom_mask``: time the solvers on `custom_mask_twin` of each manifold.
-    ``solver_options``: options of the default solver for ``cold`` and ``warm`` (e.g.
+    ``solver_options``: options of the reference solver for ``cold`` and ``warm`` (e.g.
     ``{"compute_dtype": torch.float64}``; `geomtrain.config.parse_solver_options` reads them from text).
     ``points``: the weights, one of `POINTS` (see `benchmark_point`).
     """
@@ -457,7 +457,7 @@ def _cmd_optimizer(args: argparse.Namespace) -> int:
     scales = args.scales or ([1e-3] if args.quick else [1e-3, 1.0])
     reference = not (args.quick or args.no_reference)
     shapes = _parse_shapes(args.shapes) if args.shapes else GPT2_SHAPES
-    solver_options = parse_solver_options(args.solver_options)
+    solver_options = parse_solver_options(args.solver_options, "exact")
     if args.out:
         writable_output(args.out)  # before minutes of timing, not after
     log = (lambda s: print(s, file=sys.stderr, flush=True)) if not args.quiet else (lambda s: None)

@@ -85,7 +85,8 @@ def measure_training_speed(
     """Median step time of each preset; rows with ``preset``, ``ms_per_step``, ``tokens_per_s``,
     ``evaluations_per_step`` (median polar evaluations of Manifold Muon), ``host_syncs_per_step`` and
     ``muon_host_syncs_per_step`` (those of the whole step and of its Manifold Muon ``step()``, counted on the
-    last warmup step), ``muon_solver`` (its registered name: an alias such as ``gram_newton`` reads ``exact``)
+    last warmup step), ``muon_solver`` (its registered name, an alias such as ``gram_newton`` reading ``exact``; ``default``:
+    per manifold kind, `geomtrain.optim.default_solver`)
     and ratios. ``sets``: config
     overrides for every preset (``bench train --set``, e.g. ``muon_solver_options``); a key that the
     timing protocol sets itself (below, and ``batch_size``, which has its own argument) is a ValueError."""
@@ -127,7 +128,7 @@ def measure_training_speed(
 
 def speed_row(preset: str, cfg: TrainConfig, times, evaluations, syncs, muon_syncs) -> dict:
     """One preset's row of `measure_training_speed` (without the ratios), from `measure_step_times`' outputs."""
-    from ..optim import DEFAULT_SOLVER, get_solver
+    from ..optim import get_solver
 
     ms = 1000 * statistics.median(times[preset])
     tokens = cfg.batch_size * cfg.grad_accum * (cfg.block_size or model_config(cfg.model).block_size)
@@ -138,7 +139,7 @@ def speed_row(preset: str, cfg: TrainConfig, times, evaluations, syncs, muon_syn
         "evaluations_per_step": statistics.median(evaluations.get(preset, [0])),
         "host_syncs_per_step": syncs.get(preset),  # None without a warmup step
         "muon_host_syncs_per_step": muon_syncs.get(preset),  # None as well for adamw (no Manifold Muon)
-        "muon_solver": get_solver(cfg.muon_solver or DEFAULT_SOLVER).name,
+        "muon_solver": get_solver(cfg.muon_solver).name if cfg.muon_solver else "default",
     }
 
 

@@ -2,21 +2,25 @@
 
 - `spectral_direction(manifold, W, G, solver=...)`: the direction and its `DirectionStats`.
 - `ManifoldMuon`: the `torch.optim.Optimizer`.
-- `register_solver(Solver(...))`, `get_solver(name)`, `solver_names()`: the solver registry.
+- `register_solver(Solver(...))`, `get_solver(name)`, `solver_names()`: the solver registry;
+  `default_solver(manifold)`: the one training uses when none is named.
 
 Modules: `direction` (entry point), `solver` (the `Solver` record), `registry` (the registry),
-`gram` (the Gram-space dual), `gram_newton` (the ``exact`` solver, the default),
+`gram` (the Gram-space dual), `gram_newton` (the ``exact`` solver, the reference),
+`split_tangent` (training's default on Stiefel matrices), `projected_tangent`, `dual_ascent`, `admm`,
 `douglas_rachford` (degenerate duals), `baselines` (``tangent``, ``published``),
 `numerics` (kernels), `muon` (the optimizer; `muon_step` its pieces, `muon_dist` the DDP exchange,
 `muon_fsdp` the FSDP2 one).
 """
 
 from .direction import (
-    DEFAULT_SOLVER,
+    REFERENCE_SOLVER,
     SOLVER_OPTIONS,
     SOLVERS,
+    TRAINING_DEFAULTS,
     DirectionStats,
     check_solver_options,
+    default_solver,
     get_solver,
     mask_kind,
     register_solver,
@@ -38,7 +42,9 @@ __all__ = [
     "mask_kind",
     "SOLVERS",
     "SOLVER_OPTIONS",
-    "DEFAULT_SOLVER",
+    "REFERENCE_SOLVER",
+    "TRAINING_DEFAULTS",
+    "default_solver",
     "check_solver_options",
     "Solver",
     "StateSlot",

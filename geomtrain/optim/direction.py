@@ -34,13 +34,15 @@ from .baselines import msign_with
 from .gram import mask_kind, tangent_residual
 from .numerics import Trace, host_values
 from .registry import (
-    DEFAULT_SOLVER,
+    REFERENCE_SOLVER,
     SOLVER_OPTIONS,
     SOLVERS,
     check_solver_options,
     get_solver,
     register_solver,
     solver_names,
+    TRAINING_DEFAULTS,
+    default_solver,
     solver_option_rule,
 )
 from .solver import STAT_KEYS, Solver
@@ -49,7 +51,9 @@ __all__ = [
     "spectral_direction",
     "DirectionStats",
     "SOLVERS",
-    "DEFAULT_SOLVER",
+    "REFERENCE_SOLVER",
+    "TRAINING_DEFAULTS",
+    "default_solver",
     "SOLVER_OPTIONS",
     "check_solver_options",
     "solver_option_rule",
@@ -196,7 +200,7 @@ def spectral_direction(
     W: torch.Tensor,
     G: torch.Tensor,
     *,
-    solver: str | Solver = DEFAULT_SOLVER,
+    solver: str | Solver = REFERENCE_SOLVER,
     **options: object,
 ) -> tuple[torch.Tensor, DirectionStats]:
     r"""Unit-spectral-norm tangent direction maximising $\langle G, A\rangle$ at ``W``.
@@ -207,8 +211,9 @@ def spectral_direction(
         manifold: a :class:`manifolds.GramManifold` (any mask; built-in masks get closed forms).
         W: point(s) on the manifold, ``(..., m, n)``; wide matrices are constrained on rows.
         G: gradient or momentum, shaped like ``W``, finite.
-        solver: a registered name (`solver_names`) or a `Solver`: ``"exact"`` (default, alias
-            ``"gram_newton"``: converged, scale-invariant, warm-startable, certified), ``"tangent"`` (one
+        solver: a registered name (`solver_names`) or a `Solver`: ``"exact"`` (default here, alias
+            ``"gram_newton"``: converged, scale-invariant, warm-startable, certified; training's default is
+            per manifold kind, `default_solver`), ``"split_tangent"`` (products only), ``"tangent"`` (one
             msign of the tangent-projected $G$) or ``"published"`` (the paper's dual ascent as published:
             not scale-invariant, 20 bf16 msign calls).
         **options: solver options; see ``SOLVER_OPTIONS[solver]`` for names and defaults, and the

@@ -101,7 +101,14 @@ from manifolds import Euclidean, GramManifold
 from manifolds.base import to_tall
 from manifolds.matrix_sign import MSIGN_METHODS
 
-from .direction import DEFAULT_SOLVER, SOLVER_OPTIONS, check_solver_options, get_solver, mask_kind, solver_option_rule
+from .direction import (
+    SOLVER_OPTIONS,
+    check_solver_options,
+    default_solver,
+    get_solver,
+    mask_kind,
+    solver_option_rule,
+)
 from .muon_dist import CommCount, owners, reduce_stats, share, share_bucketed
 from .muon_fsdp import (
     agree,
@@ -158,9 +165,12 @@ class ManifoldMuon(torch.optim.Optimizer):
         momentum: $\beta$.
         nesterov: use the Nesterov form of the momentum.
         weight_decay: decoupled weight decay of Euclidean matrices (ignored on manifolds).
-        solver: a registered solver (`geomtrain.optim.registry`): ``"exact"`` (default; alias
-            ``"gram_newton"``), ``"tangent"``, ``"published"`` or one a user registered.
-        solver_options: options for `spectral_direction` (``tol``, ``max_iter``, ...).
+        solver: a registered solver (`geomtrain.optim.registry`): ``"exact"`` (alias ``"gram_newton"``),
+            ``"split_tangent"``, ``"tangent"``, ``"published"``, ... or one a user registered. Default
+            ``None``: per matrix, by its manifold's kind (`geomtrain.optim.default_solver`): the
+            products-only ``"split_tangent"`` on Stiefel, ``"exact"`` on the others.
+        solver_options: options for `spectral_direction` (``tol``, ``max_iter``, ...); with ``solver``
+            ``None`` they must be valid for every solver the default picks for the group's matrices.
         warm_start: start each solve from the matrix's previous dual variable.
         shape_scale: ``"muon"`` ($\sqrt{\max(1, \text{rows}/\text{cols})}$), ``"match_rms_adamw"``
             ($0.2\sqrt{\max(\text{rows}, \text{cols})}$) or ``"none"``, for Euclidean matrices.
@@ -184,7 +194,7 @@ class ManifoldMuon(torch.optim.Optimizer):
         momentum: float = 0.95,
         nesterov: bool = True,
         weight_decay: float = 0.0,
-        solver: str = DEFAULT_SOLVER,
+        solver: str | None = None,
         solver_options: dict | None = None,
         warm_start: bool = True,
         shape_scale: str = "muon",
@@ -217,9 +227,7 @@ class ManifoldMuon(torch.optim.Optimizer):
         self.mesh = check_sharded([p for g in self.param_groups for p in g["params"]])  # FSDP2's, else None
         self._manifold_of: dict[int, GramManifold] = {}
         for group in self.param_groups:
-            self._check_group(group)
-            for p in group["params"]:
-                self._manifold_of[id(p)] = self._resolve(group, p)
+            self._setup_group(group)
         self.step_stats = StepStats()
         self.last_stats: dict = {}
         self.certify_every, self.step_count = int(certify_every), 0
@@ -246,16 +254,10 @@ class ManifoldMuon(torch.optim.Optimizer):
             must = solver_option_rule(name, group[name])
             if must is not None:
                 raise ValueError(f"{name} must be {must}; got {group[name]!r}")
-        get_solver(group["solver"])  # a one-line error naming the registered solvers
+        if group["solver"] is not None:
+            get_solver(group["solver"])  # a one-line error naming the registered solvers
         if group["shape_scale"] not in SHAPE_SCALES:
             raise ValueError(f"unknown shape_scale {group['shape_scale']!r}; valid: {', '.join(SHAPE_SCALES)}")
-        valid = [k for k in SOLVER_OPTIONS[group["solver"]] if k not in ("dual", "escalate")]  # the optimizer's
-        bad = set(group["solver_options"]) - set(valid)
-        if bad:
-            raise ValueError(
-                f"unknown solver option(s) {', '.join(sorted(bad))} for {group['solver']!r}; valid: {', '.join(valid)}"
-            )
-        check_solver_options(group["solver"], group["solver_options"])  # the values, before the first step
         m = group["manifold"]
         if m is not None and not isinstance(m, GramManifold):
             raise TypeError(f"param group manifold must be a manifolds.GramManifold or None; got {type(m).__name__}")
@@ -289,14 +291,35 @@ class ManifoldMuon(torch.optim.Optimizer):
                 )
         return m
 
+    @staticmethod
+    def _check_solver_options(group: dict, solver: str, picked: bool) -> None:
+        """The group's ``solver_options`` against ``solver`` (``picked``: the default picked it): one-line errors."""
+        valid = [k for k in SOLVER_OPTIONS[solver] if k not in ("dual", "escalate")]  # the optimizer's
+        bad = set(group["solver_options"]) - set(valid)
+        if bad:
+            why = " (the default solver of some of the group's matrices; name a solver to use others)" if picked else ""
+            raise ValueError(
+                f"unknown solver option(s) {', '.join(sorted(bad))} for {solver!r}{why}; valid: {', '.join(valid)}"
+            )
+        check_solver_options(solver, group["solver_options"])  # the values, before the first step
+
+    def _setup_group(self, group: dict) -> None:
+        """Check a param group and resolve each parameter's manifold and the solver of a group without one
+        (`default_solver`, by the manifold's kind): once, here, never at step time."""
+        self._check_group(group)
+        manifolds = [self._resolve(group, p) for p in group["params"]]
+        for p, m in zip(group["params"], manifolds):
+            self._manifold_of[id(p)] = m
+        named = group["solver"]
+        solvers = {named} if named is not None else {default_solver(m) for m in manifolds if mask_kind(m) != "euclidean"}
+        for solver in sorted(solvers or {default_solver(_EUCLIDEAN)}):  # a Euclidean group: checked as exact's
+            self._check_solver_options(group, solver, picked=named is None)
+
     def add_param_group(self, param_group: dict) -> None:
         super().add_param_group(param_group)
         if hasattr(self, "_manifold_of"):  # called after __init__
             self.mesh = check_sharded([p for g in self.param_groups for p in g["params"]])
-            group = self.param_groups[-1]
-            self._check_group(group)
-            for p in group["params"]:
-                self._manifold_of[id(p)] = self._resolve(group, p)
+            self._setup_group(self.param_groups[-1])
 
     # ------------------------------------------------------------------ step
     @torch.no_grad()
@@ -336,7 +359,7 @@ class ManifoldMuon(torch.optim.Optimizer):
             commits += apply_directions(batch, A, st, sizes, table)
         self._commit(commits)
         for it in mine:
-            slots = get_solver(it.group["solver"]).state
+            slots = get_solver(it.solver).state
             table.set(it.index, "has_state", float(bool(slots) and all(s.key in self.state[it.p] for s in slots)))
         if world > 1:
             comm = (share_bucketed if self.bucketed else share)(items, self.state, table, world, owner)

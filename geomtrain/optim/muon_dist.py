@@ -82,7 +82,7 @@ def state_slots(it: MatrixItem) -> list[tuple[str, tuple, torch.dtype]]:
     """The warm-start state a matrix's owner sends: ``(key, shape, dtype)`` per `StateSlot` of its solver
     (``"matrix"`` slots ``(*lead, n, n)`` in the parameter's dtype, ``"flag"`` slots one uint8 per matrix);
     none for a Euclidean matrix or without warm start."""
-    spec = get_solver(it.group["solver"])
+    spec = get_solver(it.solver)
     if not (spec.warm_starts and it.group["warm_start"] and mask_kind(it.manifold) != "euclidean"):
         return []
     lead, n = tuple(it.p.shape[:-2]), min(it.p.shape[-2:])
@@ -187,7 +187,7 @@ def reduce_stats(
     table.rows.copy_(out)
     for it in items:
         if table.rows[it.index, StatsTable.FIELDS.index("has_state")] == 0:
-            for slot in get_solver(it.group["solver"]).state:
+            for slot in get_solver(it.solver).state:
                 states[it.p].pop(slot.key, None)
 
 

@@ -285,7 +285,7 @@ def _solve(full: list[MatrixItem], table: StatsTable, certify_now: bool) -> list
                 st[key] = value
         new[id(c.p)] = (W if c.weights is None else c.weights, st)
     for f in full:
-        spec = get_solver(f.group["solver"])
+        spec = get_solver(f.solver)
         st = new[id(f.p)][1]
         table.set(f.index, "has_state", float(bool(spec.state) and all(s.key in st for s in spec.state)))
     return [new[id(f.p)] for f in full]

@@ -17,7 +17,7 @@ from manifolds import GramManifold, msign
 from manifolds.base import from_tall, to_tall
 
 from .certificate import certify
-from .direction import get_solver, mask_kind, spectral_direction
+from .direction import default_solver, get_solver, mask_kind, spectral_direction
 from .numerics import host_values
 
 __all__ = [
@@ -77,6 +77,11 @@ class MatrixItem:
     name: str  # for skip reports
     state: dict  # the optimizer's state of p (read only here)
     still: bool = False  # the update is exactly zero: no solve, no retraction (Euclidean: weight decay only)
+
+    @property
+    def solver(self) -> str:
+        """The solver of this matrix: its group's, else the default for its manifold (`default_solver`)."""
+        return self.group.get("solver") or default_solver(self.manifold)
 
 
 @dataclass
@@ -210,7 +215,7 @@ def batch_key(it: MatrixItem) -> tuple:
         tuple(to_tall(it.update).shape[-2:]),
         it.p.dtype,
         it.p.device,
-        g["solver"],
+        it.solver,
         repr(sorted(g["solver_options"].items())),
         g["warm_start"],
         g["msign_method"],
@@ -265,7 +270,7 @@ def batched_directions(batch: list[MatrixItem], certify_now: bool) -> tuple[torc
         ones = torch.ones(len(U))
         return A, {"msign_calls": ones, "residual": torch.zeros(len(U)), "converged": ones}, sizes
     W = torch.cat([_stacked(it.p.detach().as_subclass(torch.Tensor)) for it in batch])
-    spec = get_solver(g0["solver"])
+    spec = get_solver(batch[0].solver)
     opts = {"msign": g0["msign_method"], "msign_steps": g0["msign_steps"], "msign_dtype": g0["msign_dtype"]}
     opts = {k: v for k, v in opts.items() if k in spec.options and spec.optimizer_msign}
     opts.update(g0["solver_options"])
@@ -298,7 +303,7 @@ def apply_directions(batch: list[MatrixItem], A: torch.Tensor, st: dict, sizes: 
     tall = None if euclid else (st["W"], A, bounds, moving)  # the batch as solved: tall and stacked
     updates = retract(batch, directions, skips, m, tall)
     computed = [i for i, new in enumerate(updates) if new is not None]
-    spec = None if euclid else get_solver(g0["solver"])
+    spec = None if euclid else get_solver(batch[0].solver)
     new_state = st.get("state")
     keep = spec is not None and spec.warm_starts and g0["warm_start"] and new_state is not None
     matrices = [key for key, v in (new_state or {}).items() if v.dim() > 1]  # the "matrix" slots

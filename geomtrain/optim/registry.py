@@ -1,8 +1,11 @@
 r"""The solver registry: one place that turns a name (``"exact"``, ``"tangent"``) into a `Solver`.
 
-Built in: ``exact`` (the default: `geomtrain.optim.gram_newton`, certified; ``gram_newton`` is an alias
-that old configs, run folders and checkpoints use), ``tangent`` and ``published``
-(`geomtrain.optim.baselines`). A new solver is one module defining ``SOLVER = Solver(...)`` (see
+Built in: ``exact`` (the reference: `geomtrain.optim.gram_newton`, certified; ``gram_newton`` is an alias
+that old configs, run folders and checkpoints use), the products-only ``split_tangent``,
+``projected_tangent``, ``dual_ascent`` and ``admm``, and ``tangent`` and ``published``
+(`geomtrain.optim.baselines`). What training uses by default is per manifold kind, `default_solver`:
+``split_tangent`` on Stiefel matrices, ``exact`` on the others (chosen by training loss against exact,
+docs/manifold-muon.md, *Chosen by training*). A new solver is one module defining ``SOLVER = Solver(...)`` (see
 `geomtrain.optim.solver`) and one call ``register_solver(SOLVER)``: built-in ones are listed in
 ``_BUILTINS`` below, a user's anywhere before the optimizer is built. Everything that lists or
 validates solvers (`spectral_direction`, `ManifoldMuon`, `TrainConfig.validate`, the CLI, the benchmarks)
@@ -15,7 +18,11 @@ import difflib
 import importlib
 import re
 from collections.abc import Iterator, Mapping, Sequence
+from types import MappingProxyType
 
+from manifolds import GramManifold
+
+from .gram import mask_kind
 from .solver import OPTION_RULES, Solver, option_rule
 
 __all__ = [
@@ -27,10 +34,18 @@ __all__ = [
     "solver_option_rule",
     "SOLVERS",
     "SOLVER_OPTIONS",
-    "DEFAULT_SOLVER",
+    "REFERENCE_SOLVER",
+    "TRAINING_DEFAULTS",
+    "default_solver",
 ]
 
-DEFAULT_SOLVER = "exact"
+REFERENCE_SOLVER = "exact"  # the certified optimum: `spectral_direction`'s default, and training's where
+# TRAINING_DEFAULTS names no solver for a manifold kind
+# Training's default per manifold kind (`geomtrain.optim.gram.mask_kind`), chosen by training: 3 seeds paired
+# with exact at the main study's settings, final val loss within +0.005 of exact on every preset
+# (lab/2026-12-06-split-tangent). No products-only solver qualified for DGram: on hetero's DGram MLP
+# split_tangent costs +0.015, so DGram (and Oblique, not selected) keep exact.
+TRAINING_DEFAULTS: Mapping[str, str] = MappingProxyType({"stiefel": "split_tangent"})
 _NAME = re.compile(r"[a-z0-9_\-]+")
 _SOLVERS: dict[str, Solver] = {}
 _ALIASES: dict[str, str] = {}
@@ -39,6 +54,12 @@ _ALIASES: dict[str, str] = {}
 def solver_names() -> tuple[str, ...]:
     """The registered names (not the aliases), in registration order."""
     return tuple(_SOLVERS)
+
+
+def default_solver(manifold: GramManifold) -> str:
+    """The solver training uses on a matrix of ``manifold`` when none is named: `TRAINING_DEFAULTS` by its
+    mask kind (``split_tangent`` for Stiefel), else `REFERENCE_SOLVER` (``exact``)."""
+    return TRAINING_DEFAULTS.get(mask_kind(manifold), REFERENCE_SOLVER)
 
 
 def _unknown(name: object) -> str:
@@ -109,7 +130,7 @@ def check_solver_options(solver: str | Solver, options: Mapping) -> None:
             raise ValueError(f"bad solver option {name}={value!r} for solver {spec.name!r}: must be {must}")
 
 
-def solver_option_rule(name: str, value, solver: str | Solver = DEFAULT_SOLVER) -> str | None:
+def solver_option_rule(name: str, value, solver: str | Solver = REFERENCE_SOLVER) -> str | None:
     """None where ``value`` is valid for the scalar option ``name`` of ``solver``, else what it must be."""
     return option_rule(get_solver(solver), name, value)
 

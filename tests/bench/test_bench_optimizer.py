@@ -172,9 +172,9 @@ def test_arms_and_solvers_choices_are_read_from_the_solver_registry(tmp_path, ca
     # in --solvers' choices, timed with muon's msign options; the default solver's arms stay cold and warm.
     import dataclasses
 
-    from geomtrain.optim import DEFAULT_SOLVER, get_solver, register_solver, solver_names, unregister_solver
+    from geomtrain.optim import REFERENCE_SOLVER, get_solver, register_solver, solver_names, unregister_solver
 
-    assert solver_arms() == ("muon", *[s for s in solver_names() if s != DEFAULT_SOLVER], "cold", "warm")
+    assert solver_arms() == ("muon", *[s for s in solver_names() if s != REFERENCE_SOLVER], "cold", "warm")
     register_solver(dataclasses.replace(get_solver("tangent"), name="bench_probe", aliases=()))
     try:
         assert solver_arms()[-3:] == ("bench_probe", "cold", "warm")

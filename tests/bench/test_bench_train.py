@@ -70,11 +70,12 @@ def test_bench_train_set_reaches_every_preset(data_dir, tmp_path, capsys):
 
 def test_bench_train_rejects_bad_sets_in_one_line(data_dir, tmp_path, capsys):
     for bad, says in (
-        ("model=gpt2", "set by bench train itself"),
-        ("nonsense=1", "unknown config key 'nonsense'"),
-        ("muon_solver_options=bogus=1", "KEY one of tol, max_iter"),
+        (["model=gpt2"], "set by bench train itself"),
+        (["nonsense=1"], "unknown config key 'nonsense'"),
+        (["muon_solver=exact", "muon_solver_options=bogus=1"], "KEY one of tol, max_iter"),
+        (["muon_solver_options=tol=1e-5"], "need a solver to belong to"),  # the default is per manifold kind
     ):
-        assert _bench(data_dir, tmp_path / "bad.json", "--set", bad) == 2
+        assert _bench(data_dir, tmp_path / "bad.json", *[arg for text in bad for arg in ("--set", text)]) == 2
         err = capsys.readouterr().err
         assert err.count("\n") == 1 and says in err, err
     assert not (tmp_path / "bad.json").exists()

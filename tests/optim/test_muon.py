@@ -163,8 +163,8 @@ def _make_model(seed=0):
 def _make_opt(model):
     return ManifoldMuon(
         [
-            {"params": [model["st"]], "manifold": Stiefel()},
-            {"params": [model["dg"]], "manifold": DGram(), "solver_options": {"tol": 1e-5}},
+            {"params": [model["st"]], "manifold": Stiefel()},  # the default: split_tangent, no warm-start state
+            {"params": [model["dg"]], "manifold": DGram(), "solver_options": {"tol": 1e-5}},  # exact, warm-started
             {"params": [model["ob"]], "manifold": Oblique(), "solver": "tangent"},
             {"params": [model["eu"]], "weight_decay": 0.1},
         ],
@@ -190,7 +190,7 @@ def test_state_dict_round_trip_is_exact():
     opt_b = _make_opt(b)
     buf.seek(0)
     opt_b.load_state_dict(torch.load(buf, weights_only=True))
-    assert "dual" in opt_b.state[b["st"]] and "momentum_buffer" in opt_b.state[b["eu"]]
+    assert "dual" in opt_b.state[b["dg"]] and "momentum_buffer" in opt_b.state[b["eu"]]
     _train(a, opt_a, 5, seed=2)
     _train(b, opt_b, 5, seed=2)
     for k in a:
@@ -207,7 +207,7 @@ def test_precision_flag_is_kept_per_matrix_and_passed_back():
     import geomtrain.optim.muon_step as muon_mod
 
     W = torch.nn.Parameter(Stiefel().random(2, 48, 16, generator=seeded(86)))
-    opt = ManifoldMuon([{"params": [W], "manifold": Stiefel()}], lr=0.01)
+    opt = ManifoldMuon([{"params": [W], "manifold": Stiefel()}], lr=0.01, solver="exact")
     seen = []
     real = muon_mod.spectral_direction
 
@@ -581,13 +581,14 @@ def test_batched_retraction_matches_one_matrix_at_a_time():
         grads = [torch.randn(24, 8, generator=gen) for _ in range(2)]
         together = [torch.nn.Parameter(p.clone()) for p in points]
         apart = [torch.nn.Parameter(p.clone()) for p in points]
-        opt_together = ManifoldMuon([{"params": together, "manifold": manifold}], lr=0.02)
+        opt_together = ManifoldMuon([{"params": together, "manifold": manifold}], lr=0.02, solver="exact")
         opt_apart = ManifoldMuon(
             [
                 {"params": [apart[0]], "manifold": manifold, "solver_options": {"tol": 1e-4}},
                 {"params": [apart[1]], "manifold": manifold, "solver_options": {"tol": 1.0000001e-4}},
             ],
             lr=0.02,
+            solver="exact",
         )
         for step in range(3):
             for ps in (together, apart):

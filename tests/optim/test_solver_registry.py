@@ -7,7 +7,7 @@ import torch
 
 from geomtrain.config import TrainConfig
 from geomtrain.optim import (
-    DEFAULT_SOLVER,
+    REFERENCE_SOLVER,
     SOLVER_OPTIONS,
     SOLVERS,
     ManifoldMuon,
@@ -25,7 +25,7 @@ from manifolds import Stiefel
 
 def test_built_in_names_and_the_gram_newton_alias():
     assert list(SOLVERS) == list(solver_names()) and list(SOLVERS)[:3] == ["exact", "tangent", "published"]
-    assert DEFAULT_SOLVER == "exact"
+    assert REFERENCE_SOLVER == "exact"
     assert "gram_newton" in SOLVERS and "bogus" not in SOLVERS
     assert get_solver("gram_newton") is get_solver("exact")
     assert SOLVER_OPTIONS["gram_newton"] == SOLVER_OPTIONS["exact"]

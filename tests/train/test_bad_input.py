@@ -127,8 +127,16 @@ def test_out_of_range_learning_rate_or_warmup_is_one_line_naming_the_key(
     ],
 )
 def test_bad_solver_option_is_one_line_naming_the_valid_ones(entry, needles, data_dir, tmp_path, capsys):
-    code, _, err = cli(_short(data_dir, tmp_path / "run", "--muon-solver-options", entry), capsys)
+    run = tmp_path / "run"
+    code, _, err = cli(_short(data_dir, run, "--muon-solver", "exact", "--muon-solver-options", entry), capsys)
     assert_one_line_error(code, err, *needles)
+    assert not run.exists()
+
+
+def test_solver_options_without_a_solver_are_one_line_naming_the_default(data_dir, tmp_path, capsys):
+    # the default solver is per manifold kind, so options alone belong to no one solver
+    code, _, err = cli(_short(data_dir, tmp_path / "run", "--muon-solver-options", "tol=1e-5"), capsys)
+    assert_one_line_error(code, err, "need a solver", "split_tangent on stiefel", "muon_solver=exact")
     assert not (tmp_path / "run").exists()
 
 

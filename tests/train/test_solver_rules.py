@@ -1,6 +1,6 @@
 """A direction solver per module (issue 42's hetero question): ``--solver-rule GLOB=SOLVER`` /
 ``muon_solver_rules``. Bad rules are one line (exit 2, nothing written); ``hetero`` with an MLP rule
-gets exact attention and ``projected_tangent`` MLP param groups; a tiny run trains with them, names
+gets the default's attention (``split_tangent``, per manifold kind) and ``projected_tangent`` MLP param groups; a tiny run trains with them, names
 them in its assignment files and checkpoint, and resumes with them."""
 
 import json
@@ -64,15 +64,15 @@ def _hetero(data_dir, **overrides):
     return assignments, muon
 
 
-def test_hetero_with_an_mlp_rule_gets_exact_attention_and_projected_tangent_mlp(data_dir):
+def test_hetero_with_an_mlp_rule_gets_default_attention_and_projected_tangent_mlp(data_dir):
     assignments, muon = _hetero(data_dir, muon_solver_rules=[MLP_RULE])
     solvers = _solver_of(muon.param_groups)
     muon_names = [a.name for a in assignments if a.optimizer == "muon"]
     assert sorted(solvers) == sorted(muon_names) and len(muon_names) == 8  # 2 layers x (2 attention + 2 MLP)
     for name in muon_names:
-        assert solvers[name] == ("projected_tangent" if ".mlp." in name else "exact"), name
+        assert solvers[name] == ("projected_tangent" if ".mlp." in name else "split_tangent"), name
     assert {(g["manifold_name"], g["solver"]) for g in muon.param_groups} == {
-        ("stiefel", "exact"),
+        ("stiefel", "split_tangent"),  # the default on Stiefel
         ("dgram", "projected_tangent"),
     }
     assert {a.name: a.solver for a in assignments if a.optimizer == "muon"} == solvers  # what the table shows
@@ -81,7 +81,9 @@ def test_hetero_with_an_mlp_rule_gets_exact_attention_and_projected_tangent_mlp(
 
 def test_one_manifold_splits_into_a_group_per_solver_and_options_stay_with_muon_solver(data_dir):
     # c_proj of attention (Stiefel) and of the MLP (DGram) go to tangent; the c_attn / c_fc stay exact.
-    _, muon = _hetero(data_dir, muon_solver_rules=["*.c_proj.weight=tangent"], muon_solver_options=["tol=1e-5"])
+    _, muon = _hetero(
+        data_dir, muon_solver="exact", muon_solver_rules=["*.c_proj.weight=tangent"], muon_solver_options=["tol=1e-5"]
+    )
     groups = {(g["manifold_name"], g["solver"]): g for g in muon.param_groups}
     assert set(groups) == {("stiefel", "exact"), ("stiefel", "tangent"), ("dgram", "exact"), ("dgram", "tangent")}
     tangent = [n for (_, solver), g in groups.items() if solver == "tangent" for n in g["param_names"]]
@@ -114,7 +116,7 @@ def _check_solvers_on_file(run) -> None:
     """assignment.json / .txt name each Muon matrix's solver; the checkpoint's Muon groups carry them."""
     table = json.loads((run / "assignment.json").read_text())
     matrices = {a["name"]: a["solver"] for a in table if a["optimizer"] == "muon"}
-    assert matrices and all(s == ("projected_tangent" if ".mlp." in n else "exact") for n, s in matrices.items())
+    assert matrices and all(s == ("projected_tangent" if ".mlp." in n else "split_tangent") for n, s in matrices.items())
     assert all("solver" not in a for a in table if a["optimizer"] == "adamw")
     text = (run / "assignment.txt").read_text()
     assert "solver" in text.splitlines()[0] and "projected_tangent" in text
@@ -162,6 +164,23 @@ def test_resume_that_changes_a_solver_is_refused_even_when_config_changes_are_al
         assert_one_line_error(code, err, "Muon solver", "muon_solver_rules")
     assert (run / "ckpt.pt").read_bytes() == before
     assert json.loads((run / "status.json").read_text())["status"] == "interrupted"
+
+
+def test_without_a_solver_each_kind_gets_its_default_and_an_exact_checkpoint_names_the_way_on(data_dir):
+    # muon_solver unset: split_tangent on the Stiefel attention, exact on the DGram MLP, written into the
+    # assignment (so the table and the checkpoint name it). A checkpoint of a run begun with exact everywhere
+    # (the default before it was per kind) is refused in one line that says how to continue it.
+    from geomtrain.sharding import CheckpointError
+    from geomtrain.train import Trainer
+
+    trainer = Trainer(tiny_config(data_dir, preset="hetero"))
+    picked = {a.manifold_name: a.solver for a in trainer.assignments if a.optimizer == "muon"}
+    assert picked == {"stiefel": "split_tangent", "dgram": "exact"}
+    exact = Trainer(tiny_config(data_dir, preset="hetero", muon_solver="exact")).state_dict()
+    with pytest.raises(CheckpointError, match=r"c_attn.weight has .*'exact'.*'split_tangent'.*muon_solver=exact") as e:
+        trainer.load_state_dict(exact)
+    assert "\n" not in str(e.value)
+    Trainer(tiny_config(data_dir, preset="hetero", muon_solver="exact")).load_state_dict(exact)
 
 
 def test_checkpoint_without_solvers_in_its_assignment_still_loads(data_dir):
