@@ -336,8 +336,8 @@ def parse_scalar(kind: type, text: str, where: str) -> Any:
 def parse_solver_options(entries: Sequence[str], solver: str | None = None, what: str = "--solver-options") -> dict:
     """``["compute_dtype=float64", "tol=1e-5"]`` -> the typed options of a direction solver
     (`geomtrain.optim.SOLVER_OPTIONS`; ``solver`` None, the default per manifold kind, takes none): dtypes by
-    torch name, the rest typed by the option's default. A bad entry or value (`geomtrain.optim.check_solver_options`) is a
-    one-line ``ValueError`` naming the valid keys or values."""
+    torch name, the rest typed by the option's default. A bad entry or value
+    (`geomtrain.optim.check_solver_options`) is a one-line ``ValueError`` naming the valid keys or values."""
     import torch
 
     from .optim import SOLVER_OPTIONS, TRAINING_DEFAULTS, check_solver_options

@@ -37,12 +37,12 @@ from .registry import (
     REFERENCE_SOLVER,
     SOLVER_OPTIONS,
     SOLVERS,
+    TRAINING_DEFAULTS,
     check_solver_options,
+    default_solver,
     get_solver,
     register_solver,
     solver_names,
-    TRAINING_DEFAULTS,
-    default_solver,
     solver_option_rule,
 )
 from .solver import STAT_KEYS, Solver

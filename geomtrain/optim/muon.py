@@ -311,8 +311,9 @@ class ManifoldMuon(torch.optim.Optimizer):
         for p, m in zip(group["params"], manifolds):
             self._manifold_of[id(p)] = m
         named = group["solver"]
-        solvers = {named} if named is not None else {default_solver(m) for m in manifolds if mask_kind(m) != "euclidean"}
-        for solver in sorted(solvers or {default_solver(_EUCLIDEAN)}):  # a Euclidean group: checked as exact's
+        picked = {default_solver(m) for m in manifolds if mask_kind(m) != "euclidean"}
+        solvers = {named} if named is not None else picked or {default_solver(_EUCLIDEAN)}  # Euclidean: as exact's
+        for solver in sorted(solvers):
             self._check_solver_options(group, solver, picked=named is None)
 
     def add_param_group(self, param_group: dict) -> None:

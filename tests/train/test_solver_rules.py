@@ -1,6 +1,7 @@
 """A direction solver per module (issue 42's hetero question): ``--solver-rule GLOB=SOLVER`` /
 ``muon_solver_rules``. Bad rules are one line (exit 2, nothing written); ``hetero`` with an MLP rule
-gets the default's attention (``split_tangent``, per manifold kind) and ``projected_tangent`` MLP param groups; a tiny run trains with them, names
+gets the default's attention (``split_tangent``, per manifold kind) and ``projected_tangent`` MLP param
+groups; a tiny run trains with them, names
 them in its assignment files and checkpoint, and resumes with them."""
 
 import json
@@ -116,7 +117,8 @@ def _check_solvers_on_file(run) -> None:
     """assignment.json / .txt name each Muon matrix's solver; the checkpoint's Muon groups carry them."""
     table = json.loads((run / "assignment.json").read_text())
     matrices = {a["name"]: a["solver"] for a in table if a["optimizer"] == "muon"}
-    assert matrices and all(s == ("projected_tangent" if ".mlp." in n else "split_tangent") for n, s in matrices.items())
+    expected = {n: "projected_tangent" if ".mlp." in n else "split_tangent" for n in matrices}
+    assert matrices and matrices == expected
     assert all("solver" not in a for a in table if a["optimizer"] == "adamw")
     text = (run / "assignment.txt").read_text()
     assert "solver" in text.splitlines()[0] and "projected_tangent" in text
