@@ -20,7 +20,10 @@ bytes differ between ranks (a rank sends the rows it holds of the matrices other
 largest. ``model bytes`` is what the training step sends besides the optimizer, computed from the $P$
 float32 parameters under the ring algorithms (not measured): DDP's gradient all-reduce
 $2\frac{N-1}{N} 4P$; FSDP2's all-gather of the weights in the forward and again in the backward and
-reduce-scatter of the gradients, $3\frac{N-1}{N} 4P$.
+reduce-scatter of the gradients, $3\frac{N-1}{N} 4P$. Every matrix runs the `SOLVER` ``exact``, whose
+warm-start state (an $n \times n$ dual and a flag per matrix) travels with the weights: the most a step
+sends. (Training's default, `geomtrain.optim.default_solver`, runs ``split_tangent`` on Stiefel matrices,
+which carries no state: only their weights travel.)
 """
 
 from __future__ import annotations
@@ -36,9 +39,10 @@ from pathlib import Path
 
 from ..config import non_negative_int, positive_int
 
-__all__ = ["MODES", "bench_dist", "format_dist_table", "add_parser"]
+__all__ = ["MODES", "SOLVER", "bench_dist", "format_dist_table", "add_parser"]
 
 MODES = ("one process", "DDP broadcast", "DDP bucketed", "FSDP2")
+SOLVER = "exact"  # the solver with a warm-start state to send: the exchange at its largest
 
 
 def _optimizer(model_name: str, preset: str, bucketed: bool):
@@ -53,7 +57,7 @@ def _optimizer(model_name: str, preset: str, bucketed: bool):
     torch.manual_seed(0)
     groups = param_groups(GPT(model_config(model_name)), preset=preset)
     params = [p for g in groups.muon for p in g["params"]]
-    return params, ManifoldMuon(groups.muon, lr=0.02, bucketed=bucketed)
+    return params, ManifoldMuon(groups.muon, lr=0.02, bucketed=bucketed, solver=SOLVER)
 
 
 def _fsdp_optimizer(model_name: str, preset: str):
@@ -69,7 +73,7 @@ def _fsdp_optimizer(model_name: str, preset: str):
     model = GPT(model_config(model_name))
     param_groups(model, preset=preset)  # projects the constrained matrices onto their manifolds, as _optimizer
     groups = param_groups(shard_model(model), preset=preset, project=False)
-    return [p for g in groups.muon for p in g["params"]], ManifoldMuon(groups.muon, lr=0.02)
+    return [p for g in groups.muon for p in g["params"]], ManifoldMuon(groups.muon, lr=0.02, solver=SOLVER)
 
 
 def _like(grad, p):

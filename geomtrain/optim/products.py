@@ -76,7 +76,12 @@ def tangent_part(manifold: GramManifold, W: torch.Tensor, U: torch.Tensor) -> to
 def op_norm_upper_bound(X: torch.Tensor, squarings: int = BOUND_SQUARINGS) -> torch.Tensor:
     r"""An upper bound on $\|X\|_{\mathrm{op}}$ per matrix of a tall ``(..., m, n)`` (0 for $X = 0$), by
     ``squarings`` normalised squarings of $X^\top X$ (see the module docstring); batch-shaped, ``X``'s dtype."""
-    log_bound, zero = log_eigenvalue_bound(X.mT @ X, squarings)
+    return _schatten_bound(X.mT @ X, squarings)
+
+
+def _schatten_bound(P: torch.Tensor, squarings: int) -> torch.Tensor:
+    """`op_norm_upper_bound` from the Gram matrix $P = X^\top X$."""
+    log_bound, zero = log_eigenvalue_bound(P, squarings)
     return torch.where(zero, torch.zeros_like(log_bound), (0.5 * log_bound).exp())
 
 
@@ -105,8 +110,12 @@ def near_unit_bound(X: torch.Tensor, squarings: int = BOUND_SQUARINGS + 1) -> to
     result at $k = 8$ (one squaring more than `op_norm_upper_bound`, whose bound on $X$ is loose by up to
     $r^{1/2^{k+2}}$ there: 1% at $r = 128$). Loose where the
     spectrum is spread (all singular values 1/2 give 1): there use `op_norm_upper_bound`."""
-    half = 0.5 * torch.eye(X.shape[-1], dtype=X.dtype, device=X.device)
-    E = X.mT @ X - half
+    return _near_unit_bound(X.mT @ X, squarings)
+
+
+def _near_unit_bound(P: torch.Tensor, squarings: int) -> torch.Tensor:
+    """`near_unit_bound` from the Gram matrix $P = X^\top X$."""
+    E = P - 0.5 * torch.eye(P.shape[-1], dtype=P.dtype, device=P.device)
     log_e, zero = log_eigenvalue_bound(E @ E, squarings)
     beta = (torch.where(zero, torch.zeros_like(log_e), log_e.exp()) - 0.25).clamp_min(-0.25)
     return ((1 + (1 + 4 * beta).sqrt()) / 2).sqrt()
@@ -137,12 +146,13 @@ def scale_to_ball(X: torch.Tensor, bound: str = "schatten") -> torch.Tensor:
     0.1%), ``"both"`` (the smaller of the two: for a spectrum of either kind)."""
     if bound not in BOUNDS:
         raise ValueError(f"bound {bound!r}; valid: {', '.join(BOUNDS)}")
+    P = X.mT @ X  # one Gram product for either bound, or both
     if bound == "near_unit":
-        sigma = near_unit_bound(X)
+        sigma = _near_unit_bound(P, BOUND_SQUARINGS + 1)
     else:
-        sigma = op_norm_upper_bound(X)
+        sigma = _schatten_bound(P, BOUND_SQUARINGS)
         if bound == "both":
-            sigma = torch.minimum(sigma, near_unit_bound(X))
+            sigma = torch.minimum(sigma, _near_unit_bound(P, BOUND_SQUARINGS + 1))
     sigma = sigma * rounding_margin(X)
     return X / torch.where(sigma == 0, torch.ones_like(sigma), sigma)[..., None, None]
 
