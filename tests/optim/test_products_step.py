@@ -1,6 +1,7 @@
 """A whole `ManifoldMuon` step with a products-only solver dispatches no matrix decomposition: neither the
 direction (`projected_tangent`, `split_tangent`) nor the retraction (Stiefel's and DGram's products-only paths near the
-manifold); the exact solver's step does (the counter sees them)."""
+manifold); the exact solver's step does (the counter sees them). Training's default (no solver named) is
+products-only on Stiefel matrices: a step of only those dispatches none either."""
 
 from __future__ import annotations
 
@@ -12,10 +13,10 @@ from geomtrain.optim import ManifoldMuon
 from manifolds import DGram, Stiefel
 
 
-def _decompositions_of_a_step(solver: str) -> tuple[dict, int]:
+def _decompositions_of_a_step(solver: str | None, kinds=(Stiefel, DGram)) -> tuple[dict, int]:
     gen = torch.Generator().manual_seed(0)
     groups, params = [], []
-    for manifold in (Stiefel(), DGram()):  # model-like shapes, tall and wide (mini's 512x128 and 128x384)
+    for manifold in (kind() for kind in kinds):  # model-like shapes, tall and wide (mini's 512x128 and 128x384)
         ps = [torch.nn.Parameter(manifold.random(*s, generator=gen)) for s in ((512, 128), (128, 384))]
         groups.append({"params": ps, "manifold": manifold})
         params += ps
@@ -35,6 +36,11 @@ def _decompositions_of_a_step(solver: str) -> tuple[dict, int]:
 @pytest.mark.parametrize("solver", ["projected_tangent", "split_tangent"])
 def test_a_products_only_step_calls_no_decomposition(solver):
     decompositions, fallbacks = _decompositions_of_a_step(solver)
+    assert decompositions == {} and fallbacks == 0, (decompositions, fallbacks)
+
+
+def test_the_default_step_on_stiefel_matrices_calls_no_decomposition():
+    decompositions, fallbacks = _decompositions_of_a_step(None, kinds=(Stiefel,))
     assert decompositions == {} and fallbacks == 0, (decompositions, fallbacks)
 
 
