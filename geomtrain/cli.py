@@ -116,6 +116,10 @@ def _config_flag(p: argparse.ArgumentParser, f: dataclasses.Field) -> None:
     default = f.default if f.default is not dataclasses.MISSING else None
     model_default = f.name in ("max_iters", "batch_size", "warmup_iters", "eval_interval", "eval_iters")
     help_text = f"(default: {default!r}{', or the model' + chr(39) + 's' if model_default else ''})"
+    if f.name == "muon_solver":
+        from .optim import describe_default, solver_names
+
+        help_text = f"solver of every Muon matrix: {', '.join(solver_names())} (default: {describe_default()})"
     if kind is bool:
         p.add_argument(flag, action=argparse.BooleanOptionalAction, default=None, help=help_text)
         return

@@ -340,15 +340,14 @@ def parse_solver_options(entries: Sequence[str], solver: str | None = None, what
     (`geomtrain.optim.check_solver_options`) is a one-line ``ValueError`` naming the valid keys or values."""
     import torch
 
-    from .optim import SOLVER_OPTIONS, TRAINING_DEFAULTS, check_solver_options
+    from .optim import SOLVER_OPTIONS, check_solver_options, describe_default
 
     if solver is None:
         if not entries:
             return {}
-        picks = ", ".join(f"{s} on {kind} matrices" for kind, s in TRAINING_DEFAULTS.items())
         raise ValueError(
-            f"{what} need a solver to belong to: the default picks one per manifold kind ({picks}, exact on the "
-            "others); name one, e.g. muon_solver=exact"
+            f"{what} need a solver to belong to: the default picks one per manifold kind ({describe_default()}); "
+            "name one, e.g. muon_solver=exact"
         )
     valid = {k: v for k, v in SOLVER_OPTIONS[solver].items() if k not in ("dual", "trace")}
     out = {}

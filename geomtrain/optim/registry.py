@@ -37,6 +37,7 @@ __all__ = [
     "REFERENCE_SOLVER",
     "TRAINING_DEFAULTS",
     "default_solver",
+    "describe_default",
 ]
 
 REFERENCE_SOLVER = "exact"  # the certified optimum: `spectral_direction`'s default, and training's where
@@ -60,6 +61,12 @@ def default_solver(manifold: GramManifold) -> str:
     """The solver training uses on a matrix of ``manifold`` when none is named: `TRAINING_DEFAULTS` by its
     mask kind (``split_tangent`` for Stiefel), else `REFERENCE_SOLVER` (``exact``)."""
     return TRAINING_DEFAULTS.get(mask_kind(manifold), REFERENCE_SOLVER)
+
+
+def describe_default() -> str:
+    """Training's default in words, for messages: ``"split_tangent on stiefel matrices, exact on the others"``."""
+    picks = [f"{solver} on {kind} matrices" for kind, solver in TRAINING_DEFAULTS.items()]
+    return ", ".join([*picks, f"{REFERENCE_SOLVER} on the others"])
 
 
 def _unknown(name: object) -> str:

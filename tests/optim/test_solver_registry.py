@@ -13,6 +13,8 @@ from geomtrain.optim import (
     ManifoldMuon,
     Solver,
     StateSlot,
+    default_solver,
+    describe_default,
     get_solver,
     register_solver,
     solver_names,
@@ -20,7 +22,30 @@ from geomtrain.optim import (
     unregister_solver,
 )
 from geomtrain.optim.solver import OPTION_RULES
-from manifolds import Stiefel
+from manifolds import DGram, Euclidean, Oblique, Stiefel
+from manifolds.base import GramManifold
+
+
+def test_training_default_is_split_tangent_on_stiefel_and_exact_elsewhere():
+    class StiefelLike(Stiefel):  # keeps Stiefel's mask: its closed forms, and its default
+        pass
+
+    class Diagonal(GramManifold):  # a custom mask
+        def project_gram(self, H):
+            return torch.diag_embed(H.diagonal(dim1=-2, dim2=-1))
+
+    picks = {m: default_solver(m()) for m in (Stiefel, StiefelLike, DGram, Oblique, Euclidean, Diagonal)}
+    assert picks == {
+        Stiefel: "split_tangent",
+        StiefelLike: "split_tangent",
+        DGram: "exact",
+        Oblique: "exact",
+        Euclidean: "exact",
+        Diagonal: "exact",
+    }
+    assert describe_default() == "split_tangent on stiefel matrices, exact on the others"
+    W = Stiefel().projx(torch.randn(16, 4))
+    assert ManifoldMuon([{"params": [torch.nn.Parameter(W)], "manifold": Stiefel()}]).param_groups[0]["solver"] is None
 
 
 def test_built_in_names_and_the_gram_newton_alias():
