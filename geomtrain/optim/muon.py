@@ -304,8 +304,10 @@ class ManifoldMuon(torch.optim.Optimizer):
         check_solver_options(solver, group["solver_options"])  # the values, before the first step
 
     def _setup_group(self, group: dict) -> None:
-        """Check a param group and resolve each parameter's manifold and the solver of a group without one
-        (`default_solver`, by the manifold's kind): once, here, never at step time."""
+        """Check a param group, resolve each parameter's manifold (once, here, never at step time) and check the
+        group's ``solver_options`` against its solver or, without one, against every solver the default will
+        pick for its matrices (`default_solver`; `MatrixItem.solver` derives the pick at step time from the
+        group and that manifold)."""
         self._check_group(group)
         manifolds = [self._resolve(group, p) for p in group["params"]]
         for p, m in zip(group["params"], manifolds):
