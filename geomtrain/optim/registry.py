@@ -188,6 +188,7 @@ _BUILTINS = (
     ("baselines", "PUBLISHED"),
     ("projected_tangent", "SOLVER"),
     ("split_tangent", "SOLVER"),
+    ("filled_split", "SOLVER"),
     ("dual_ascent", "SOLVER"),
     ("admm", "SOLVER"),
 )

@@ -27,6 +27,8 @@ no certificate. On Oblique, whose columns are not orthogonal, it is ``projected_
 
 from __future__ import annotations
 
+from typing import NamedTuple
+
 import torch
 
 from manifolds import GramManifold
@@ -39,7 +41,7 @@ from .products import check_products_kind, feasible_stats, scale_to_ball
 from .projected_tangent import projected_tangent_direction
 from .solver import Solver, is_int
 
-__all__ = ["OPTIONS", "SOLVER", "split_tangent_direction", "solve_split_tangent"]
+__all__ = ["OPTIONS", "SOLVER", "SplitParts", "split_parts", "split_tangent_direction", "solve_split_tangent"]
 
 # 6 Polar Express steps: 5 leave singular values up to 1.1 and down to 0.7, which the bounds then cut (a 15%
 # certified gap on training's matrices); 6 reach the gap of 8 (5% on Stiefel's c_attn, 8% on a DGram MLP)
@@ -54,9 +56,19 @@ def square_by_admm(kind: str, opts: dict) -> bool:
     return bool(opts["sub_steps"]) and kind == "dgram"
 
 
-def split_tangent_direction(manifold: GramManifold, W: torch.Tensor, G: torch.Tensor, opts: dict) -> torch.Tensor:
-    r"""$A$ above for tall ``(..., m, n)`` on Stiefel or DGram (``opts``: ``rounds``, ``msign``, ``msign_steps``,
-    ``msign_dtype``)."""
+class SplitParts(NamedTuple):
+    r"""The split of $\hat G$ at $W = UD$: ``U``, $H = U^\top \hat G$, the square part's direction $K$ (tangent at
+    $D$, $\|K\|_{\mathrm{op}} \le 1$) and the complement $R = \hat G - UH$."""
+
+    U: torch.Tensor
+    H: torch.Tensor
+    K: torch.Tensor
+    R: torch.Tensor
+
+
+def split_parts(manifold: GramManifold, W: torch.Tensor, G: torch.Tensor, opts: dict) -> SplitParts:
+    """`SplitParts` for tall ``(..., m, n)`` on Stiefel or DGram: $K$ by ``sub_steps`` ADMM steps on DGram, else the
+    square problem's ``projected_tangent`` direction (``rounds`` rounds)."""
     Gn, _ = normalise(G)
     d = W.norm(dim=-2)
     U = W / torch.where(d == 0, torch.ones_like(d), d)[..., None, :]
@@ -67,7 +79,13 @@ def split_tangent_direction(manifold: GramManifold, W: torch.Tensor, G: torch.Te
         K, _ = admm_direction(manifold, D, H, None, sub, bound="both")
     else:  # on Stiefel K = msign(skew H), the square optimum: its singular values are 0 or 1
         K = projected_tangent_direction(manifold, D, H, opts, bound="near_unit" if kind == "stiefel" else "both")
-    R = Gn - U @ H
+    return SplitParts(U, H, K, Gn - U @ H)
+
+
+def split_tangent_direction(manifold: GramManifold, W: torch.Tensor, G: torch.Tensor, opts: dict) -> torch.Tensor:
+    r"""$A$ above for tall ``(..., m, n)`` on Stiefel or DGram (``opts``: ``rounds``, ``msign``, ``msign_steps``,
+    ``msign_dtype``)."""
+    U, H, K, R = split_parts(manifold, W, G, opts)
     if W.shape[-2] > W.shape[-1]:
         B = msign_with(R, opts).to(W.dtype)
         B = scale_to_ball(B - U @ (U.mT @ B), bound="near_unit")
