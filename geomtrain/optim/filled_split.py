@@ -33,10 +33,11 @@ import torch
 from manifolds import GramManifold
 
 from .baselines import msign_with
-from .products import check_products_kind, feasible_stats, scale_to_ball
+from .numerics import normalise
+from .products import check_products_kind, feasible_stats, scale_to_ball, tangent_part
 from .projected_tangent import projected_tangent_direction
 from .solver import Solver, is_int
-from .split_tangent import KINDS, split_parts, square_by_admm
+from .split_tangent import KINDS, SplitParts, split_parts, square_by_admm
 from .split_tangent import OPTIONS as SPLIT_OPTIONS
 from .split_tangent import SOLVER as SPLIT
 
@@ -51,10 +52,11 @@ __all__ = [
     "solve_filled_split",
 ]
 
-# Degree 8: on a DGram MLP (512x128) the square part's share is 0.7-0.9, where sqrt(1 - a^2 (x+1)/2) has its
-# branch point 1.2-2 beyond [-1, 1]; degrees 6, 10 and 16 give the same certified gaps there (to 1e-3); the
-# final bound absorbs the interpolation error
-OPTIONS = {**SPLIT_OPTIONS, "degree": 8}
+# Degree 8: on a DGram MLP (512x128) the square part's share is 0.7-0.9, where degree 8 interpolates
+# sqrt(1 - a^2 (x+1)/2) on [-1, 1] to 1e-7-7e-6 (at share 1 to 0.06); degrees 6, 10 and 16 give the same certified
+# gaps there (to 1e-3); the final bound absorbs the interpolation error
+OPTIONS = {**SPLIT_OPTIONS, "degree": 8, "square": "split"}
+SQUARE = ("split", "joint")  # where the square part comes from: split_tangent's, or the joint msign's (joint_parts)
 GRID = 41  # shares alpha = 0, 0.025, ..., 1: the objective is flat near its maximum (+-0.05 moves the gap by < 0.003)
 
 
@@ -95,12 +97,25 @@ def chebyshev_matrix(X: torch.Tensor, a: torch.Tensor) -> torch.Tensor:
     return a[..., 0, :, :] * eye + X @ b1 - b2
 
 
+def joint_parts(manifold: GramManifold, W: torch.Tensor, G: torch.Tensor, opts: dict) -> SplitParts:
+    r"""`SplitParts` with the square part from the joint msign: $K = $ the tangent projection at $D$ of
+    $U^\top \operatorname{msign}(P_T \hat G)$, scaled into the unit ball (one $m \times n$ msign, no $n \times n$ one):
+    the span's share of a direction whose complement is solved with it, not apart."""
+    Gn, _ = normalise(G)
+    d = W.norm(dim=-2)
+    U = W / torch.where(d == 0, torch.ones_like(d), d)[..., None, :]
+    H = U.mT @ Gn
+    J = msign_with(tangent_part(manifold, W, Gn), opts).to(W.dtype)
+    K = scale_to_ball(tangent_part(manifold, torch.diag_embed(d), U.mT @ J), bound="both")
+    return SplitParts(U, H, K, Gn - U @ H)
+
+
 def filled_split_direction(
     manifold: GramManifold, W: torch.Tensor, G: torch.Tensor, opts: dict
 ) -> tuple[torch.Tensor, torch.Tensor]:
     r"""``(A, alpha)`` above for tall ``(..., m, n)`` on Stiefel or DGram, ``alpha`` the square part's share
     ``(...)`` (1 on a square matrix)."""
-    U, H, K, R = split_parts(manifold, W, G, opts)
+    U, H, K, R = joint_parts(manifold, W, G, opts) if opts["square"] == "joint" else split_parts(manifold, W, G, opts)
     if W.shape[-2] == W.shape[-1]:  # square: no complement (R is rounding)
         return U @ K, torch.ones(W.shape[:-2], dtype=W.dtype, device=W.device)
     Q = msign_with(R, opts).to(W.dtype)
@@ -131,7 +146,10 @@ def solve_filled_split(
         A = projected_tangent_direction(manifold, T, G, opts)
         return A, feasible_stats(manifold, T, G, A, opts["rounds"], opts), None
     A, _ = filled_split_direction(manifold, T, G, opts)
-    square = 1 + 2 * opts["sub_steps"] if square_by_admm(kind, opts) else opts["rounds"]
+    if opts["square"] == "joint":
+        square = 1  # the joint m x n msign
+    else:
+        square = 1 + 2 * opts["sub_steps"] if square_by_admm(kind, opts) else opts["rounds"]
     return A, feasible_stats(manifold, T, G, A, square + 1, opts), None
 
 
@@ -142,6 +160,7 @@ SOLVER = Solver(
     rules={
         **SPLIT.rules,
         "degree": (lambda v: is_int(v) and v >= 2, "an integer >= 2 (the Chebyshev degree of the fill)"),
+        "square": (lambda v: v in SQUARE, f"one of {', '.join(SQUARE)}"),
     },
     summary="products only: split_tangent's square part at its best share; the complement fills the rest",
 )

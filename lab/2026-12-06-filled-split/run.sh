@@ -7,7 +7,7 @@
 #
 #   lab/2026-12-06-filled-split/run.sh [STEP ...]      # from the repository root; default: every step
 #
-# Steps: hetero all-dgram hetero-inv directions compare
+# Steps: hetero all-dgram hetero-inv hetero-joint directions compare
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 GEOMTRAIN=${GEOMTRAIN:-.venv/bin/geomtrain}
@@ -19,6 +19,9 @@ for step in "${@:-hetero all-dgram hetero-inv directions compare}"; do for s in 
     hetero) study hetero --presets hetero --set 'muon_solver_rules=*.mlp.*=filled_split' ;;  # DGram MLP
     all-dgram) study all-dgram --presets all-dgram --set muon_solver=filled_split ;;
     hetero-inv) study hetero-inv --presets hetero-inv --set 'muon_solver_rules=*.attn.*=filled_split' ;;  # DGram attention
+    hetero-joint)  # the square part from the joint msign (square=joint), on the DGram MLP
+        study hetero-joint --presets hetero --set 'muon_solver_rules=*.mlp.*=filled_split' \
+            --set muon_solver_options=square=joint ;;
     directions) mkdir -p "$here/results"
         .venv/bin/python "$here/directions.py" "$out/hetero/runs/hetero/s0/ckpt.pt" --out "$here/results/directions-hetero-s0.md"
         .venv/bin/python "$here/directions.py" "$out/all-dgram/runs/all-dgram/s0/ckpt.pt" \
@@ -27,5 +30,5 @@ for step in "${@:-hetero all-dgram hetero-inv directions compare}"; do for s in 
         for d in "$out"/*/; do n=$(basename "$d"); [ -f "$d/summary.json" ] || continue
             mkdir -p "$here/results/$n"; cp "$d"/{results.md,summary.json,study.json} "$here/results/$n/"; done
         .venv/bin/python "$here/table.py" --out "$here/results/table.md" ;;
-    *) echo "unknown step $s; valid: hetero all-dgram hetero-inv directions compare" >&2; exit 2 ;;
+    *) echo "unknown step $s; valid: hetero all-dgram hetero-inv hetero-joint directions compare" >&2; exit 2 ;;
 esac; done; done

@@ -1,0 +1,164 @@
+"""Solver ``filled_split``: feasible by construction, at least split_tangent's objective, the whole spectral budget."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+from products_checks import (
+    FORBIDDEN,
+    MANIFOLDS,
+    SHAPES,
+    count_operators,
+    exact_optimum,
+    feasibility,
+    objective_ratio,
+    problem,
+)
+
+from geomtrain.optim import spectral_direction
+from geomtrain.optim.filled_split import (
+    OPTIONS,
+    chebyshev_matrix,
+    chebyshev_moments,
+    filled_split_direction,
+    sqrt_coefficients,
+)
+from geomtrain.optim.split_tangent import split_tangent_direction
+
+# as for split_tangent (test_split_tangent.py): float32 rounding of L_W(A) is < 1e-6 at these sizes, so 1e-5
+# leaves a factor 10; ||A||_op <= 1 up to float32 SVD's own error
+TANGENT_TOL, OP_TOL = 1e-5, 1e-6
+SPLIT = ("stiefel", "dgram")
+EXACT_MSIGN = {**OPTIONS, "msign": "svd"}
+
+
+def symmetric_spectrum(n: int, low: float, high: float, seed: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """``(M, eigenvalues, eigenvectors)``: a float64 symmetric ``n x n`` matrix with eigenvalues spread in [low, high]."""
+    g = torch.Generator().manual_seed(seed)
+    V, _ = torch.linalg.qr(torch.randn(n, n, dtype=torch.float64, generator=g))
+    lam = low + (high - low) * torch.rand(n, dtype=torch.float64, generator=g)
+    return (V * lam) @ V.mT, lam, V
+
+
+@pytest.mark.parametrize("alpha", [0.0, 0.5, 0.8, 0.9])
+def test_the_fill_is_the_matrix_square_root(alpha):
+    # Chebyshev interpolation of sqrt(1 - a^2 (x+1)/2) on [-1, 1]: the branch point sits at b = 2/a^2 - 1 (1.47
+    # at a = 0.9), inside a Bernstein ellipse of radius rho = b + sqrt(b^2 - 1) >= 2.5, so degree 24 is exact to
+    # about rho^-24 <= 2e-10 (measured on a grid: 5e-13); checked against the eigendecomposition's square root
+    n = 24
+    M, lam, V = symmetric_spectrum(n, 0.0, 1.0, seed=1)
+    X = 2 * M - torch.eye(n, dtype=torch.float64)
+    P = chebyshev_matrix(X, sqrt_coefficients(torch.tensor(alpha, dtype=torch.float64), 24))
+    want = (V * (1 - alpha**2 * lam).sqrt()) @ V.mT
+    assert torch.allclose(P, want, atol=1e-10)
+
+
+def test_the_fill_at_alpha_one_is_close():
+    # a = 1: the branch point is the interval's end; degree 8 is then accurate to 0.06 only (measured), near
+    # eigenvalue 1, where the direction's final bound absorbs it
+    M, lam, V = symmetric_spectrum(16, 0.0, 1.0, seed=2)
+    X = 2 * M - torch.eye(16, dtype=torch.float64)
+    P = chebyshev_matrix(X, sqrt_coefficients(torch.tensor(1.0, dtype=torch.float64), 8))
+    assert torch.allclose(P, (V * (1 - lam).clamp_min(0).sqrt()) @ V.mT, atol=0.1)
+
+
+def test_moments_are_traces_of_chebyshev_polynomials():
+    # tr(S T_j(X)) with T_j(cos t) = cos(j t), through X's eigendecomposition
+    n, degree = 20, 7
+    M, lam, V = symmetric_spectrum(n, -1.0, 1.0, seed=3)
+    S, _, _ = symmetric_spectrum(n, 0.0, 2.0, seed=4)
+    mu = chebyshev_moments(S, M, degree)
+    t = torch.arccos(lam.clamp(-1, 1))
+    want = torch.stack([torch.trace(S @ ((V * torch.cos(j * t)) @ V.mT)) for j in range(degree + 1)])
+    assert mu.shape == (degree + 1,) and torch.allclose(mu, want, atol=1e-10)
+
+
+def test_coefficients_are_batched_per_alpha():
+    alphas = torch.tensor([[0.1, 0.7], [0.3, 1.0]], dtype=torch.float64)
+    table = sqrt_coefficients(alphas, 6)
+    assert table.shape == (2, 2, 7)
+    assert torch.allclose(table[1, 0], sqrt_coefficients(torch.tensor(0.3, dtype=torch.float64), 6))
+    # at a = 0 the function is 1: the constant term alone
+    assert torch.allclose(sqrt_coefficients(torch.tensor(0.0), 6), torch.eye(7, dtype=torch.float64)[0], atol=1e-14)
+
+
+@pytest.mark.parametrize("kind", SPLIT)
+@pytest.mark.parametrize("shape", SHAPES)
+def test_feasible_and_at_least_split_tangent(kind, shape):
+    W, G = problem(kind, *shape, seed=sum(shape))
+    A, alpha = filled_split_direction(MANIFOLDS[kind](), W, G, dict(OPTIONS))
+    residual, op = feasibility(kind, W, A)
+    assert residual < TANGENT_TOL and op <= 1 + OP_TOL, (residual, op)
+    opt, gap = exact_optimum(kind, W, G)
+    split = objective_ratio(G, split_tangent_direction(MANIFOLDS[kind](), W, G, dict(OPTIONS)), opt)
+    # the split's angle is one point of the search (its K scaled by c/r, its complement scaled by f/r, is
+    # below the fill at that share), so the filled direction is at least as good, up to the grid's spacing
+    # and the fill's interpolation (measured: 0.93-0.99 of OPT here, against 0.90-0.99)
+    assert split - 2e-3 <= objective_ratio(G, A, opt) <= 1 + gap + 1e-5
+    assert 0.0 <= float(alpha) <= 1.0
+
+
+@pytest.mark.parametrize("kind", SPLIT)
+def test_every_singular_value_near_one_on_tall_matrices(kind):
+    # A^T A = a^2 K^T K + P Q^T Q P = I where the complement has full column rank (m - n >= n here): with exact
+    # msigns the only shortfall is the fill's interpolation (< 1e-3 at degree 8 for a <= 0.9) and the bound's
+    # slack (~1e-3), so every singular value is within 1% of 1, where split_tangent's DGram ones spread (its
+    # shared angle: 0.94-1.00 on this problem, 0.85-1.00 on a trained DGram MLP)
+    W, G = problem(kind, 96, 24, seed=6)
+    W, G = W.double(), G.double()
+    A, alpha = filled_split_direction(MANIFOLDS[kind](), W, G, EXACT_MSIGN)
+    s = torch.linalg.svdvals(A)
+    assert float(alpha) < 0.95 and s.min() > 0.99 and s.max() <= 1 + 1e-12, (float(alpha), s.min(), s.max())
+    if kind == "dgram":
+        assert torch.linalg.svdvals(split_tangent_direction(MANIFOLDS[kind](), W, G, EXACT_MSIGN)).min() < 0.95
+
+
+@pytest.mark.parametrize("kind", SPLIT)
+def test_square_is_split_tangent(kind):
+    # no complement: the whole budget is the square part's, split_tangent's direction
+    W, G = problem(kind, 32, 32, seed=7)
+    A, alpha = filled_split_direction(MANIFOLDS[kind](), W, G, dict(OPTIONS))
+    assert float(alpha) == 1.0
+    assert torch.allclose(A, split_tangent_direction(MANIFOLDS[kind](), W, G, dict(OPTIONS)), atol=1e-6)
+
+
+@pytest.mark.parametrize("kind", SPLIT)
+def test_zero_gradient_gives_zero(kind):
+    W, _ = problem(kind, 48, 16, seed=1)
+    A, _ = filled_split_direction(MANIFOLDS[kind](), W, torch.zeros_like(W), dict(OPTIONS))
+    assert torch.equal(A, torch.zeros_like(W))
+
+
+def test_batched_equals_one_by_one():
+    pairs = [problem("dgram", 40, 8, seed=s) for s in range(3)]
+    W, G = torch.stack([p[0] for p in pairs]), torch.stack([p[1] for p in pairs])
+    A, alpha = filled_split_direction(MANIFOLDS["dgram"](), W, G, dict(OPTIONS))
+    assert alpha.shape == (3,)
+    for i, (Wi, Gi) in enumerate(pairs):
+        Ai, ai = filled_split_direction(MANIFOLDS["dgram"](), Wi, Gi, dict(OPTIONS))
+        assert torch.allclose(A[i], Ai, atol=1e-6) and math.isclose(float(alpha[i]), float(ai))
+
+
+@pytest.mark.parametrize("kind", list(MANIFOLDS))
+def test_products_only(kind):
+    W, G = problem(kind, 96, 32, seed=5)
+    with count_operators() as counts:
+        _, stats = spectral_direction(MANIFOLDS[kind](), W, G, solver="filled_split")
+    assert not set(counts) & set(FORBIDDEN), counts
+    assert counts["bmm"] + counts["mm"] > 0  # the counter sees the solve
+    assert int(stats.evaluations) == (1 if kind == "oblique" else 2)  # msigns: Oblique is projected_tangent's one
+
+
+def test_oblique_is_projected_tangent():
+    W, G = problem("oblique", 40, 10, seed=8)
+    A, _ = spectral_direction(MANIFOLDS["oblique"](), W, G, solver="filled_split", msign_steps=6)
+    B, _ = spectral_direction(MANIFOLDS["oblique"](), W, G, solver="projected_tangent", msign_steps=6)
+    assert torch.equal(A, B)
+
+
+def test_degree_is_validated():
+    W, G = problem("dgram", 24, 8, seed=9)
+    with pytest.raises(ValueError, match="degree"):
+        spectral_direction(MANIFOLDS["dgram"](), W, G, solver="filled_split", degree=1)
