@@ -19,9 +19,9 @@ for step in "${@:-hetero all-dgram hetero-inv directions compare}"; do for s in 
     hetero) study hetero --presets hetero --set 'muon_solver_rules=*.mlp.*=filled_split' ;;  # DGram MLP
     all-dgram) study all-dgram --presets all-dgram --set muon_solver=filled_split ;;
     hetero-inv) study hetero-inv --presets hetero-inv --set 'muon_solver_rules=*.attn.*=filled_split' ;;  # DGram attention
-    hetero-joint)  # the square part from the joint msign (square=joint), on the DGram MLP
-        study hetero-joint --presets hetero --set 'muon_solver_rules=*.mlp.*=filled_split' \
-            --set muon_solver_options=square=joint ;;
+    hetero-joint)  # the square part from the joint msign (square=joint), on every matrix (a solver's options are
+        # the group's, so per-module rules cannot give it to the DGram MLP alone)
+        study hetero-joint --presets hetero --set muon_solver=filled_split --set muon_solver_options=square=joint ;;
     directions) mkdir -p "$here/results"
         .venv/bin/python "$here/directions.py" "$out/hetero/runs/hetero/s0/ckpt.pt" --out "$here/results/directions-hetero-s0.md"
         .venv/bin/python "$here/directions.py" "$out/all-dgram/runs/all-dgram/s0/ckpt.pt" \
