@@ -176,7 +176,8 @@ class ManifoldMuon(torch.optim.Optimizer):
             ($0.2\sqrt{\max(\text{rows}, \text{cols})}$) or ``"none"``, for Euclidean matrices.
         msign_method: the matrix sign of Euclidean matrices (default Polar Express; ``"keller_jordan"``
             with ``msign_dtype=torch.bfloat16`` is ``torch.optim.Muon``'s).
-        msign_steps: its iterations (default 5).
+        msign_steps: its iterations. Default ``None``: 5 on Euclidean matrices (as Muon), and on manifold
+            matrices each solver's own default (``split_tangent``: 6); a number sets both.
         msign_dtype: its compute dtype (default: the parameter's).
         manifold: the manifold of groups that do not set one (default ``None``: from a geoopt
             ``ManifoldParameter``, else Euclidean).
@@ -199,7 +200,7 @@ class ManifoldMuon(torch.optim.Optimizer):
         warm_start: bool = True,
         shape_scale: str = "muon",
         msign_method: str = "polar_express",
-        msign_steps: int = 5,
+        msign_steps: int | None = None,
         msign_dtype: torch.dtype | None = None,
         manifold: GramManifold | None = None,
         certify_every: int = 0,
@@ -251,7 +252,7 @@ class ManifoldMuon(torch.optim.Optimizer):
         if group["msign_method"] not in MSIGN_METHODS:
             raise ValueError(f"unknown msign_method {group['msign_method']!r}; valid: {', '.join(MSIGN_METHODS)}")
         for name in ("msign_steps", "msign_dtype"):  # the rules of the solver options of the same names
-            must = solver_option_rule(name, group[name])
+            must = None if group[name] is None else solver_option_rule(name, group[name])
             if must is not None:
                 raise ValueError(f"{name} must be {must}; got {group[name]!r}")
         if group["solver"] is not None:

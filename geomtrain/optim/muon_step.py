@@ -271,8 +271,9 @@ def batched_directions(batch: list[MatrixItem], certify_now: bool) -> tuple[torc
         return A, {"msign_calls": ones, "residual": torch.zeros(len(U)), "converged": ones}, sizes
     W = torch.cat([_stacked(it.p.detach().as_subclass(torch.Tensor)) for it in batch])
     spec = get_solver(batch[0].solver)
+    # the optimizer's msign settings replace the solver's own where they are set (None: the solver's default)
     opts = {"msign": g0["msign_method"], "msign_steps": g0["msign_steps"], "msign_dtype": g0["msign_dtype"]}
-    opts = {k: v for k, v in opts.items() if k in spec.options and spec.optimizer_msign}
+    opts = {k: v for k, v in opts.items() if v is not None and k in spec.options and spec.optimizer_msign}
     opts.update(g0["solver_options"])
     opts.update(warm_options(batch, spec))
     A, ds = spectral_direction(m, W, U, solver=spec, **opts)

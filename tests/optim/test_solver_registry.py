@@ -137,6 +137,27 @@ def test_a_registered_solver_works_everywhere(counting_solver):
     }
 
 
+def test_the_optimizer_keeps_a_solvers_own_msign_steps_unless_it_names_them():
+    # ManifoldMuon(msign_steps=None), the default, leaves each solver its own msign iterations (split_tangent's 6);
+    # a number replaces them (and a checkpoint's saved number comes back with it)
+    seen = []
+
+    def spy(manifold, W, G, state, options):
+        seen.append(options["msign_steps"])
+        return _scaled_tangent(manifold, W, G, None, {**options, "shrink": 1.0})[:2] + (None,)
+
+    register_solver(Solver(name="spy", solve=spy, options={**get_solver("tangent").options, "msign_steps": 7}))
+    try:
+        p = torch.nn.Parameter(Stiefel().projx(torch.randn(16, 4)))
+        for steps, want in ((None, 7), (5, 5)):
+            p.grad = torch.randn_like(p)
+            ManifoldMuon([dict(params=[p], manifold=Stiefel())], solver="spy", msign_steps=steps).step()
+            assert seen[-1] == want, (steps, seen)
+    finally:
+        unregister_solver("spy")
+    assert get_solver("split_tangent").options["msign_steps"] == 6
+
+
 def test_old_configs_and_checkpoints_that_say_gram_newton_still_load():
     assert TrainConfig(muon_solver="gram_newton").validate().muon_solver == "gram_newton"
     assert TrainConfig(muon_solver=None).validate().muon_solver is None
