@@ -35,7 +35,7 @@ EXACT_MSIGN = {**OPTIONS, "msign": "svd"}
 
 
 def symmetric_spectrum(n: int, low: float, high: float, seed: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """``(M, eigenvalues, eigenvectors)``: a float64 symmetric ``n x n`` matrix with eigenvalues spread in [low, high]."""
+    """``(M, eigenvalues, eigenvectors)``: a float64 symmetric ``n x n`` matrix, eigenvalues spread in [low, high]."""
     g = torch.Generator().manual_seed(seed)
     V, _ = torch.linalg.qr(torch.randn(n, n, dtype=torch.float64, generator=g))
     lam = low + (high - low) * torch.rand(n, dtype=torch.float64, generator=g)
