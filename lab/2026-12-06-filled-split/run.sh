@@ -7,7 +7,7 @@
 #
 #   lab/2026-12-06-filled-split/run.sh [STEP ...]      # from the repository root; default: every step
 #
-# Steps: hetero all-dgram hetero-inv hetero-joint hetero-steps6 hetero-joint6 directions compare
+# Steps: hetero all-dgram hetero-inv hetero-joint hetero-steps6 hetero-joint6 hetero-refine1 directions compare
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 GEOMTRAIN=${GEOMTRAIN:-.venv/bin/geomtrain}
@@ -28,6 +28,9 @@ for step in "${@:-hetero all-dgram hetero-inv directions compare}"; do for s in 
     hetero-joint6)  # square=joint at 6 Polar Express steps, on every matrix
         study hetero-joint6 --presets hetero --set muon_solver=filled_split \
             --set 'muon_solver_options=square=joint;msign_steps=6' ;;
+    hetero-refine1)  # one damped fixed-point step on the multiplier after the fill (refine=1), on every matrix; from
+        # here on the library leaves the solver its own 6 Polar Express steps
+        study hetero-refine1 --presets hetero --set muon_solver=filled_split --set muon_solver_options=refine=1 ;;
     directions) mkdir -p "$here/results"
         .venv/bin/python "$here/directions.py" "$out/hetero/runs/hetero/s0/ckpt.pt" --out "$here/results/directions-hetero-s0.md"
         .venv/bin/python "$here/directions.py" "$out/all-dgram/runs/all-dgram/s0/ckpt.pt" \
@@ -36,6 +39,6 @@ for step in "${@:-hetero all-dgram hetero-inv directions compare}"; do for s in 
         for d in "$out"/*/; do n=$(basename "$d"); [ -f "$d/summary.json" ] || continue
             mkdir -p "$here/results/$n"; cp "$d"/{results.md,summary.json,study.json} "$here/results/$n/"; done
         .venv/bin/python "$here/table.py" --out "$here/results/table.md" ;;
-    *) echo "unknown step $s; valid: hetero all-dgram hetero-inv hetero-joint hetero-steps6 hetero-joint6 directions compare" >&2
+    *) echo "unknown step $s; valid: hetero all-dgram hetero-inv hetero-joint hetero-steps6 hetero-joint6 hetero-refine1 directions compare" >&2
         exit 2 ;;
 esac; done; done
