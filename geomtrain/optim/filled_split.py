@@ -22,6 +22,13 @@ $n^3$ products once and a scalar table per grid value, and $P_\alpha$ itself (Cl
 msign's rounding. Tangent to rounding (the constraint sees only $K$); on a square matrix there is no complement and
 $A = UK$, `split_tangent`'s direction; on Oblique it is ``projected_tangent``'s. Cost: `split_tangent`'s msigns,
 $2\,$``degree`` $n \times n$ products, two $mn^2$ ones more. No state, no certificate.
+
+Two options take the square part closer to the optimum's. ``square="joint"``: $K$ from the joint msign of the
+tangent part, $P_{T_D}(U^\top \operatorname{msign}(P_T \hat G))$ (`joint_square_part`), in place of the square
+problem solved apart: one $m \times n$ msign instead of an $n \times n$ one. ``refine`` $= k$: $k$ damped
+fixed-point steps on the multiplier $\Lambda$ of the optimum $A^\star = \operatorname{msign}(\hat G - W\Lambda^\star)$
+(`filled_split_direction`), each one joint msign and the fill again. On a trained DGram MLP (512x128) the
+certified gap is 0.04 (default), 0.023 (``square="joint"``), 0.015 (``refine=1``), 0.011 (joint, ``refine=2``).
 """
 
 from __future__ import annotations
