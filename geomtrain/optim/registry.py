@@ -44,9 +44,10 @@ REFERENCE_SOLVER = "exact"  # the certified optimum: `spectral_direction`'s defa
 # TRAINING_DEFAULTS names no solver for a manifold kind
 # Training's default per manifold kind (`geomtrain.optim.gram.mask_kind`), chosen by training: 3 seeds paired
 # with exact at the main study's settings, final val loss within +0.005 of exact on every preset
-# (lab/2026-12-06-split-tangent). No products-only solver qualified for DGram: on hetero's DGram MLP
-# split_tangent costs +0.015, so DGram (and Oblique, not selected) keep exact.
-TRAINING_DEFAULTS: Mapping[str, str] = MappingProxyType({"stiefel": "split_tangent"})
+# (lab/2026-12-06-split-tangent). On DGram split_tangent costs hetero +0.015 (its DGram MLP); filled_split with one
+# refinement step (its default) +0.002 on hetero's first seeds (lab/2026-12-06-filled-split). Oblique (not selected)
+# keeps exact.
+TRAINING_DEFAULTS: Mapping[str, str] = MappingProxyType({"stiefel": "split_tangent", "dgram": "filled_split"})
 _NAME = re.compile(r"[a-z0-9_\-]+")
 _SOLVERS: dict[str, Solver] = {}
 _ALIASES: dict[str, str] = {}

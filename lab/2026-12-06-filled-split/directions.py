@@ -23,7 +23,12 @@ from geomtrain.optim.filled_split import OPTIONS, filled_split_direction
 from manifolds import DGram, Stiefel, msign
 from manifolds.base import to_tall
 
-ARMS = ("split_tangent", "filled_split")
+ARMS = {  # name -> spectral_direction's solver and options (each solver's own 6 Polar Express steps)
+    "split_tangent": {"solver": "split_tangent"},
+    "filled_split": {"solver": "filled_split"},
+    "filled_split square=joint": {"solver": "filled_split", "square": "joint"},
+    "filled_split refine=1": {"solver": "filled_split", "refine": 1},
+}
 
 
 def matmul_flops(fn, *args, **kwargs) -> int:
@@ -54,14 +59,15 @@ def main() -> None:
             A_star, _ = spectral_direction(manifold, W.double(), G.double(), solver="exact", tol=1e-9, max_iter=300)
             unit = matmul_flops(msign, G, "polar_express", steps=5)
             kind = f"{group['manifold_name']} {'attn' if '.attn.' in name else 'mlp'} {tuple(W.shape)}"
-            share = float(filled_split_direction(manifold, W, G, dict(OPTIONS))[1])
-            for arm in ARMS:
-                A, _ = spectral_direction(manifold, W, G, solver=arm)
+            for arm, kw in ARMS.items():
+                A, _ = spectral_direction(manifold, W, G, **kw)
                 gap, _ = certify(manifold, W[None].double(), G[None].double(), A[None].double())
-                cost = matmul_flops(spectral_direction, manifold, W, G, solver=arm) / unit
+                cost = matmul_flops(spectral_direction, manifold, W, G, **kw) / unit
+                options = {**OPTIONS, **{k: v for k, v in kw.items() if k != "solver"}}
+                share = float(filled_split_direction(manifold, W, G, options)[1])
                 low = float(torch.linalg.svdvals(A.double()).min())
                 length = float(A.double().norm() / A_star.norm())
-                rows[(kind, arm)].append((float(gap[0]), length, low, share if arm == "filled_split" else None, cost))
+                rows[(kind, arm)].append((float(gap[0]), length, low, share, cost))
     lines = [
         f"Checkpoint: `{args.checkpoint}` (step {ck['step']}); float32 solves, float64 references.",
         "",
@@ -70,7 +76,7 @@ def main() -> None:
     ]
     for (kind, arm), vals in sorted(rows.items()):
         gap, length, low, share, cost = zip(*vals)
-        shares = summary(list(share), 3) if arm == "filled_split" else "-"
+        shares = summary(list(share), 3) if arm.startswith("filled_split") else "-"
         lines.append(
             f"| {kind} ({len(vals)}) | {arm} | {summary(list(gap), 3)} | {summary(list(length), 3)} | "
             f"{summary(list(low), 2)} | {shares} | {summary(list(cost), 1)} |"
