@@ -128,6 +128,20 @@ def set_rng_state(state: dict) -> None:
         torch.cuda.set_rng_state_all(state["cuda"])
 
 
+def continue_with(saved_assigned: list[tuple], first: tuple) -> str:
+    """How to resume a run whose Muon solvers differ from today's: ``muon_solver=S`` where the checkpoint has one
+    solver on every Muon matrix, else its solvers per manifold kind and a ``muon_solver_rules`` example."""
+    by_kind: dict[str, set] = {}
+    for _, optimizer, manifold, solver in saved_assigned:
+        if optimizer == "muon":
+            by_kind.setdefault(manifold, set()).add(solver)
+    solvers = set().union(*by_kind.values())
+    if len(solvers) == 1:
+        return f"a run begun with {solvers.pop()} everywhere continues with muon_solver={first[3]}"
+    listed = ", ".join(f"{'/'.join(sorted(s))} on {kind} matrices" for kind, s in by_kind.items())
+    return f"its solvers are {listed}: name them again with muon_solver_rules, e.g. {first[0]}={first[3]}"
+
+
 def check_same_run(ckpt: dict, model_cfg: dict, assignments) -> None:
     """`CheckpointError` when ``ckpt`` is of another model shape (naming the keys), manifold assignment
     or Muon solver than ``model_cfg`` (a dict) and ``assignments``."""
@@ -146,8 +160,8 @@ def check_same_run(ckpt: dict, model_cfg: dict, assignments) -> None:
         first = next(((s, n) for s, n in zip(saved_assigned, assigned) if s != n), None)
         where = f": {first[0][0]} has {first[0][1:]} in the checkpoint, {first[1][1:]} now" if first else ""
         hint = ""
-        if first and first[0][:3] == first[1][:3] and first[0][3] == "exact":  # only a solver differs
-            hint = "; a run begun with exact continues with muon_solver=exact (since the default is per manifold kind)"
+        if first and first[0][:3] == first[1][:3]:  # only a solver differs: say how to name the saved ones again
+            hint = "; " + continue_with(saved_assigned, first[0])
         raise CheckpointError(
             "the checkpoint has another manifold assignment or Muon solver (preset, rules, muon_solver or "
             f"muon_solver_rules changed){where} (optimizer, manifold, solver){hint}"

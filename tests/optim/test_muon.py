@@ -164,7 +164,7 @@ def _make_opt(model):
     return ManifoldMuon(
         [
             {"params": [model["st"]], "manifold": Stiefel()},  # the default: split_tangent, no warm-start state
-            {"params": [model["dg"]], "manifold": DGram(), "solver_options": {"tol": 1e-5}},  # exact, warm-started
+            {"params": [model["dg"]], "manifold": DGram(), "solver": "exact", "solver_options": {"tol": 1e-5}},  # warm
             {"params": [model["ob"]], "manifold": Oblique(), "solver": "tangent"},
             {"params": [model["eu"]], "weight_decay": 0.1},
         ],
@@ -363,7 +363,7 @@ def test_a_non_finite_warm_start_state_is_never_kept(monkeypatch):
     gen = seeded(21)
     a = torch.nn.Parameter(DGram().random(12, 6, generator=gen))
     b = torch.nn.Parameter(DGram().random(12, 6, generator=gen))
-    opt = ManifoldMuon([{"params": [a, b], "manifold": DGram()}], lr=0.01)
+    opt = ManifoldMuon([{"params": [a, b], "manifold": DGram()}], lr=0.01, solver="exact")  # warm-started
     original = muon_module.spectral_direction
 
     def poisoned_state(m, W, U, **opts):
@@ -520,12 +520,18 @@ def test_torch_muon_conventions_reproduce_torch_optim_muon(adjust_lr_fn, shape_s
 
 
 def test_last_stats_name_the_matrices_whose_direction_was_polished():
-    # max_iter=1 on the DGram group: its direction cannot converge and is polished; the Stiefel one converges
+    # max_iter=1 on the exact DGram group: its direction cannot converge and is polished; the Stiefel one converges
     model = _make_model()
     opt = ManifoldMuon(
         [
             {"params": [model["st"]], "manifold": Stiefel(), "param_names": ["st"]},
-            {"params": [model["dg"]], "manifold": DGram(), "solver_options": {"max_iter": 1}, "param_names": ["dg"]},
+            {
+                "params": [model["dg"]],
+                "manifold": DGram(),
+                "solver": "exact",
+                "solver_options": {"max_iter": 1},
+                "param_names": ["dg"],
+            },
         ],
         lr=0.03,
     )

@@ -169,20 +169,25 @@ def test_resume_that_changes_a_solver_is_refused_even_when_config_changes_are_al
 
 
 def test_without_a_solver_each_kind_gets_its_default_and_an_exact_checkpoint_names_the_way_on(data_dir):
-    # muon_solver unset: split_tangent on the Stiefel attention, exact on the DGram MLP, written into the
-    # assignment (so the table and the checkpoint name it). A checkpoint of a run begun with exact everywhere
-    # (the default before it was per kind) is refused in one line that says how to continue it.
+    # muon_solver unset: split_tangent on the Stiefel attention, filled_split on the DGram MLP, written into the
+    # assignment (so the table and the checkpoint name it). A checkpoint of a run begun with other solvers (exact
+    # everywhere, the first default; or exact on the DGram matrices, the second) is refused in one line that
+    # says how to continue it.
     from geomtrain.sharding import CheckpointError
     from geomtrain.train import Trainer
 
     trainer = Trainer(tiny_config(data_dir, preset="hetero"))
     picked = {a.manifold_name: a.solver for a in trainer.assignments if a.optimizer == "muon"}
-    assert picked == {"stiefel": "split_tangent", "dgram": "exact"}
+    assert picked == {"stiefel": "split_tangent", "dgram": "filled_split"}
     exact = Trainer(tiny_config(data_dir, preset="hetero", muon_solver="exact")).state_dict()
     with pytest.raises(CheckpointError, match=r"c_attn.weight has .*'exact'.*'split_tangent'.*muon_solver=exact") as e:
         trainer.load_state_dict(exact)
     assert "\n" not in str(e.value)
     Trainer(tiny_config(data_dir, preset="hetero", muon_solver="exact")).load_state_dict(exact)
+    mixed = Trainer(tiny_config(data_dir, preset="hetero", muon_solver_rules=["*.mlp.*=exact"])).state_dict()
+    hint = r"mlp.c_fc.weight has .*'exact'.*'filled_split'.*its solvers are split_tangent on stiefel matrices, "
+    with pytest.raises(CheckpointError, match=hint + r"exact on dgram matrices: .*muon_solver_rules, e\.g\. .*=exact"):
+        trainer.load_state_dict(mixed)
 
 
 def test_checkpoint_without_solvers_in_its_assignment_still_loads(data_dir):
