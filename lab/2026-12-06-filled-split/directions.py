@@ -25,9 +25,12 @@ from manifolds.base import to_tall
 
 ARMS = {  # name -> spectral_direction's solver and options (each solver's own 6 Polar Express steps)
     "split_tangent": {"solver": "split_tangent"},
-    "filled_split": {"solver": "filled_split"},
-    "filled_split square=joint": {"solver": "filled_split", "square": "joint"},
-    "filled_split refine=1": {"solver": "filled_split", "refine": 1},
+    "filled_split refine=0": {"solver": "filled_split", "refine": 0},
+    "filled_split square=joint refine=0": {"solver": "filled_split", "square": "joint", "refine": 0},
+    "filled_split (refine=1, its default)": {"solver": "filled_split", "refine": 1},
+    # what training ran before cc61981: ManifoldMuon's 5 Polar Express steps in place of the solvers' 6
+    "split_tangent msign_steps=5": {"solver": "split_tangent", "msign_steps": 5},
+    "filled_split refine=0 msign_steps=5": {"solver": "filled_split", "refine": 0, "msign_steps": 5},
 }
 
 

@@ -32,7 +32,8 @@ for step in "${@:-hetero all-dgram hetero-inv directions compare}"; do for s in 
         # here on the library leaves the solver its own 6 Polar Express steps
         study hetero-refine1 --presets hetero --set muon_solver=filled_split --set muon_solver_options=refine=1 ;;
     directions) mkdir -p "$here/results"
-        .venv/bin/python "$here/directions.py" "$out/hetero/runs/hetero/s0/ckpt.pt" --out "$here/results/directions-hetero-s0.md"
+        .venv/bin/python "$here/directions.py" "$out/hetero-refine1/runs/hetero/s0/ckpt.pt" \
+            --out "$here/results/directions-hetero-refine1-s0.md"
         .venv/bin/python "$here/directions.py" "$out/all-dgram/runs/all-dgram/s0/ckpt.pt" \
             --out "$here/results/directions-all-dgram-s0.md" ;;
     compare) mkdir -p "$here/results"
