@@ -215,9 +215,9 @@ def spectral_direction(
         G: gradient or momentum, shaped like ``W``, finite.
         solver: a registered name (`solver_names`) or a `Solver`: ``"exact"`` (default here, alias
             ``"gram_newton"``: converged, scale-invariant, warm-startable, certified; training's default is
-            per manifold kind, `default_solver`), ``"split_tangent"`` (products only), ``"tangent"`` (one
-            msign of the tangent-projected $G$) or ``"published"`` (the paper's dual ascent as published:
-            not scale-invariant, 20 bf16 msign calls).
+            per manifold kind, `default_solver`), ``"split_tangent"``, ``"filled_split"`` (products only),
+            ``"tangent"`` (one msign of the tangent-projected $G$) or ``"published"`` (the paper's dual ascent as
+            published: not scale-invariant, 20 bf16 msign calls).
         **options: solver options; see ``SOLVER_OPTIONS[solver]`` for names and defaults, and the
             warm-start state (`DirectionStats.state`) under its `StateSlot` options.
             ``exact``: ``tol`` (RMS tangent residual to stop at: absolute, in the units of $W$, so a

@@ -181,7 +181,8 @@ def solve_filled_split(
         square = 1  # the joint m x n msign
     else:
         square = 1 + 2 * opts["sub_steps"] if square_by_admm(kind, opts) else opts["rounds"]
-    return A, feasible_stats(manifold, T, G, A, square + 1 + int(opts["refine"]), opts), None
+    tall = T.shape[-2] > T.shape[-1]  # a square matrix has no complement to fill nor refine: its square part alone
+    return A, feasible_stats(manifold, T, G, A, square + (1 + int(opts["refine"])) * int(tall), opts), None
 
 
 SOLVER = Solver(

@@ -168,7 +168,7 @@ class ManifoldMuon(torch.optim.Optimizer):
         solver: a registered solver (`geomtrain.optim.registry`): ``"exact"`` (alias ``"gram_newton"``),
             ``"split_tangent"``, ``"tangent"``, ``"published"``, ... or one a user registered. Default
             ``None``: per matrix, by its manifold's kind (`geomtrain.optim.default_solver`): the
-            products-only ``"split_tangent"`` on Stiefel, ``"exact"`` on the others.
+            products-only ``"split_tangent"`` on Stiefel, ``"filled_split"`` on DGram, ``"exact"`` on the others.
         solver_options: options for `spectral_direction` (``tol``, ``max_iter``, ...); with ``solver``
             ``None`` they must be valid for every solver the default picks for the group's matrices.
         warm_start: start each solve from the matrix's previous dual variable.

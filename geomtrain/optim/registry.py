@@ -1,10 +1,11 @@
 r"""The solver registry: one place that turns a name (``"exact"``, ``"tangent"``) into a `Solver`.
 
 Built in: ``exact`` (the reference: `geomtrain.optim.gram_newton`, certified; ``gram_newton`` is an alias
-that old configs, run folders and checkpoints use), the products-only ``split_tangent``,
+that old configs, run folders and checkpoints use), the products-only ``split_tangent``, ``filled_split``,
 ``projected_tangent``, ``dual_ascent`` and ``admm``, and ``tangent`` and ``published``
 (`geomtrain.optim.baselines`). What training uses by default is per manifold kind, `default_solver`:
-``split_tangent`` on Stiefel matrices, ``exact`` on the others (chosen by training loss against exact,
+``split_tangent`` on Stiefel matrices, ``filled_split`` on DGram ones, ``exact`` on the others (chosen by training
+loss against exact,
 docs/manifold-muon.md, *Chosen by training*). A new solver is one module defining ``SOLVER = Solver(...)`` (see
 `geomtrain.optim.solver`) and one call ``register_solver(SOLVER)``: built-in ones are listed in
 ``_BUILTINS`` below, a user's anywhere before the optimizer is built. Everything that lists or
@@ -65,7 +66,7 @@ def default_solver(manifold: GramManifold) -> str:
 
 
 def describe_default() -> str:
-    """Training's default in words, for messages: ``"split_tangent on stiefel matrices, exact on the others"``."""
+    """Training's default in words, for messages: ``"split_tangent on stiefel matrices, ..., exact on the others"``."""
     picks = [f"{solver} on {kind} matrices" for kind, solver in TRAINING_DEFAULTS.items()]
     return ", ".join([*picks, f"{REFERENCE_SOLVER} on the others"])
 

@@ -101,15 +101,17 @@ def split_tangent_direction(manifold: GramManifold, W: torch.Tensor, G: torch.Te
 def solve_split_tangent(
     manifold: GramManifold, T: torch.Tensor, G: torch.Tensor, state: dict | None, opts: dict
 ) -> tuple[torch.Tensor, dict, None]:
-    """The solver's entry (``(B, m, n)`` tall batches): the direction and its statistics (``rounds`` + 1 msigns);
-    on Oblique (and Euclidean) matrices, whose columns need not be orthogonal, ``projected_tangent``'s."""
+    """The solver's entry (``(B, m, n)`` tall batches): the direction and its statistics (``rounds`` + 1 msigns, a
+    square matrix ``rounds``); on Oblique (and Euclidean) matrices, whose columns need not be orthogonal,
+    ``projected_tangent``'s."""
     kind = check_products_kind(manifold, "split_tangent")
     if kind not in KINDS:  # Oblique: columns not orthogonal, no split
         A = projected_tangent_direction(manifold, T, G, opts)
         return A, feasible_stats(manifold, T, G, A, opts["rounds"], opts), None
     A = split_tangent_direction(manifold, T, G, opts)
     square = 1 + 2 * opts["sub_steps"] if square_by_admm(kind, opts) else opts["rounds"]
-    return A, feasible_stats(manifold, T, G, A, square + 1, opts), None
+    tall = T.shape[-2] > T.shape[-1]  # a square matrix has no complement: no msign for it
+    return A, feasible_stats(manifold, T, G, A, square + int(tall), opts), None
 
 
 SOLVER = Solver(

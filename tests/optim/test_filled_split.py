@@ -122,6 +122,8 @@ def test_square_is_split_tangent(kind):
     A, alpha = filled_split_direction(MANIFOLDS[kind](), W, G, dict(OPTIONS))
     assert float(alpha) == 1.0
     assert torch.allclose(A, split_tangent_direction(MANIFOLDS[kind](), W, G, dict(OPTIONS)), atol=1e-6)
+    for solver in ("filled_split", "split_tangent"):  # the square part's one msign, counted as such
+        assert int(spectral_direction(MANIFOLDS[kind](), W, G, solver=solver)[1].evaluations) == 1, solver
 
 
 @pytest.mark.parametrize("kind", SPLIT)
