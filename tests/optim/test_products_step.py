@@ -1,7 +1,7 @@
 """A whole `ManifoldMuon` step with a products-only solver dispatches no matrix decomposition: neither the
 direction (`projected_tangent`, `split_tangent`) nor the retraction (Stiefel's and DGram's products-only paths near the
 manifold); the exact solver's step does (the counter sees them). Training's default (no solver named) is
-products-only on Stiefel matrices: a step of only those dispatches none either."""
+products-only on Stiefel and DGram matrices: its step dispatches none either."""
 
 from __future__ import annotations
 
@@ -33,14 +33,14 @@ def _decompositions_of_a_step(solver: str | None, kinds=(Stiefel, DGram)) -> tup
 
 
 @pytest.mark.slow  # about 1.3 s: three steps of four model-sized matrices
-@pytest.mark.parametrize("solver", ["projected_tangent", "split_tangent"])
+@pytest.mark.parametrize("solver", ["projected_tangent", "split_tangent", "filled_split"])
 def test_a_products_only_step_calls_no_decomposition(solver):
     decompositions, fallbacks = _decompositions_of_a_step(solver)
     assert decompositions == {} and fallbacks == 0, (decompositions, fallbacks)
 
 
-def test_the_default_step_on_stiefel_matrices_calls_no_decomposition():
-    decompositions, fallbacks = _decompositions_of_a_step(None, kinds=(Stiefel,))
+def test_the_default_step_calls_no_decomposition():
+    decompositions, fallbacks = _decompositions_of_a_step(None)
     assert decompositions == {} and fallbacks == 0, (decompositions, fallbacks)
 
 
