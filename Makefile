@@ -19,7 +19,7 @@ docs: setup
 THREADS ?= $(shell n=$$(nproc 2>/dev/null || echo 1); if [ $$n -le 4 ]; then echo 1; else echo $$((n / 2)); fi)
 
 # The main job: prepare the offline corpus (with an 8k BPE vocabulary trained on its train split,
-# so the small model's LM head stays cheap on CPU) and train the `hetero` preset (about 4 minutes
+# so the small model's LM head stays cheap on CPU) and train the `hetero` preset (about 2 minutes
 # on a 2-core CPU). --overwrite: a second `make demo` replaces the first demo run.
 demo: setup
 	OMP_NUM_THREADS=$(THREADS) .venv/bin/geomtrain prepare --tokenizer bpe8k
