@@ -7,7 +7,7 @@
 #
 #   lab/2026-12-06-filled-split/run.sh [STEP ...]      # from the repository root; default: every step
 #
-# Steps: hetero all-dgram hetero-inv hetero-joint hetero-steps6 hetero-joint6 hetero-refine1 directions compare
+# Steps: hetero all-dgram hetero-inv hetero-joint hetero-steps6 hetero-joint6 hetero-refine1 joint6-rest directions compare
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 GEOMTRAIN=${GEOMTRAIN:-.venv/bin/geomtrain}
@@ -31,6 +31,11 @@ for step in "${@:-hetero all-dgram hetero-inv directions compare}"; do for s in 
     hetero-refine1)  # one damped fixed-point step on the multiplier after the fill (refine=1), on every matrix; from
         # here on the library leaves the solver its own 6 Polar Express steps
         study hetero-refine1 --presets hetero --set muon_solver=filled_split --set muon_solver_options=refine=1 ;;
+    joint6-rest)  # square=joint without refinement (hetero-joint6's solver) on the two DGram-attention presets
+        study all-dgram-joint6 --presets all-dgram --set muon_solver=filled_split \
+            --set 'muon_solver_options=square=joint;refine=0'
+        study hetero-inv-joint6 --presets hetero-inv --set muon_solver=filled_split \
+            --set 'muon_solver_options=square=joint;refine=0' ;;
     directions) mkdir -p "$here/results"
         .venv/bin/python "$here/directions.py" "$out/hetero-refine1/runs/hetero/s0/ckpt.pt" \
             --out "$here/results/directions-hetero-refine1-s0.md"
@@ -40,6 +45,6 @@ for step in "${@:-hetero all-dgram hetero-inv directions compare}"; do for s in 
         for d in "$out"/*/; do n=$(basename "$d"); [ -f "$d/summary.json" ] || continue
             mkdir -p "$here/results/$n"; cp "$d"/{results.md,summary.json,study.json} "$here/results/$n/"; done
         .venv/bin/python "$here/table.py" --out "$here/results/table.md" ;;
-    *) echo "unknown step $s; valid: hetero all-dgram hetero-inv hetero-joint hetero-steps6 hetero-joint6 hetero-refine1 directions compare" >&2
+    *) echo "unknown step $s; valid: hetero all-dgram hetero-inv hetero-joint hetero-steps6 hetero-joint6 hetero-refine1 joint6-rest directions compare" >&2
         exit 2 ;;
 esac; done; done
