@@ -55,7 +55,10 @@ ROWS = (
     ),
     ("filled_split square=joint, 5 steps, every matrix", {"hetero": "hetero-joint"}),
     ("filled_split, 6 steps, every matrix", {"hetero": "hetero-steps6"}),
-    ("filled_split square=joint, 6 steps, every matrix", {"hetero": "hetero-joint6"}),
+    (
+        "filled_split square=joint, 6 steps, every matrix",
+        {"hetero": "hetero-joint6", "all-dgram": "all-dgram-joint6", "hetero-inv": "hetero-inv-joint6"},
+    ),
     ("filled_split refine=1, 6 steps, every matrix", {"hetero": "hetero-refine1"}),
 )
 
