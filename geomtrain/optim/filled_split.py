@@ -40,11 +40,10 @@ import torch
 from manifolds import GramManifold
 
 from .baselines import msign_with
-from .numerics import normalise
 from .products import check_products_kind, feasible_stats, normal_multiplier, scale_to_ball, tangent_part
 from .projected_tangent import projected_tangent_direction
 from .solver import Solver, is_int
-from .split_tangent import KINDS, split_parts, square_by_admm
+from .split_tangent import KINDS, split_basis, square_msigns, square_part
 from .split_tangent import OPTIONS as SPLIT_OPTIONS
 from .split_tangent import SOLVER as SPLIT
 
@@ -68,7 +67,7 @@ OPTIONS = {**SPLIT_OPTIONS, "degree": 8, "square": "split", "refine": 1}
 # The damping of a refinement step: 0.5 and 0.7 take the certified gap of a trained DGram MLP's joint direction from
 # 0.022 to 0.011-0.012 in one step, 0.3 to 0.015; two steps at 0.5 reach 0.009, at 0.7 0.011 (exact msigns)
 REFINE_DAMPING = 0.5
-SQUARE = ("split", "joint")  # where the square part comes from: split_tangent's, or the joint msign's (joint_parts)
+SQUARE = ("split", "joint")  # where the square part comes from: split_tangent's, or a joint msign's (joint_square_part)
 GRID = 41  # shares alpha = 0, 0.025, ..., 1: the objective is flat near its maximum (+-0.05 moves the gap by < 0.003)
 
 
@@ -140,30 +139,27 @@ def filled_split_direction(
     $\Lambda \leftarrow (1 - w)\Lambda + w\,(N(\hat G) - N(AZ))$ ($N$ = `normal_multiplier`, $w$ = ``REFINE_DAMPING``;
     the optimum has $\hat G - W\Lambda^\star = A^\star Z^\star$, whose normal part is this equation), then $K$ from
     the joint msign of $\hat G - W\Lambda$ and the fill again: one $m \times n$ msign each."""
+    Gn, U, H = split_basis(W, G)
     if opts["square"] == "joint":
-        Gn, _ = normalise(G)
-        d = W.norm(dim=-2)
-        U = W / torch.where(d == 0, torch.ones_like(d), d)[..., None, :]
-        H = U.mT @ Gn
-        K, R = joint_square_part(manifold, W, U, tangent_part(manifold, W, Gn), opts), Gn - U @ H
+        K = joint_square_part(manifold, W, U, tangent_part(manifold, W, Gn), opts)
     else:
-        U, H, K, R = split_parts(manifold, W, G, opts)
+        K = square_part(manifold, W, H, opts)
     if W.shape[-2] == W.shape[-1]:  # square: no complement (R is rounding)
         return U @ K, torch.ones(W.shape[:-2], dtype=W.dtype, device=W.device)
+    R = Gn - U @ H
     Q = msign_with(R, opts).to(W.dtype)
     Q = Q - U @ (U.mT @ Q)
     S = Q.mT @ R
-    A, alpha = fill(U, H, K, Q, (S + S.mT) / 2, int(opts["degree"]))
-    if opts["refine"]:
-        Gn = normalise(G)[0]
-        base = normal_multiplier(manifold, W, Gn)
-        lam = base
-        for _ in range(int(opts["refine"])):
-            Z = A.mT @ (Gn - W @ lam)
-            target = base - normal_multiplier(manifold, W, A @ ((Z + Z.mT) / 2))
-            lam = (1 - REFINE_DAMPING) * lam + REFINE_DAMPING * target
-            K = joint_square_part(manifold, W, U, Gn - W @ lam, opts)
-            A, alpha = fill(U, H, K, Q, (S + S.mT) / 2, int(opts["degree"]))
+    S = (S + S.mT) / 2
+    A, alpha = fill(U, H, K, Q, S, int(opts["degree"]))
+    base = normal_multiplier(manifold, W, Gn) if opts["refine"] else None  # Lambda's start: A = msign(P_T G)
+    lam = base
+    for _ in range(int(opts["refine"])):
+        Z = A.mT @ (Gn - W @ lam)
+        target = base - normal_multiplier(manifold, W, A @ ((Z + Z.mT) / 2))
+        lam = (1 - REFINE_DAMPING) * lam + REFINE_DAMPING * target
+        K = joint_square_part(manifold, W, U, Gn - W @ lam, opts)
+        A, alpha = fill(U, H, K, Q, S, int(opts["degree"]))
     return A, alpha
 
 
@@ -177,10 +173,7 @@ def solve_filled_split(
         A = projected_tangent_direction(manifold, T, G, opts)
         return A, feasible_stats(manifold, T, G, A, opts["rounds"], opts), None
     A, _ = filled_split_direction(manifold, T, G, opts)
-    if opts["square"] == "joint":
-        square = 1  # the joint m x n msign
-    else:
-        square = 1 + 2 * opts["sub_steps"] if square_by_admm(kind, opts) else opts["rounds"]
+    square = 1 if opts["square"] == "joint" else square_msigns(kind, opts)  # joint: one m x n msign
     tall = T.shape[-2] > T.shape[-1]  # a square matrix has no complement to fill nor refine: its square part alone
     return A, feasible_stats(manifold, T, G, A, square + (1 + int(opts["refine"])) * int(tall), opts), None
 

@@ -41,7 +41,17 @@ from .products import check_products_kind, feasible_stats, scale_to_ball
 from .projected_tangent import projected_tangent_direction
 from .solver import Solver, is_int
 
-__all__ = ["OPTIONS", "SOLVER", "SplitParts", "split_parts", "split_tangent_direction", "solve_split_tangent"]
+__all__ = [
+    "OPTIONS",
+    "SOLVER",
+    "SplitParts",
+    "split_basis",
+    "square_part",
+    "square_msigns",
+    "split_parts",
+    "split_tangent_direction",
+    "solve_split_tangent",
+]
 
 # 6 Polar Express steps: 5 leave singular values up to 1.1 and down to 0.7, which the bounds then cut (a 15%
 # certified gap on training's matrices); 6 reach the gap of 8 (5% on Stiefel's c_attn, 8% on a DGram MLP)
@@ -56,6 +66,11 @@ def square_by_admm(kind: str, opts: dict) -> bool:
     return bool(opts["sub_steps"]) and kind == "dgram"
 
 
+def square_msigns(kind: str, opts: dict) -> int:
+    """The msigns of the square part (`square_part`): ``1 + 2 sub_steps`` by ADMM, else ``rounds``."""
+    return 1 + 2 * opts["sub_steps"] if square_by_admm(kind, opts) else opts["rounds"]
+
+
 class SplitParts(NamedTuple):
     r"""The split of $\hat G$ at $W = UD$: ``U``, $H = U^\top \hat G$, the square part's direction $K$ (tangent at
     $D$, $\|K\|_{\mathrm{op}} \le 1$) and the complement $R = \hat G - UH$."""
@@ -66,20 +81,30 @@ class SplitParts(NamedTuple):
     R: torch.Tensor
 
 
-def split_parts(manifold: GramManifold, W: torch.Tensor, G: torch.Tensor, opts: dict) -> SplitParts:
-    """`SplitParts` for tall ``(..., m, n)`` on Stiefel or DGram: $K$ by ``sub_steps`` ADMM steps on DGram, else the
-    square problem's ``projected_tangent`` direction (``rounds`` rounds)."""
+def split_basis(W: torch.Tensor, G: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    r"""``(Ĝ, U, H)`` for tall ``(..., m, n)`` $W = UD$ with orthogonal columns: $\hat G = G / \|G\|_F$, the unit
+    columns $U$ (a zero column stays zero) and $H = U^\top \hat G$."""
     Gn, _ = normalise(G)
     d = W.norm(dim=-2)
     U = W / torch.where(d == 0, torch.ones_like(d), d)[..., None, :]
-    H = U.mT @ Gn
-    D, kind = torch.diag_embed(d), mask_kind(manifold)
+    return Gn, U, U.mT @ Gn
+
+
+def square_part(manifold: GramManifold, W: torch.Tensor, H: torch.Tensor, opts: dict) -> torch.Tensor:
+    r"""$K$, the square problem's direction at $D = \operatorname{diag}(\|w_i\|)$ for $H$: ``sub_steps`` ADMM steps
+    on DGram, else its ``projected_tangent`` direction (``rounds`` rounds)."""
+    D, kind = torch.diag_embed(W.norm(dim=-2)), mask_kind(manifold)
     if square_by_admm(kind, opts):
         sub = {**opts, "steps": opts["sub_steps"], "threshold": SUB_THRESHOLD}
-        K, _ = admm_direction(manifold, D, H, None, sub, bound="both")
-    else:  # on Stiefel K = msign(skew H), the square optimum: its singular values are 0 or 1
-        K = projected_tangent_direction(manifold, D, H, opts, bound="near_unit" if kind == "stiefel" else "both")
-    return SplitParts(U, H, K, Gn - U @ H)
+        return admm_direction(manifold, D, H, None, sub, bound="both")[0]
+    # on Stiefel K = msign(skew H), the square optimum: its singular values are 0 or 1
+    return projected_tangent_direction(manifold, D, H, opts, bound="near_unit" if kind == "stiefel" else "both")
+
+
+def split_parts(manifold: GramManifold, W: torch.Tensor, G: torch.Tensor, opts: dict) -> SplitParts:
+    """`SplitParts` for tall ``(..., m, n)`` on Stiefel or DGram (`split_basis`, `square_part`)."""
+    Gn, U, H = split_basis(W, G)
+    return SplitParts(U, H, square_part(manifold, W, H, opts), Gn - U @ H)
 
 
 def split_tangent_direction(manifold: GramManifold, W: torch.Tensor, G: torch.Tensor, opts: dict) -> torch.Tensor:
@@ -109,9 +134,8 @@ def solve_split_tangent(
         A = projected_tangent_direction(manifold, T, G, opts)
         return A, feasible_stats(manifold, T, G, A, opts["rounds"], opts), None
     A = split_tangent_direction(manifold, T, G, opts)
-    square = 1 + 2 * opts["sub_steps"] if square_by_admm(kind, opts) else opts["rounds"]
     tall = T.shape[-2] > T.shape[-1]  # a square matrix has no complement: no msign for it
-    return A, feasible_stats(manifold, T, G, A, square + int(tall), opts), None
+    return A, feasible_stats(manifold, T, G, A, square_msigns(kind, opts) + int(tall), opts), None
 
 
 SOLVER = Solver(
