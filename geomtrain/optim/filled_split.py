@@ -40,7 +40,18 @@ import torch
 from manifolds import GramManifold
 
 from .baselines import msign_with
-from .products import check_products_kind, feasible_stats, normal_multiplier, scale_to_ball, tangent_part
+from .numerics import sym
+from .products import (
+    GRAM_MSIGNS,
+    ball_factor,
+    check_products_kind,
+    feasible_stats,
+    gram_msign_factor,
+    gram_normal_multiplier,
+    normal_multiplier,
+    scale_to_ball,
+    tangent_part,
+)
 from .projected_tangent import projected_tangent_direction
 from .solver import Solver, is_int
 from .split_tangent import KINDS, split_basis, square_msigns, square_part
@@ -55,15 +66,18 @@ __all__ = [
     "chebyshev_moments",
     "chebyshev_matrix",
     "joint_square_part",
+    "best_share",
     "fill",
     "filled_split_direction",
+    "gram_joint_square_part",
+    "gram_filled_split_direction",
     "solve_filled_split",
 ]
 
 # Degree 8: on a DGram MLP (512x128) the square part's share is 0.7-0.9, where degree 8 interpolates
 # sqrt(1 - a^2 (x+1)/2) on [-1, 1] to 1e-7-7e-6 (at share 1 to 0.06); degrees 6, 10 and 16 give the same certified
 # gaps there (to 1e-3); the final bound absorbs the interpolation error
-OPTIONS = {**SPLIT_OPTIONS, "degree": 8, "square": "split", "refine": 1}
+OPTIONS = {**SPLIT_OPTIONS, "degree": 8, "square": "joint", "refine": 0}  # space="gram" from split_tangent
 # The damping of a refinement step: 0.5 and 0.7 take the certified gap of a trained DGram MLP's joint direction from
 # 0.022 to 0.011-0.012 in one step, 0.3 to 0.015; two steps at 0.5 reach 0.009, at 0.7 0.011 (exact msigns)
 REFINE_DAMPING = 0.5
@@ -108,26 +122,32 @@ def chebyshev_matrix(X: torch.Tensor, a: torch.Tensor) -> torch.Tensor:
     return a[..., 0, :, :] * eye + X @ b1 - b2
 
 
-def joint_square_part(manifold: GramManifold, W: torch.Tensor, U: torch.Tensor, Y: torch.Tensor, opts: dict):
+def joint_square_part(
+    manifold: GramManifold, W: torch.Tensor, U: torch.Tensor, Y: torch.Tensor, opts: dict, bound: str = "schatten"
+):
     r"""$K$ from a joint msign: the tangent projection at $D$ of $U^\top \operatorname{msign}(Y)$, scaled into the unit
     ball (one $m \times n$ msign): the span's share of a direction whose complement is solved with it, not apart."""
     J = msign_with(Y, opts).to(W.dtype)
-    return scale_to_ball(tangent_part(manifold, torch.diag_embed(W.norm(dim=-2)), U.mT @ J), bound="both")
+    return scale_to_ball(tangent_part(manifold, torch.diag_embed(W.norm(dim=-2)), U.mT @ J), bound=bound)
 
 
-def fill(U: torch.Tensor, H: torch.Tensor, K: torch.Tensor, Q: torch.Tensor, S: torch.Tensor, degree: int):
-    r"""``(A, alpha)``: $A = \alpha UK + QP_\alpha$ at the share $\alpha$ of ``GRID`` that maximises
-    $\alpha\langle H, K\rangle + \operatorname{tr}(SP_\alpha)$, scaled into the unit ball (module docstring)."""
-    eye = torch.eye(K.shape[-1], dtype=K.dtype, device=K.device)
-    X = 2 * (K.mT @ K) - eye
+def best_share(H: torch.Tensor, K: torch.Tensor, S: torch.Tensor, X: torch.Tensor, degree: int):
+    r"""``(alpha, a)``: the share $\alpha$ of ``GRID`` that maximises $\alpha\langle H, K\rangle + \operatorname{tr}
+    (SP_\alpha)$, $X = 2K^\top K - I$, and the Chebyshev coefficients ``(..., degree + 1)`` of its $P_\alpha$."""
     grid = torch.linspace(0.0, 1.0, GRID, dtype=torch.float64, device=K.device)
     table = sqrt_coefficients(grid, degree)  # (GRID, degree + 1)
     c = (H * K).sum(dim=(-2, -1)).double()
     value = c[..., None] * grid + chebyshev_moments(S, X, degree).double() @ table.mT  # (..., GRID)
     best = value.argmax(dim=-1)
-    alpha = grid[best].to(K.dtype)
-    A = alpha[..., None, None] * (U @ K) + Q @ chebyshev_matrix(X, table[best])
-    return scale_to_ball(A, bound="both"), alpha
+    return grid[best].to(K.dtype), table[best]
+
+
+def fill(U: torch.Tensor, H: torch.Tensor, K: torch.Tensor, Q: torch.Tensor, S: torch.Tensor, degree: int):
+    r"""``(A, alpha)``: $A = \alpha UK + QP_\alpha$ at the `best_share` $\alpha$ (module docstring), before the final
+    bound."""
+    X = 2 * (K.mT @ K) - torch.eye(K.shape[-1], dtype=K.dtype, device=K.device)
+    alpha, a = best_share(H, K, S, X, degree)
+    return alpha[..., None, None] * (U @ K) + Q @ chebyshev_matrix(X, a), alpha
 
 
 def filled_split_direction(
@@ -140,11 +160,12 @@ def filled_split_direction(
     the optimum has $\hat G - W\Lambda^\star = A^\star Z^\star$, whose normal part is this equation), then $K$ from
     the joint msign of $\hat G - W\Lambda$ and the fill again: one $m \times n$ msign each."""
     Gn, U, H = split_basis(W, G)
+    square = W.shape[-2] == W.shape[-1]  # no complement (R is rounding): K is the direction, its bound the tight one
     if opts["square"] == "joint":
-        K = joint_square_part(manifold, W, U, tangent_part(manifold, W, Gn), opts)
+        K = joint_square_part(manifold, W, U, tangent_part(manifold, W, Gn), opts, "both" if square else "schatten")
     else:
         K = square_part(manifold, W, H, opts)
-    if W.shape[-2] == W.shape[-1]:  # square: no complement (R is rounding)
+    if square:
         return U @ K, torch.ones(W.shape[:-2], dtype=W.dtype, device=W.device)
     R = Gn - U @ H
     Q = msign_with(R, opts).to(W.dtype)
@@ -160,7 +181,60 @@ def filled_split_direction(
         lam = (1 - REFINE_DAMPING) * lam + REFINE_DAMPING * target
         K = joint_square_part(manifold, W, U, Gn - W @ lam, opts)
         A, alpha = fill(U, H, K, Q, S, int(opts["degree"]))
-    return A, alpha
+    return scale_to_ball(A, bound="near_unit"), alpha  # the fill makes A's singular values 1: the tight bound
+
+
+def gram_joint_square_part(manifold: GramManifold, d: torch.Tensor, E: torch.Tensor, MR: torch.Tensor, opts: dict):
+    r"""``(K, K^T K)``: `joint_square_part` of $Y = UE + R$ ($U^\top R = 0$) from $n \times n$ matrices:
+    $Y^\top Y = E^\top E + R^\top R$ and $U^\top \operatorname{msign}(Y) = E\,F(Y^\top Y)$ (`gram_msign_factor`),
+    tangent at $D = \operatorname{diag}(d)$, scaled by the Schatten bound (the spectrum of $K$ is spread)."""
+    J = E @ gram_msign_factor(E.mT @ E + MR, opts["msign"], int(opts["msign_steps"]))
+    K = J - d[..., :, None] * gram_normal_multiplier(manifold, d * d, d[..., :, None] * J)  # tangent_part at D
+    P = K.mT @ K
+    f = ball_factor(P, K.shape[-2], "schatten")[..., None, None]
+    return K * f, P * (f * f)
+
+
+def gram_filled_split_direction(
+    manifold: GramManifold, W: torch.Tensor, G: torch.Tensor, opts: dict
+) -> tuple[torch.Tensor, torch.Tensor]:
+    r"""`filled_split_direction` with every msign in Gram space: after $H = U^\top \hat G$, $R = \hat G - UH$ and
+    $R^\top R$ (three $mn^2$ products) the work is $n \times n$, and $A = U(\alpha K) + RN$ costs two more, the
+    final bound one. $Q = R\,F(R^\top R)$ and $S = \operatorname{sym}(F(R^\top R)\,R^\top R)$; the joint msign of
+    $\hat G - W\Lambda = UE + R$, $E = H - D\Lambda$, is `gram_joint_square_part`; a refinement step has
+    $Z = \operatorname{sym}(\alpha K^\top E + N^\top R^\top R)$ and $W^\top AZ = D\alpha KZ$. The same direction
+    as the tall path to rounding (tested), at about a third of its products; $A$'s final bound is
+    ``"near_unit"`` (the fill makes its singular values 1). Works in float32 at least; a square matrix (no
+    complement) takes the tall path."""
+    if W.shape[-2] == W.shape[-1]:
+        return filled_split_direction(manifold, W, G, opts)
+    work = torch.promote_types(W.dtype, torch.float32)
+    Wf, Gn, degree = W.to(work), G.to(work), int(opts["degree"])
+    Gn, U, H = split_basis(Wf, Gn)
+    d = Wf.norm(dim=-2)
+    R = Gn - U @ H
+    MR, UR = R.mT @ R, U.mT @ R  # U^T R: rounding, but F(R^T R) amplifies it where R is near rank-deficient
+    FR = gram_msign_factor(MR, opts["msign"], int(opts["msign_steps"]))
+    S = sym(FR @ MR)
+    eye = torch.eye(W.shape[-1], dtype=work, device=W.device)
+    base = gram_normal_multiplier(manifold, d * d, d[..., :, None] * H)  # W^T G = D H: A = msign(P_T G)'s
+    lam = base
+    for step in range(int(opts["refine"]) + 1):
+        E = H - d[..., :, None] * lam  # U^T (G - W Lambda)
+        if step == 0 and opts["square"] == "split":
+            K = square_part(manifold, Wf, H, opts)
+            PK = K.mT @ K
+        else:
+            K, PK = gram_joint_square_part(manifold, d, E, MR, opts)
+        X = 2 * PK - eye
+        alpha, a = best_share(H, K, S, X, degree)
+        aK, N = alpha[..., None, None] * K, FR @ chebyshev_matrix(X, a)
+        if step < int(opts["refine"]):
+            Z = sym(aK.mT @ E + N.mT @ MR)
+            target = base - gram_normal_multiplier(manifold, d * d, d[..., :, None] * (aK @ Z))
+            lam = (1 - REFINE_DAMPING) * lam + REFINE_DAMPING * target
+    A = U @ (aK - UR @ N) + R @ N  # (I - UU^T) R N: the complement's part in the complement, as the tall Q's
+    return scale_to_ball(A, bound="near_unit").to(W.dtype), alpha.to(W.dtype)
 
 
 def solve_filled_split(
@@ -172,7 +246,8 @@ def solve_filled_split(
     if kind not in KINDS:  # Oblique: columns not orthogonal, no split
         A = projected_tangent_direction(manifold, T, G, opts)
         return A, feasible_stats(manifold, T, G, A, opts["rounds"], opts), None
-    A, _ = filled_split_direction(manifold, T, G, opts)
+    gram = opts["space"] == "gram" and opts["msign"] in GRAM_MSIGNS  # "svd" has no Gram form: the tall path
+    A, _ = (gram_filled_split_direction if gram else filled_split_direction)(manifold, T, G, opts)
     square = 1 if opts["square"] == "joint" else square_msigns(kind, opts)  # joint: one m x n msign
     tall = T.shape[-2] > T.shape[-1]  # a square matrix has no complement to fill nor refine: its square part alone
     return A, feasible_stats(manifold, T, G, A, square + (1 + int(opts["refine"])) * int(tall), opts), None

@@ -15,6 +15,9 @@ DGram, Oblique) at a point $W$ of the manifold (tall form) with column norms squ
   value stands apart. A power iteration gives a lower bound only, so it cannot make a direction safe.
 - **Feasibility fix** (`feasible_direction`): $A = P_T(X) / \bar\sigma$ with $\bar\sigma$ that
   bound times a rounding margin: tangent to rounding, $\|A\|_{\mathrm{op}} \le 1$ whatever $X$ was.
+- **msign in Gram space** (`gram_msign_factor`): an msign iteration $X_{k+1} = X_k\,q_k(X_k^\top X_k)$ keeps
+  $X_k = X F_k$ with $F_k$ a polynomial in $M = X^\top X$, so $F_{k+1} = F_k\,q_k(M_k)$,
+  $M_{k+1} = M_k\,q_k(M_k)^2$: the same msign from $M$ alone, $n^3$ products instead of $mn^2$ ones.
 """
 
 from __future__ import annotations
@@ -22,9 +25,10 @@ from __future__ import annotations
 import torch
 
 from manifolds import GramManifold
+from manifolds.matrix_sign import KELLER_JORDAN_COEFFICIENTS, KELLER_JORDAN_EPS, POLAR_EXPRESS_COEFFICIENTS
 
 from .gram import mask_kind, tangent_residual
-from .numerics import Trace, first_objective
+from .numerics import Trace, first_objective, sym
 
 __all__ = [
     "PRODUCT_KINDS",
@@ -41,6 +45,9 @@ __all__ = [
     "BOUNDS",
     "rounding_margin",
     "mean_singular_value",
+    "gram_normal_multiplier",
+    "ball_factor",
+    "gram_msign_factor",
 ]
 
 # The masks whose normal multiplier has the closed form above (Euclidean has no constraint at all).
@@ -51,6 +58,8 @@ BOUND_SQUARINGS = 7
 # The near-unit bound squares (P - I/2)^2, whose Schatten bound is loose by r^(1/2^k) of 1/4: one squaring more
 # than BOUND_SQUARINGS keeps that about 0.1% on the result (`near_unit_bound`).
 NEAR_UNIT_SQUARINGS = BOUND_SQUARINGS + 1
+# The msign methods `gram_msign_factor` runs: each a polynomial step X <- X q(X^T X); "svd" is none
+GRAM_MSIGNS = ("polar_express", "newton_schulz", "keller_jordan")
 
 
 def check_products_kind(manifold: GramManifold, solver: str) -> str:
@@ -67,8 +76,12 @@ def check_products_kind(manifold: GramManifold, solver: str) -> str:
 def normal_multiplier(manifold: GramManifold, W: torch.Tensor, U: torch.Tensor) -> torch.Tensor:
     r"""$S = P(W^\top U + U^\top W) \oslash (d_i + d_j)$, $d = \operatorname{diag}(W^\top W)$, for tall ``(..., m, n)``:
     the symmetric $S = P(S)$ with $U - WS$ tangent at $W$ (built-in masks; two products, no solve)."""
-    d = (W * W).sum(dim=-2)
-    C = W.mT @ U
+    return gram_normal_multiplier(manifold, (W * W).sum(dim=-2), W.mT @ U)
+
+
+def gram_normal_multiplier(manifold: GramManifold, d: torch.Tensor, C: torch.Tensor) -> torch.Tensor:
+    r"""`normal_multiplier` from $C = W^\top U$ ``(..., n, n)`` and the squared column norms ``d`` ``(..., n)``:
+    $P(C + C^\top) \oslash (d_i + d_j)$ (no product)."""
     return manifold.project_gram(C + C.mT) / (d[..., :, None] + d[..., None, :])
 
 
@@ -125,11 +138,11 @@ def _near_unit_bound(P: torch.Tensor, squarings: int) -> torch.Tensor:
     return ((1 + (1 + 4 * beta).sqrt()) / 2).sqrt()
 
 
-def rounding_margin(X: torch.Tensor, squarings: int = BOUND_SQUARINGS) -> float:
-    r"""$1 + (m + k n)\,\epsilon$: the first-order worst-case rounding of the bound's products (a length-$m$ dot
-    product, then $k$ length-$n$ ones), relative; at 3072x768 in float32 $1 + 5 \cdot 10^{-4}$."""
-    m, n = X.shape[-2:]
-    return 1.0 + (m + squarings * n) * torch.finfo(X.dtype).eps
+def rounding_margin(m: int, n: int, dtype: torch.dtype, squarings: int = BOUND_SQUARINGS) -> float:
+    r"""$1 + (m + k n)\,\epsilon$ for a tall $m \times n$ matrix of ``dtype``: the first-order worst-case rounding of
+    the bound's products (a length-$m$ dot product, then $k$ length-$n$ ones), relative; at 3072x768 in float32
+    $1 + 5 \cdot 10^{-4}$."""
+    return 1.0 + (m + squarings * n) * torch.finfo(dtype).eps
 
 
 def feasible_direction(
@@ -148,17 +161,22 @@ def scale_to_ball(X: torch.Tensor, bound: str = "schatten") -> torch.Tensor:
     spectral ball; $X = 0$ stays 0. ``bound``: ``"schatten"`` (`op_norm_upper_bound`: any spectrum, loose by up
     to 1% where many singular values are the largest), ``"near_unit"`` (`near_unit_bound`: an msign's output, to
     0.1%), ``"both"`` (the smaller of the two: for a spectrum of either kind)."""
+    return X * ball_factor(X.mT @ X, X.shape[-2], bound)[..., None, None]  # one Gram product, either bound
+
+
+def ball_factor(P: torch.Tensor, m: int, bound: str = "schatten") -> torch.Tensor:
+    r"""$1/\bar\sigma$ per matrix ``(...)`` of `scale_to_ball` from the Gram matrix $P = X^\top X$ ``(..., n, n)`` of
+    a tall $X$ with ``m`` rows (1 where $X = 0$): $X$ times it is in the unit spectral ball."""
     if bound not in BOUNDS:
         raise ValueError(f"bound {bound!r}; valid: {', '.join(BOUNDS)}")
-    P = X.mT @ X  # one Gram product for either bound, or both
     if bound == "near_unit":
         sigma = _near_unit_bound(P, NEAR_UNIT_SQUARINGS)
     else:
         sigma = _schatten_bound(P, BOUND_SQUARINGS)
         if bound == "both":
             sigma = torch.minimum(sigma, _near_unit_bound(P, NEAR_UNIT_SQUARINGS))
-    sigma = sigma * rounding_margin(X)
-    return X / torch.where(sigma == 0, torch.ones_like(sigma), sigma)[..., None, None]
+    sigma = sigma * rounding_margin(m, P.shape[-1], P.dtype)
+    return 1.0 / torch.where(sigma == 0, torch.ones_like(sigma), sigma)
 
 
 def mean_singular_value(Y: torch.Tensor, Q: torch.Tensor) -> torch.Tensor:
@@ -191,3 +209,39 @@ def feasible_stats(
         "converged": torch.ones(B, dtype=torch.bool),
         "trace": trace,
     }
+
+
+def gram_msign_factor(M: torch.Tensor, method: str, steps: int) -> torch.Tensor:
+    r"""$F$ ``(..., n, n)`` with $\operatorname{msign}(X) \approx XF$ for $M = X^\top X$ of a tall $X$:
+    `manifolds.msign`'s ``method`` (`GRAM_MSIGNS`) and ``steps`` from $M$ alone. Its scaling $X/\|X\|_F$ is
+    $M/\operatorname{tr} M$; each step $q(Y) = aI + bY + cY^2$ gives $F \leftarrow Fq$, $Y \leftarrow Yq^2$ (all
+    polynomials in $M$, so symmetric and commuting: symmetrised against rounding), four $n^3$ products (the first
+    step one, the last two), against two $mn^2$ ones of the tall step. ``M`` float32 or float64 (a bf16 Gram
+    matrix would lose the small singular values: it squares their rounding).
+
+    A ridge $\epsilon$ (the dtype's) is added to $M/\operatorname{tr} M$: rounding can make the smallest
+    eigenvalues of $M$ negative, and a step maps $\lambda < 0$ to $\lambda q(\lambda)^2$, growing by $q(0)^2$ (68 at
+    Polar Express's first step). Measured on float32 Gram matrices of rank-deficient $X$ (512x128 of rank 32 to
+    3072x768 of rank 700): the smallest eigenvalue is $-4 \cdot 10^{-9}$ to $-10^{-10}$ of the trace, so
+    $\epsilon = 1.2 \cdot 10^{-7}$ keeps every one positive. It maps a singular value $\sigma\|X\|_F$ to about
+    $\sigma / \sqrt{\sigma^2 + \epsilon}$ of 1: 0.94 at $10^{-3}$, Polar Express's own floor."""
+    if method not in GRAM_MSIGNS:
+        raise ValueError(f"msign {method!r} has no Gram-space form; valid: {', '.join(GRAM_MSIGNS)}")
+    eye = torch.eye(M.shape[-1], dtype=M.dtype, device=M.device)
+    trace = M.diagonal(dim1=-2, dim2=-1).sum(-1).clamp_min(0)
+    if method == "keller_jordan":
+        scale = 1 / trace.sqrt().clamp_min(KELLER_JORDAN_EPS)
+    else:  # manifolds.msign's Frobenius scaling with Polar Express's 1.01 safety factor
+        scale = 1 / (trace.sqrt() * 1.01 + 1e-7)
+    Y = M * (scale * scale)[..., None, None] + torch.finfo(M.dtype).eps * eye
+    F = None
+    for k in range(steps):
+        if method == "polar_express":
+            a, b, c = POLAR_EXPRESS_COEFFICIENTS[min(k, len(POLAR_EXPRESS_COEFFICIENTS) - 1)]
+        else:
+            a, b, c = KELLER_JORDAN_COEFFICIENTS if method == "keller_jordan" else (1.5, -0.5, 0.0)
+        q = a * eye + b * Y + (c * (Y @ Y) if c else 0.0)
+        F = q * scale[..., None, None] if F is None else sym(F @ q)
+        if k < steps - 1:
+            Y = sym((Y @ q) @ q)
+    return eye * scale[..., None, None] if F is None else F

@@ -37,7 +37,7 @@ from .admm import admm_direction
 from .baselines import MSIGN_OPTIONS, msign_with
 from .gram import mask_kind
 from .numerics import normalise
-from .products import check_products_kind, feasible_stats, scale_to_ball
+from .products import GRAM_MSIGNS, check_products_kind, feasible_stats, gram_msign_factor, scale_to_ball
 from .projected_tangent import projected_tangent_direction
 from .solver import Solver, is_int
 
@@ -50,12 +50,14 @@ __all__ = [
     "square_msigns",
     "split_parts",
     "split_tangent_direction",
+    "complement_msign",
     "solve_split_tangent",
 ]
 
 # 6 Polar Express steps: 5 leave singular values up to 1.1 and down to 0.7, which the bounds then cut (a 15%
 # certified gap on training's matrices); 6 reach the gap of 8 (5% on Stiefel's c_attn, 8% on a DGram MLP)
-OPTIONS = {"rounds": 1, "sub_steps": 0, **MSIGN_OPTIONS, "msign_steps": 6}
+OPTIONS = {"rounds": 1, "sub_steps": 0, **MSIGN_OPTIONS, "msign_steps": 6, "space": "gram"}
+SPACES = ("gram", "tall")  # where the m x n msigns run: from the n x n Gram matrices, or on the m x n matrices
 SUB_THRESHOLD = 3.0  # the ADMM threshold of the square part: the `admm` solver's default
 KINDS = ("stiefel", "dgram")  # orthogonal columns: the split above holds
 
@@ -107,12 +109,22 @@ def split_parts(manifold: GramManifold, W: torch.Tensor, G: torch.Tensor, opts: 
     return SplitParts(U, H, square_part(manifold, W, H, opts), Gn - U @ H)
 
 
+def complement_msign(R: torch.Tensor, opts: dict) -> torch.Tensor:
+    r"""$\operatorname{msign}(R)$ of the complement ``(..., m, n)`` as ``opts`` ask: ``space="gram"`` (with a Polar
+    Express, Newton-Schulz or Keller Jordan msign) as $R\,F(R^\top R)$ (`gram_msign_factor`: two $mn^2$ products
+    and $n^3$ ones, in float32 at least), else on $R$ itself."""
+    if opts["space"] == "gram" and opts["msign"] in GRAM_MSIGNS:
+        Rw = R.to(torch.promote_types(R.dtype, torch.float32))
+        return (Rw @ gram_msign_factor(Rw.mT @ Rw, opts["msign"], int(opts["msign_steps"]))).to(R.dtype)
+    return msign_with(R, opts).to(R.dtype)
+
+
 def split_tangent_direction(manifold: GramManifold, W: torch.Tensor, G: torch.Tensor, opts: dict) -> torch.Tensor:
     r"""$A$ above for tall ``(..., m, n)`` on Stiefel or DGram (``opts``: ``rounds``, ``msign``, ``msign_steps``,
     ``msign_dtype``)."""
     U, H, K, R = split_parts(manifold, W, G, opts)
     if W.shape[-2] > W.shape[-1]:
-        B = msign_with(R, opts).to(W.dtype)
+        B = complement_msign(R, opts)
         B = scale_to_ball(B - U @ (U.mT @ B), bound="near_unit")
     else:  # square: no complement (R is rounding)
         B = torch.zeros_like(R)
@@ -145,6 +157,7 @@ SOLVER = Solver(
     rules={
         "rounds": (lambda v: is_int(v) and v >= 1, "an integer >= 1"),
         "sub_steps": (lambda v: is_int(v) and v >= 0, "an integer >= 0 (0: projected_tangent on the square part)"),
+        "space": (lambda v: v in SPACES, f"one of {', '.join(SPACES)}"),
     },
     summary="products only, Stiefel/DGram: an msign in the span of W, one in its complement, at the best angle",
 )
