@@ -35,6 +35,8 @@ manifolds do.
 from __future__ import annotations
 
 import abc
+import contextlib
+from collections.abc import Iterator
 
 import geoopt
 import torch
@@ -285,8 +287,20 @@ class GramManifold(geoopt.Manifold, metaclass=abc.ABCMeta):
                 f"{type(self).__name__} operations need float32 or float64; got {name} of dtype {x.dtype} "
                 "(keep parameters in float32 and autocast the forward pass, or call .float())"
             )
-        if not bool(torch.isfinite(x).all()):
+        if not getattr(self, "_inputs_checked", False) and not bool(torch.isfinite(x).all()):
             raise ValueError(f"{type(self).__name__}: {name} has non-finite entries (NaN or Inf)")
+
+    @contextlib.contextmanager
+    def inputs_checked(self) -> Iterator[GramManifold]:
+        """Inside it, `projx` and `retr` skip their finite checks (a host read each; shape and dtype are still
+        checked): for a caller that has read its inputs finite itself, as ManifoldMuon's guards do for every
+        direction, and whose weights are finite (it writes none that is not)."""
+        previous = getattr(self, "_inputs_checked", False)
+        self._inputs_checked = True
+        try:
+            yield self
+        finally:
+            self._inputs_checked = previous
 
     # ------------------------------------------------------------------ geoopt interface
     def inner(self, x, u, v=None, *, keepdim=False):

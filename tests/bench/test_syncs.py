@@ -56,3 +56,6 @@ def test_a_retraction_reads_the_host_a_fixed_number_of_times_per_batch():
                 y = manifold.retr(x, u)
             assert sum(counts.values()) == reads, (type(manifold).__name__, batch, counts)
             assert manifold.check_point_on_manifold(y)
+            with count_host_syncs() as counts, manifold.inputs_checked():  # without the two input checks
+                z = manifold.retr(x, u)
+            assert sum(counts.values()) == reads - 2 and torch.equal(y, z), (type(manifold).__name__, counts)

@@ -404,3 +404,26 @@ def test_riemannian_sgd_on_stiefel_finds_minor_eigenspace():
     best = float(torch.linalg.eigvalsh(C)[:3].sum())
     Wd = W.detach()
     assert abs(float(torch.trace(Wd.mT @ C @ Wd)) - best) < 1e-6 * max(1.0, abs(best))
+
+
+def test_inputs_checked_skips_only_the_finite_check_and_restores_it():
+    from manifolds import Stiefel
+
+    m = Stiefel()
+    x = m.random(12, 4, dtype=torch.float64)
+    u = torch.full_like(x, float("nan"))
+    with pytest.raises(ValueError, match="non-finite"):
+        m.retr(x, u)
+    v = 1e-2 * m.proju(x, torch.randn_like(x))
+    with m.inputs_checked():
+        with m.inputs_checked():  # nested: the outer one still holds after the inner one
+            pass
+        assert torch.equal(m.retr(x, v), Stiefel().retr(x, v))  # the same retraction, less its checks
+        with pytest.raises(ValueError, match="needs"):  # shapes are still checked
+            m.retr(x[0], v[0])
+        with pytest.raises(Exception) as raised:  # NaN is the caller's promise broken: not refused as such here
+            m.retr(x, u)
+        assert "non-finite entries" not in str(raised.value)
+    with pytest.raises(ValueError, match="non-finite"):  # checked again after the context
+        m.retr(x, u)
+    assert "inputs_checked" not in str(m.key()) and "_inputs_checked" not in str(m.key())
