@@ -23,12 +23,18 @@ msign's rounding. Tangent to rounding (the constraint sees only $K$); on a squar
 $A = UK$, `split_tangent`'s direction; on Oblique it is ``projected_tangent``'s. Cost: `split_tangent`'s msigns,
 $2\,$``degree`` $n \times n$ products, two $mn^2$ ones more. No state, no certificate.
 
-Two options take the square part closer to the optimum's. ``square="joint"``: $K$ from the joint msign of the
-tangent part, $P_{T_D}(U^\top \operatorname{msign}(P_T \hat G))$ (`joint_square_part`), in place of the square
-problem solved apart: one $m \times n$ msign instead of an $n \times n$ one. ``refine`` $= k$: $k$ damped
-fixed-point steps on the multiplier $\Lambda$ of the optimum $A^\star = \operatorname{msign}(\hat G - W\Lambda^\star)$
-(`filled_split_direction`), each one joint msign and the fill again. On a trained DGram MLP (512x128) the
-certified gap is 0.04 (default), 0.023 (``square="joint"``), 0.015 (``refine=1``), 0.011 (joint, ``refine=2``).
+The square part: ``square="joint"`` (the default) takes $K$ from the joint msign of the tangent part,
+$P_{T_D}(U^\top \operatorname{msign}(P_T \hat G))$ (`joint_square_part`); ``square="split"`` solves the square
+problem apart, as `split_tangent` (an $n \times n$ msign instead of an $m \times n$ one). ``refine`` $= k$ (default
+0): $k$ damped fixed-point steps on the multiplier $\Lambda$ of the optimum
+$A^\star = \operatorname{msign}(\hat G - W\Lambda^\star)$ (`filled_split_direction`), each one joint msign and the
+fill again. On a trained DGram MLP (512x128) the certified gap is 0.026 (default), 0.042 (``square="split"``),
+0.015 (``refine=1``), 0.011 (``refine=2``).
+
+``space="gram"`` (the default, `gram_filled_split_direction`) runs every $m \times n$ msign from $n \times n$ Gram
+matrices (`geomtrain.optim.products.gram_msign_factor`): three $mn^2$ products before and three after, the rest
+$n \times n$; 2.5 msign-equivalents of products at 512x128, 3.0 at 384x128, against 4.3 and 4.5 on the tall
+matrices (``space="tall"``, `filled_split_direction`, the reference it is tested against).
 """
 
 from __future__ import annotations

@@ -43,7 +43,7 @@ def test_bench_train_logs_each_step_and_counts_evaluations(data_dir, tmp_path, c
     rows = {r["preset"]: r for r in record["rows"]}
     muon = rows["unconstrained"]["evaluations_per_step"]
     assert muon > 0  # one msign per Muon matrix
-    assert rows["all-stiefel"]["evaluations_per_step"] > muon  # split_tangent: two msigns per matrix
+    assert rows["all-stiefel"]["evaluations_per_step"] > muon  # filled_split: two msigns per tall matrix
     assert rows["all-stiefel"]["tokens_per_s"] == 2 * 16 / (rows["all-stiefel"]["ms_per_step"] / 1000)
     assert record["sets"] == ["block_size=16"] and record["warmup"] == 1
     assert {r["muon_solver"] for r in record["rows"]} == {"default"}  # per manifold kind

@@ -163,7 +163,7 @@ def _make_model(seed=0):
 def _make_opt(model):
     return ManifoldMuon(
         [
-            {"params": [model["st"]], "manifold": Stiefel()},  # the default: split_tangent, no warm-start state
+            {"params": [model["st"]], "manifold": Stiefel()},  # the default: filled_split, no warm-start state
             {"params": [model["dg"]], "manifold": DGram(), "solver": "exact", "solver_options": {"tol": 1e-5}},  # warm
             {"params": [model["ob"]], "manifold": Oblique(), "solver": "tangent"},
             {"params": [model["eu"]], "weight_decay": 0.1},

@@ -26,7 +26,7 @@ from manifolds import DGram, Euclidean, Oblique, Stiefel
 from manifolds.base import GramManifold
 
 
-def test_training_default_is_split_tangent_on_stiefel_filled_split_on_dgram_and_exact_elsewhere():
+def test_training_default_is_filled_split_on_stiefel_and_dgram_and_exact_elsewhere():
     class StiefelLike(Stiefel):  # keeps Stiefel's mask: its closed forms, and its default
         pass
 
@@ -36,16 +36,14 @@ def test_training_default_is_split_tangent_on_stiefel_filled_split_on_dgram_and_
 
     picks = {m: default_solver(m()) for m in (Stiefel, StiefelLike, DGram, Oblique, Euclidean, Diagonal)}
     assert picks == {
-        Stiefel: "split_tangent",
-        StiefelLike: "split_tangent",
+        Stiefel: "filled_split",
+        StiefelLike: "filled_split",
         DGram: "filled_split",
         Oblique: "exact",
         Euclidean: "exact",
         Diagonal: "exact",
     }
-    assert (
-        describe_default() == "split_tangent on stiefel matrices, filled_split on dgram matrices, exact on the others"
-    )
+    assert describe_default() == "filled_split on stiefel matrices, filled_split on dgram matrices, exact on the others"
     W = Stiefel().projx(torch.randn(16, 4))
     assert ManifoldMuon([{"params": [torch.nn.Parameter(W)], "manifold": Stiefel()}]).param_groups[0]["solver"] is None
 

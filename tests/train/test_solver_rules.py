@@ -1,6 +1,6 @@
 """A direction solver per module (issue 42's hetero question): ``--solver-rule GLOB=SOLVER`` /
 ``muon_solver_rules``. Bad rules are one line (exit 2, nothing written); ``hetero`` with an MLP rule
-gets the default's attention (``split_tangent``, per manifold kind) and ``projected_tangent`` MLP param
+gets the default's attention (``filled_split``, per manifold kind) and ``projected_tangent`` MLP param
 groups; a tiny run trains with them, names
 them in its assignment files and checkpoint, and resumes with them."""
 
@@ -71,9 +71,9 @@ def test_hetero_with_an_mlp_rule_gets_default_attention_and_projected_tangent_ml
     muon_names = [a.name for a in assignments if a.optimizer == "muon"]
     assert sorted(solvers) == sorted(muon_names) and len(muon_names) == 8  # 2 layers x (2 attention + 2 MLP)
     for name in muon_names:
-        assert solvers[name] == ("projected_tangent" if ".mlp." in name else "split_tangent"), name
+        assert solvers[name] == ("projected_tangent" if ".mlp." in name else "filled_split"), name
     assert {(g["manifold_name"], g["solver"]) for g in muon.param_groups} == {
-        ("stiefel", "split_tangent"),  # the default on Stiefel
+        ("stiefel", "filled_split"),  # the default on Stiefel
         ("dgram", "projected_tangent"),
     }
     assert {a.name: a.solver for a in assignments if a.optimizer == "muon"} == solvers  # what the table shows
@@ -117,7 +117,7 @@ def _check_solvers_on_file(run) -> None:
     """assignment.json / .txt name each Muon matrix's solver; the checkpoint's Muon groups carry them."""
     table = json.loads((run / "assignment.json").read_text())
     matrices = {a["name"]: a["solver"] for a in table if a["optimizer"] == "muon"}
-    expected = {n: "projected_tangent" if ".mlp." in n else "split_tangent" for n in matrices}
+    expected = {n: "projected_tangent" if ".mlp." in n else "filled_split" for n in matrices}
     assert matrices and matrices == expected
     assert all("solver" not in a for a in table if a["optimizer"] == "adamw")
     text = (run / "assignment.txt").read_text()
@@ -169,7 +169,7 @@ def test_resume_that_changes_a_solver_is_refused_even_when_config_changes_are_al
 
 
 def test_without_a_solver_each_kind_gets_its_default_and_an_exact_checkpoint_names_the_way_on(data_dir):
-    # muon_solver unset: split_tangent on the Stiefel attention, filled_split on the DGram MLP, written into the
+    # muon_solver unset: filled_split on the Stiefel attention and on the DGram MLP, written into the
     # assignment (so the table and the checkpoint name it). A checkpoint of a run begun with other solvers (exact
     # everywhere, the first default; or exact on the DGram matrices, the second) is refused in one line that
     # says how to continue it.
@@ -178,14 +178,14 @@ def test_without_a_solver_each_kind_gets_its_default_and_an_exact_checkpoint_nam
 
     trainer = Trainer(tiny_config(data_dir, preset="hetero"))
     picked = {a.manifold_name: a.solver for a in trainer.assignments if a.optimizer == "muon"}
-    assert picked == {"stiefel": "split_tangent", "dgram": "filled_split"}
+    assert picked == {"stiefel": "filled_split", "dgram": "filled_split"}
     exact = Trainer(tiny_config(data_dir, preset="hetero", muon_solver="exact")).state_dict()
-    with pytest.raises(CheckpointError, match=r"c_attn.weight has .*'exact'.*'split_tangent'.*muon_solver=exact") as e:
+    with pytest.raises(CheckpointError, match=r"c_attn.weight has .*'exact'.*'filled_split'.*muon_solver=exact") as e:
         trainer.load_state_dict(exact)
     assert "\n" not in str(e.value)
     Trainer(tiny_config(data_dir, preset="hetero", muon_solver="exact")).load_state_dict(exact)
     mixed = Trainer(tiny_config(data_dir, preset="hetero", muon_solver_rules=["*.mlp.*=exact"])).state_dict()
-    hint = r"mlp.c_fc.weight has .*'exact'.*'filled_split'.*its solvers are split_tangent on stiefel matrices, "
+    hint = r"mlp.c_fc.weight has .*'exact'.*'filled_split'.*its solvers are filled_split on stiefel matrices, "
     with pytest.raises(CheckpointError, match=hint + r"exact on dgram matrices: .*muon_solver_rules, e\.g\. .*=exact"):
         trainer.load_state_dict(mixed)
 
