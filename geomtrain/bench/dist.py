@@ -22,8 +22,8 @@ float32 parameters under the ring algorithms (not measured): DDP's gradient all-
 $2\frac{N-1}{N} 4P$; FSDP2's all-gather of the weights in the forward and again in the backward and
 reduce-scatter of the gradients, $3\frac{N-1}{N} 4P$. Every matrix runs the `SOLVER` ``exact``, whose
 warm-start state (an $n \times n$ dual and a flag per matrix) travels with the weights: the most a step
-sends. (Training's default, `geomtrain.optim.default_solver`, runs ``split_tangent`` on Stiefel matrices,
-which carries no state: only their weights travel.)
+sends. (Training's default, `geomtrain.optim.default_solver`, runs ``filled_split`` on Stiefel and DGram
+matrices, which carries no state: only their weights travel.)
 """
 
 from __future__ import annotations

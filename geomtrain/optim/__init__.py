@@ -7,7 +7,7 @@
 
 Modules: `direction` (entry point), `solver` (the `Solver` record), `registry` (the registry),
 `gram` (the Gram-space dual), `gram_newton` (the ``exact`` solver, the reference),
-`split_tangent` and `filled_split` (training's defaults on Stiefel and DGram matrices), `projected_tangent`,
+`filled_split` (training's default on Stiefel and DGram matrices), `split_tangent`, `projected_tangent`,
 `dual_ascent`, `admm`,
 `douglas_rachford` (degenerate duals), `baselines` (``tangent``, ``published``),
 `numerics` (kernels), `muon` (the optimizer; `muon_step` its pieces, `muon_dist` the DDP exchange,

@@ -204,9 +204,10 @@ def gram_joint_square_part(manifold: GramManifold, d: torch.Tensor, E: torch.Ten
 def gram_filled_split_direction(
     manifold: GramManifold, W: torch.Tensor, G: torch.Tensor, opts: dict
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    r"""`filled_split_direction` with every msign in Gram space: after $H = U^\top \hat G$, $R = \hat G - UH$ and
-    $R^\top R$ (three $mn^2$ products) the work is $n \times n$, and $A = U(\alpha K) + RN$ costs two more, the
-    final bound one. $Q = R\,F(R^\top R)$ and $S = \operatorname{sym}(F(R^\top R)\,R^\top R)$; the joint msign of
+    r"""`filled_split_direction` with every msign in Gram space: after $H = U^\top \hat G$, $R = \hat G - UH$,
+    $R^\top R$ and $U^\top R$ (four $mn^2$ products) the work is $n \times n$, and
+    $A = U(\alpha K - U^\top R\,N) + RN$ (the complement's rounding in the span of $U$ removed, as the tall path's
+    $Q - UU^\top Q$) costs two more, the final bound one. $Q = R\,F(R^\top R)$ and $S = \operatorname{sym}(F(R^\top R)\,R^\top R)$; the joint msign of
     $\hat G - W\Lambda = UE + R$, $E = H - D\Lambda$, is `gram_joint_square_part`; a refinement step has
     $Z = \operatorname{sym}(\alpha K^\top E + N^\top R^\top R)$ and $W^\top AZ = D\alpha KZ$. The same direction
     as the tall path to rounding (tested), at about a third of its products; $A$'s final bound is
@@ -215,8 +216,8 @@ def gram_filled_split_direction(
     if W.shape[-2] == W.shape[-1]:
         return filled_split_direction(manifold, W, G, opts)
     work = torch.promote_types(W.dtype, torch.float32)
-    Wf, Gn, degree = W.to(work), G.to(work), int(opts["degree"])
-    Gn, U, H = split_basis(Wf, Gn)
+    Wf, degree = W.to(work), int(opts["degree"])
+    Gn, U, H = split_basis(Wf, G.to(work))
     d = Wf.norm(dim=-2)
     R = Gn - U @ H
     MR, UR = R.mT @ R, U.mT @ R  # U^T R: rounding, but F(R^T R) amplifies it where R is near rank-deficient

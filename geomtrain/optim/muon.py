@@ -168,7 +168,7 @@ class ManifoldMuon(torch.optim.Optimizer):
         solver: a registered solver (`geomtrain.optim.registry`): ``"exact"`` (alias ``"gram_newton"``),
             ``"split_tangent"``, ``"tangent"``, ``"published"``, ... or one a user registered. Default
             ``None``: per matrix, by its manifold's kind (`geomtrain.optim.default_solver`): the
-            products-only ``"split_tangent"`` on Stiefel, ``"filled_split"`` on DGram, ``"exact"`` on the others.
+            products-only ``"filled_split"`` on Stiefel and DGram, ``"exact"`` on the others.
         solver_options: options for `spectral_direction` (``tol``, ``max_iter``, ...); with ``solver``
             ``None`` they must be valid for every solver the default picks for the group's matrices.
         warm_start: start each solve from the matrix's previous dual variable.
@@ -177,7 +177,7 @@ class ManifoldMuon(torch.optim.Optimizer):
         msign_method: the matrix sign of Euclidean matrices (default Polar Express; ``"keller_jordan"``
             with ``msign_dtype=torch.bfloat16`` is ``torch.optim.Muon``'s).
         msign_steps: its iterations. Default ``None``: 5 on Euclidean matrices (as Muon), and on manifold
-            matrices each solver's own default (``split_tangent``: 6); a number sets both.
+            matrices each solver's own default (``filled_split``: 6); a number sets both.
         msign_dtype: its compute dtype (default: the parameter's).
         manifold: the manifold of groups that do not set one (default ``None``: from a geoopt
             ``ManifoldParameter``, else Euclidean).

@@ -4,7 +4,7 @@ Built in: ``exact`` (the reference: `geomtrain.optim.gram_newton`, certified; ``
 that old configs, run folders and checkpoints use), the products-only ``split_tangent``, ``filled_split``,
 ``projected_tangent``, ``dual_ascent`` and ``admm``, and ``tangent`` and ``published``
 (`geomtrain.optim.baselines`). What training uses by default is per manifold kind, `default_solver`:
-``split_tangent`` on Stiefel matrices, ``filled_split`` on DGram ones, ``exact`` on the others (chosen by training
+``filled_split`` on Stiefel and DGram matrices, ``exact`` on the others (chosen by training
 loss against exact,
 docs/manifold-muon.md, *Chosen by training*). A new solver is one module defining ``SOLVER = Solver(...)`` (see
 `geomtrain.optim.solver`) and one call ``register_solver(SOLVER)``: built-in ones are listed in
