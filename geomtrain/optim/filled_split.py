@@ -207,10 +207,11 @@ def gram_filled_split_direction(
     r"""`filled_split_direction` with every msign in Gram space: after $H = U^\top \hat G$, $R = \hat G - UH$,
     $R^\top R$ and $U^\top R$ (four $mn^2$ products) the work is $n \times n$, and
     $A = U(\alpha K - U^\top R\,N) + RN$ (the complement's rounding in the span of $U$ removed, as the tall path's
-    $Q - UU^\top Q$) costs two more, the final bound one. $Q = R\,F(R^\top R)$ and $S = \operatorname{sym}(F(R^\top R)\,R^\top R)$; the joint msign of
-    $\hat G - W\Lambda = UE + R$, $E = H - D\Lambda$, is `gram_joint_square_part`; a refinement step has
+    $Q - UU^\top Q$) costs two more, the final bound one. $Q = R\,F(R^\top R)$ and
+    $S = \operatorname{sym}(F(R^\top R)\,R^\top R)$; the joint msign of $\hat G - W\Lambda = UE + R$,
+    $E = H - D\Lambda$, is `gram_joint_square_part`; a refinement step has
     $Z = \operatorname{sym}(\alpha K^\top E + N^\top R^\top R)$ and $W^\top AZ = D\alpha KZ$. The same direction
-    as the tall path to rounding (tested), at about a third of its products; $A$'s final bound is
+    as the tall path to rounding (tested), at 35-60% of its products; $A$'s final bound is
     ``"near_unit"`` (the fill makes its singular values 1). Works in float32 at least; a square matrix (no
     complement) takes the tall path."""
     if W.shape[-2] == W.shape[-1]:
