@@ -6,6 +6,7 @@
 # solver's seed 1 of lab/2026-12-06-selection-2000 (results/exact-hetero). Resumable: rerun a step.
 #
 #   lab/2026-12-06-default-2000/run.sh default    # from the repository root: both seeds, two runs at a time
+#   lab/2026-12-06-default-2000/run.sh refine1    # the runner-up: filled_split with one refinement step
 #   lab/2026-12-06-default-2000/run.sh compare    # the paired table
 set -euo pipefail
 cd "$(dirname "$0")/../.."
@@ -16,8 +17,13 @@ for step in "${@:-default compare}"; do for s in $step; do case "$s" in
     default) "$PYTHON" -m geomtrain study --model mini --iters 2000 --data-dir data/classics+austen-bpe4k \
             --set block_size=64 --set checkpoint_interval=50 --presets hetero --seeds 2 --jobs 2 --threads 1 \
             --quiet --out "$out/default-hetero" --runs-dir "$out/default-hetero/runs" ;;
-    compare) mkdir -p "$here/results/default-hetero"
-        cp "$out/default-hetero"/{results.md,summary.json,study.json} "$here/results/default-hetero/"
+    refine1) "$PYTHON" -m geomtrain study --model mini --iters 2000 --data-dir data/classics+austen-bpe4k \
+            --set block_size=64 --set checkpoint_interval=50 --presets hetero --seeds 2 --jobs 2 --threads 1 \
+            --set muon_solver=filled_split --set 'muon_solver_options=refine=1' \
+            --quiet --out "$out/refine1-hetero" --runs-dir "$out/refine1-hetero/runs" ;;
+    compare) for name in default-hetero refine1-hetero; do [ -f "$out/$name/summary.json" ] || continue
+            mkdir -p "$here/results/$name"; cp "$out/$name"/{results.md,summary.json,study.json} "$here/results/$name/"
+        done
         "$PYTHON" "$here/table.py" --out "$here/results/table.md" ;;
-    *) echo "unknown step $s; valid: default compare" >&2; exit 2 ;;
+    *) echo "unknown step $s; valid: default refine1 compare" >&2; exit 2 ;;
 esac; done; done
