@@ -32,7 +32,7 @@ fill again. On a trained DGram MLP (512x128) the certified gap is 0.026 (default
 0.015 (``refine=1``), 0.011 (``refine=2``).
 
 ``space="gram"`` (the default, `gram_filled_split_direction`) runs every $m \times n$ msign from $n \times n$ Gram
-matrices (`geomtrain.optim.products.gram_msign_factor`): three $mn^2$ products before and three after, the rest
+matrices (`geomtrain.optim.products.gram_msign_factor`): four $mn^2$ products before and three after, the rest
 $n \times n$; 2.5 msign-equivalents of products at 512x128, 3.0 at 384x128, against 4.3 and 4.5 on the tall
 matrices (``space="tall"``, `filled_split_direction`, the reference it is tested against).
 """
@@ -48,7 +48,6 @@ from manifolds import GramManifold
 from .baselines import msign_with
 from .numerics import sym
 from .products import (
-    GRAM_MSIGNS,
     ball_factor,
     check_products_kind,
     feasible_stats,
@@ -60,7 +59,7 @@ from .products import (
 )
 from .projected_tangent import projected_tangent_direction
 from .solver import Solver, is_int
-from .split_tangent import KINDS, split_basis, square_msigns, square_part
+from .split_tangent import KINDS, in_gram_space, split_basis, square_msigns, square_part
 from .split_tangent import OPTIONS as SPLIT_OPTIONS
 from .split_tangent import SOLVER as SPLIT
 
@@ -176,14 +175,13 @@ def filled_split_direction(
     R = Gn - U @ H
     Q = msign_with(R, opts).to(W.dtype)
     Q = Q - U @ (U.mT @ Q)
-    S = Q.mT @ R
-    S = (S + S.mT) / 2
+    S = sym(Q.mT @ R)
     A, alpha = fill(U, H, K, Q, S, int(opts["degree"]))
     base = normal_multiplier(manifold, W, Gn) if opts["refine"] else None  # Lambda's start: A = msign(P_T G)
     lam = base
     for _ in range(int(opts["refine"])):
         Z = A.mT @ (Gn - W @ lam)
-        target = base - normal_multiplier(manifold, W, A @ ((Z + Z.mT) / 2))
+        target = base - normal_multiplier(manifold, W, A @ sym(Z))
         lam = (1 - REFINE_DAMPING) * lam + REFINE_DAMPING * target
         K = joint_square_part(manifold, W, U, Gn - W @ lam, opts)
         A, alpha = fill(U, H, K, Q, S, int(opts["degree"]))
@@ -254,8 +252,7 @@ def solve_filled_split(
     if kind not in KINDS:  # Oblique: columns not orthogonal, no split
         A = projected_tangent_direction(manifold, T, G, opts)
         return A, feasible_stats(manifold, T, G, A, opts["rounds"], opts), None
-    gram = opts["space"] == "gram" and opts["msign"] in GRAM_MSIGNS  # "svd" has no Gram form: the tall path
-    A, _ = (gram_filled_split_direction if gram else filled_split_direction)(manifold, T, G, opts)
+    A, _ = (gram_filled_split_direction if in_gram_space(opts) else filled_split_direction)(manifold, T, G, opts)
     square = 1 if opts["square"] == "joint" else square_msigns(kind, opts)  # joint: one m x n msign
     tall = T.shape[-2] > T.shape[-1]  # a square matrix has no complement to fill nor refine: its square part alone
     return A, feasible_stats(manifold, T, G, A, square + (1 + int(opts["refine"])) * int(tall), opts), None

@@ -410,17 +410,16 @@ def retract(batch: list[MatrixItem], directions: list[torch.Tensor], skips: list
         return updates
     points = W if moving is None and len(go) == len(batch) else torch.cat([W[r] for r in rows.values()])
     steps = torch.cat([-batch[i].group["lr"] * A[r].to(W.dtype) for i, r in rows.items()])
-    try:
-        with m.inputs_checked():  # the guards read every direction finite; weights are written only when finite
+    with m.inputs_checked():  # the guards read every direction finite; weights are written only when finite
+        try:
             parts = dict(zip(rows, torch.split(m.retr(points, steps), [len(W[r]) for r in rows.values()])))
-    except ValueError:  # a refused point in the batch: retract one by one to find it
-        parts = {}
-        for i, r in rows.items():
-            try:
-                with m.inputs_checked():
+        except ValueError:  # a refused point in the batch: retract one by one to find it
+            parts = {}
+            for i, r in rows.items():
+                try:
                     parts[i] = m.retr(W[r], -batch[i].group["lr"] * A[r].to(W.dtype))
-            except ValueError:  # DGram refusing a (near-)zero column: a skipped update; other errors surface
-                skips[i] = SKIP_REFUSED
+                except ValueError:  # DGram refusing a (near-)zero column: a skipped update; other errors surface
+                    skips[i] = SKIP_REFUSED
     for i, part in parts.items():
         p, (lo, hi), r = batch[i].p, (bounds[i], bounds[i + 1]), rows[i]
         if not isinstance(r, slice):  # the matrices with A = 0 keep their weights

@@ -50,6 +50,7 @@ __all__ = [
     "square_msigns",
     "split_parts",
     "split_tangent_direction",
+    "in_gram_space",
     "complement_msign",
     "solve_split_tangent",
 ]
@@ -109,11 +110,17 @@ def split_parts(manifold: GramManifold, W: torch.Tensor, G: torch.Tensor, opts: 
     return SplitParts(U, H, square_part(manifold, W, H, opts), Gn - U @ H)
 
 
+def in_gram_space(opts: dict) -> bool:
+    """Whether the $m \times n$ msigns run in Gram space: ``space="gram"`` with a polynomial msign (`GRAM_MSIGNS`;
+    ``"svd"`` has no Gram form and takes the tall path)."""
+    return opts["space"] == "gram" and opts["msign"] in GRAM_MSIGNS
+
+
 def complement_msign(R: torch.Tensor, opts: dict) -> torch.Tensor:
     r"""$\operatorname{msign}(R)$ of the complement ``(..., m, n)`` as ``opts`` ask: ``space="gram"`` (with a Polar
     Express, Newton-Schulz or Keller Jordan msign) as $R\,F(R^\top R)$ (`gram_msign_factor`: two $mn^2$ products
     and $n^3$ ones, in float32 at least), else on $R$ itself."""
-    if opts["space"] == "gram" and opts["msign"] in GRAM_MSIGNS:
+    if in_gram_space(opts):
         Rw = R.to(torch.promote_types(R.dtype, torch.float32))
         return (Rw @ gram_msign_factor(Rw.mT @ Rw, opts["msign"], int(opts["msign_steps"]))).to(R.dtype)
     return msign_with(R, opts).to(R.dtype)
