@@ -49,16 +49,18 @@ from .baselines import msign_with
 from .numerics import sym
 from .products import (
     ball_factor,
+    carried_multiplier,
     check_products_kind,
     feasible_stats,
     gram_msign_factor,
     gram_normal_multiplier,
+    mean_singular_value,
     normal_multiplier,
     scale_to_ball,
     tangent_part,
 )
 from .projected_tangent import projected_tangent_direction
-from .solver import Solver, is_int
+from .solver import Solver, StateSlot, is_int, is_real
 from .split_tangent import KINDS, in_gram_space, split_basis, square_msigns, square_part
 from .split_tangent import OPTIONS as SPLIT_OPTIONS
 from .split_tangent import SOLVER as SPLIT
@@ -74,6 +76,7 @@ __all__ = [
     "best_share",
     "fill",
     "filled_split_direction",
+    "carried_dual",
     "gram_joint_square_part",
     "gram_filled_split_direction",
     "solve_filled_split",
@@ -82,7 +85,7 @@ __all__ = [
 # Degree 8: on a DGram MLP (512x128) the square part's share is 0.7-0.9, where degree 8 interpolates
 # sqrt(1 - a^2 (x+1)/2) on [-1, 1] to 1e-7-7e-6 (at share 1 to 0.06); degrees 6, 10 and 16 give the same certified
 # gaps there (to 1e-3); the final bound absorbs the interpolation error
-OPTIONS = {**SPLIT_OPTIONS, "degree": 8, "square": "joint", "refine": 0}  # space="gram" from split_tangent
+OPTIONS = {**SPLIT_OPTIONS, "degree": 8, "square": "joint", "refine": 0, "carry": False, "carry_step": 0.5}
 # The damping of a refinement step: 0.5 and 0.7 take the certified gap of a trained DGram MLP's joint direction from
 # 0.022 to 0.011-0.012 in one step, 0.3 to 0.015; two steps at 0.5 reach 0.009, at 0.7 0.011 (exact msigns)
 REFINE_DAMPING = 0.5
@@ -130,10 +133,14 @@ def chebyshev_matrix(X: torch.Tensor, a: torch.Tensor) -> torch.Tensor:
 def joint_square_part(
     manifold: GramManifold, W: torch.Tensor, U: torch.Tensor, Y: torch.Tensor, opts: dict, bound: str = "schatten"
 ):
-    r"""$K$ from a joint msign: the tangent projection at $D$ of $U^\top \operatorname{msign}(Y)$, scaled into the unit
-    ball (one $m \times n$ msign): the span's share of a direction whose complement is solved with it, not apart."""
+    r"""``(K, step)``: $K$ from a joint msign, the tangent projection at $D$ of $U^\top J$, $J = \operatorname{msign}
+    (Y)$, scaled into the unit ball (one $m \times n$ msign): the span's share of a direction whose complement is
+    solved with it, not apart; and the multiplier step toward $J$'s tangency, $\bar\sigma(Y)\,N(J)$
+    (`tangency_step`; None unless ``opts["carry"]``, whose state it moves)."""
     J = msign_with(Y, opts).to(W.dtype)
-    return scale_to_ball(tangent_part(manifold, torch.diag_embed(W.norm(dim=-2)), U.mT @ J), bound=bound)
+    K = scale_to_ball(tangent_part(manifold, torch.diag_embed(W.norm(dim=-2)), U.mT @ J), bound=bound)
+    step = mean_singular_value(Y, J) * normal_multiplier(manifold, W, J) if opts["carry"] else None
+    return K, step
 
 
 def best_share(H: torch.Tensor, K: torch.Tensor, S: torch.Tensor, X: torch.Tensor, degree: int):
@@ -156,52 +163,72 @@ def fill(U: torch.Tensor, H: torch.Tensor, K: torch.Tensor, Q: torch.Tensor, S: 
 
 
 def filled_split_direction(
-    manifold: GramManifold, W: torch.Tensor, G: torch.Tensor, opts: dict
-) -> tuple[torch.Tensor, torch.Tensor]:
-    r"""``(A, alpha)`` above for tall ``(..., m, n)`` on Stiefel or DGram, ``alpha`` the square part's share
+    manifold: GramManifold, W: torch.Tensor, G: torch.Tensor, opts: dict, dual: torch.Tensor | None = None
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
+    r"""``(A, alpha, dual)`` above for tall ``(..., m, n)`` on Stiefel or DGram, ``alpha`` the square part's share
     ``(...)`` (1 on a square matrix). ``opts["refine"]`` damped fixed-point steps on the multiplier follow:
     $Z = \operatorname{sym}(A^\top(\hat G - W\Lambda))$,
     $\Lambda \leftarrow (1 - w)\Lambda + w\,(N(\hat G) - N(AZ))$ ($N$ = `normal_multiplier`, $w$ = ``REFINE_DAMPING``;
     the optimum has $\hat G - W\Lambda^\star = A^\star Z^\star$, whose normal part is this equation), then $K$ from
-    the joint msign of $\hat G - W\Lambda$ and the fill again: one $m \times n$ msign each."""
+    the joint msign of $\hat G - W\Lambda$ and the fill again: one $m \times n$ msign each. ``opts["carry"]``: the
+    first joint msign starts from the carried $\Lambda = -$``dual`` (None: $N(\hat G)$) and the returned ``dual`` is
+    $-(\Lambda + \eta\,\bar\sigma N(J))$ for the last joint msign $J$ (`carried_dual`); None without it and on a
+    square matrix."""
     Gn, U, H = split_basis(W, G)
     square = W.shape[-2] == W.shape[-1]  # no complement (R is rounding): K is the direction, its bound the tight one
-    if opts["square"] == "joint":
-        K = joint_square_part(manifold, W, U, tangent_part(manifold, W, Gn), opts, "both" if square else "schatten")
+    base = normal_multiplier(manifold, W, Gn)  # Lambda where A = msign(P_T G)
+    carry = bool(opts["carry"]) and not square
+    lam = -dual.to(W.dtype) if carry and dual is not None else base
+    if opts["square"] == "joint" or carry:
+        K, step = joint_square_part(manifold, W, U, Gn - W @ lam, opts, "both" if square else "schatten")
     else:
         K = square_part(manifold, W, H, opts)
     if square:
-        return U @ K, torch.ones(W.shape[:-2], dtype=W.dtype, device=W.device)
+        return U @ K, torch.ones(W.shape[:-2], dtype=W.dtype, device=W.device), None
     R = Gn - U @ H
     Q = msign_with(R, opts).to(W.dtype)
     Q = Q - U @ (U.mT @ Q)
     S = sym(Q.mT @ R)
     A, alpha = fill(U, H, K, Q, S, int(opts["degree"]))
-    base = normal_multiplier(manifold, W, Gn) if opts["refine"] else None  # Lambda's start: A = msign(P_T G)
-    lam = base
     for _ in range(int(opts["refine"])):
         Z = A.mT @ (Gn - W @ lam)
         target = base - normal_multiplier(manifold, W, A @ sym(Z))
         lam = (1 - REFINE_DAMPING) * lam + REFINE_DAMPING * target
-        K = joint_square_part(manifold, W, U, Gn - W @ lam, opts)
+        K, step = joint_square_part(manifold, W, U, Gn - W @ lam, opts)
         A, alpha = fill(U, H, K, Q, S, int(opts["degree"]))
-    return scale_to_ball(A, bound="near_unit"), alpha  # the fill makes A's singular values 1: the tight bound
+    # the fill makes A's singular values 1: the tight bound
+    return scale_to_ball(A, bound="near_unit"), alpha, carried_dual(lam, step, opts) if carry else None
+
+
+def carried_dual(lam: torch.Tensor, step: torch.Tensor, opts: dict) -> torch.Tensor:
+    r"""The state ``carry`` keeps: $S = -(\Lambda + \eta\,\bar\sigma(Y)\,N(J))$, $\eta$ = ``opts["carry_step"]``,
+    for the last joint msign $J = \operatorname{msign}(Y)$, $Y = \hat G - W\Lambda$ (the sign of ``exact``'s $S$ in
+    $\hat G + WS$). A dual-ascent step: where $Y \approx \bar\sigma J$, $\eta = 1$ removes the normal part
+    $W\,\bar\sigma N(J)$ of $Y$; its fixed point $N(J) = 0$ is the optimum's condition, $J$ tangent (the fixed-point
+    step of ``refine`` has the fill's bias, not this). One step per training step tracks the optimum's multiplier
+    as $W$ and $G$ move; it costs no product more (the joint msign's $N(J)$ is $K$'s own)."""
+    return -(lam + float(opts["carry_step"]) * step)
 
 
 def gram_joint_square_part(manifold: GramManifold, d: torch.Tensor, E: torch.Tensor, MR: torch.Tensor, opts: dict):
-    r"""``(K, K^T K)``: `joint_square_part` of $Y = UE + R$ ($U^\top R = 0$) from $n \times n$ matrices:
-    $Y^\top Y = E^\top E + R^\top R$ and $U^\top \operatorname{msign}(Y) = E\,F(Y^\top Y)$ (`gram_msign_factor`),
-    tangent at $D = \operatorname{diag}(d)$, scaled by the Schatten bound (the spectrum of $K$ is spread)."""
-    J = E @ gram_msign_factor(E.mT @ E + MR, opts["msign"], int(opts["msign_steps"]))
-    K = J - d[..., :, None] * gram_normal_multiplier(manifold, d * d, d[..., :, None] * J)  # tangent_part at D
+    r"""``(K, K^T K, step)``: `joint_square_part` of $Y = UE + R$ ($U^\top R = 0$) from $n \times n$ matrices:
+    $M = Y^\top Y = E^\top E + R^\top R$ and $U^\top \operatorname{msign}(Y) = E\,F(M)$ (`gram_msign_factor`),
+    tangent at $D = \operatorname{diag}(d)$, scaled by the Schatten bound (the spectrum of $K$ is spread); ``step``
+    $= \bar\sigma(Y)\,N(J)$ with $W^\top J = DEF$ and $\bar\sigma = \langle M, F\rangle / n$ (no product more)."""
+    M = E.mT @ E + MR
+    F = gram_msign_factor(M, opts["msign"], int(opts["msign_steps"]))
+    J = E @ F
+    NJ = gram_normal_multiplier(manifold, d * d, d[..., :, None] * J)
+    K = J - d[..., :, None] * NJ  # tangent_part at D
     P = K.mT @ K
     f = ball_factor(P, K.shape[-2], "schatten")[..., None, None]
-    return K * f, P * (f * f)
+    sigma = (M * F).sum(dim=(-2, -1), keepdim=True) / M.shape[-1]  # <Y, msign(Y)> / n = tr(M F) / n
+    return K * f, P * (f * f), sigma * NJ
 
 
 def gram_filled_split_direction(
-    manifold: GramManifold, W: torch.Tensor, G: torch.Tensor, opts: dict
-) -> tuple[torch.Tensor, torch.Tensor]:
+    manifold: GramManifold, W: torch.Tensor, G: torch.Tensor, opts: dict, dual: torch.Tensor | None = None
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
     r"""`filled_split_direction` with every msign in Gram space: after $H = U^\top \hat G$, $R = \hat G - UH$,
     $R^\top R$ and $U^\top R$ (four $mn^2$ products) the work is $n \times n$, and
     $A = U(\alpha K - U^\top R\,N) + RN$ (the complement's rounding in the span of $U$ removed, as the tall path's
@@ -210,10 +237,11 @@ def gram_filled_split_direction(
     $E = H - D\Lambda$, is `gram_joint_square_part`; a refinement step has
     $Z = \operatorname{sym}(\alpha K^\top E + N^\top R^\top R)$ and $W^\top AZ = D\alpha KZ$. The same direction
     as the tall path to rounding (tested), at 35-60% of its products; $A$'s final bound is
-    ``"near_unit"`` (the fill makes its singular values 1). Works in float32 at least; a square matrix (no
-    complement) takes the tall path."""
+    ``"near_unit"`` (the fill makes its singular values 1). ``dual`` and ``opts["carry"]`` as there (no product
+    more). Works in float32 at least; a square matrix (no complement) takes the
+    tall path."""
     if W.shape[-2] == W.shape[-1]:
-        return filled_split_direction(manifold, W, G, opts)
+        return filled_split_direction(manifold, W, G, opts, dual)
     work = torch.promote_types(W.dtype, torch.float32)
     Wf, degree = W.to(work), int(opts["degree"])
     Gn, U, H = split_basis(Wf, G.to(work))
@@ -224,38 +252,43 @@ def gram_filled_split_direction(
     S = sym(FR @ MR)
     eye = torch.eye(W.shape[-1], dtype=work, device=W.device)
     base = gram_normal_multiplier(manifold, d * d, d[..., :, None] * H)  # W^T G = D H: A = msign(P_T G)'s
-    lam = base
-    for step in range(int(opts["refine"]) + 1):
+    refine, carry = int(opts["refine"]), bool(opts["carry"])
+    lam = -dual.to(work) if carry and dual is not None else base
+    for step in range(refine + 1):
         E = H - d[..., :, None] * lam  # U^T (G - W Lambda)
-        if step == 0 and opts["square"] == "split":
+        if step == 0 and opts["square"] == "split" and not carry:
             K = square_part(manifold, Wf, H, opts)
             PK = K.mT @ K
         else:
-            K, PK = gram_joint_square_part(manifold, d, E, MR, opts)
+            K, PK, tangency = gram_joint_square_part(manifold, d, E, MR, opts)
         X = 2 * PK - eye
         alpha, a = best_share(H, K, S, X, degree)
         aK, N = alpha[..., None, None] * K, FR @ chebyshev_matrix(X, a)
-        if step < int(opts["refine"]):
+        if step < refine:
             Z = sym(aK.mT @ E + N.mT @ MR)
             target = base - gram_normal_multiplier(manifold, d * d, d[..., :, None] * (aK @ Z))
             lam = (1 - REFINE_DAMPING) * lam + REFINE_DAMPING * target
     A = U @ (aK - UR @ N) + R @ N  # (I - UU^T) R N: the complement's part in the complement, as the tall Q's
-    return scale_to_ball(A, bound="near_unit").to(W.dtype), alpha.to(W.dtype)
+    dual = carried_dual(lam, tangency, opts).to(W.dtype) if carry else None
+    return scale_to_ball(A, bound="near_unit").to(W.dtype), alpha.to(W.dtype), dual
 
 
 def solve_filled_split(
     manifold: GramManifold, T: torch.Tensor, G: torch.Tensor, state: dict | None, opts: dict
-) -> tuple[torch.Tensor, dict, None]:
-    """The solver's entry (``(B, m, n)`` tall batches): the direction and its statistics (`split_tangent`'s msign
-    count); on Oblique (and Euclidean) matrices ``projected_tangent``'s."""
+) -> tuple[torch.Tensor, dict, dict | None]:
+    """The solver's entry (``(B, m, n)`` tall batches): the direction, its statistics (`split_tangent`'s msign
+    count) and, with ``carry`` on a tall matrix, the new state ``{"dual": S}``; on Oblique (and Euclidean)
+    matrices ``projected_tangent``'s, no state."""
     kind = check_products_kind(manifold, "filled_split")
     if kind not in KINDS:  # Oblique: columns not orthogonal, no split
         A = projected_tangent_direction(manifold, T, G, opts)
         return A, feasible_stats(manifold, T, G, A, opts["rounds"], opts), None
-    A, _ = (gram_filled_split_direction if in_gram_space(opts) else filled_split_direction)(manifold, T, G, opts)
+    direction = gram_filled_split_direction if in_gram_space(opts) else filled_split_direction
+    A, _, dual = direction(manifold, T, G, opts, carried_multiplier(state, T) if opts["carry"] else None)
     square = 1 if opts["square"] == "joint" else square_msigns(kind, opts)  # joint: one m x n msign
     tall = T.shape[-2] > T.shape[-1]  # a square matrix has no complement to fill nor refine: its square part alone
-    return A, feasible_stats(manifold, T, G, A, square + (1 + int(opts["refine"])) * int(tall), opts), None
+    stats = feasible_stats(manifold, T, G, A, square + (1 + int(opts["refine"])) * int(tall), opts)
+    return A, stats, None if dual is None else {"dual": dual}
 
 
 SOLVER = Solver(
@@ -267,6 +300,11 @@ SOLVER = Solver(
         "degree": (lambda v: is_int(v) and v >= 2, "an integer >= 2 (the Chebyshev degree of the fill)"),
         "square": (lambda v: v in SQUARE, f"one of {', '.join(SQUARE)}"),
         "refine": (lambda v: is_int(v) and v >= 0, "an integer >= 0 (damped fixed-point steps on the multiplier)"),
+        "carry": (lambda v: isinstance(v, bool), "True or False (carry the multiplier from step to step)"),
+        "carry_step": (lambda v: is_real(v) and 0 < v <= 1, "a number in (0, 1] (the carried dual step)"),
     },
+    state=(StateSlot("dual", "dual", "matrix"),),
+    warm_starts=True,
+    carries=lambda options: options["carry"],  # otherwise it returns no state and ignores the one passed in
     summary="products only: split_tangent's square part at its best share; the complement fills the rest",
 )

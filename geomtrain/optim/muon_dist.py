@@ -83,7 +83,10 @@ def state_slots(it: MatrixItem) -> list[tuple[str, tuple, torch.dtype]]:
     (``"matrix"`` slots ``(*lead, n, n)`` in the parameter's dtype, ``"flag"`` slots one uint8 per matrix);
     none for a Euclidean matrix or without warm start."""
     spec = get_solver(it.solver)
-    if not (spec.warm_starts and it.group["warm_start"] and mask_kind(it.manifold) != "euclidean"):
+    if (
+        not (spec.keeps_state(it.group["solver_options"]) and it.group["warm_start"])
+        or mask_kind(it.manifold) == "euclidean"
+    ):
         return []
     lead, n = tuple(it.p.shape[:-2]), min(it.p.shape[-2:])
     return [

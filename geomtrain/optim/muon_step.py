@@ -241,7 +241,7 @@ def warm_options(batch: list[MatrixItem], spec) -> dict:
     """The warm-start options of a batch: every `StateSlot` of the solver where every item has it (the
     ``"matrix"`` ones first: without them the batch starts cold), as float64 matrices and bool flags."""
     g0 = batch[0].group
-    if not (g0["warm_start"] and spec.warm_starts and spec.state):
+    if not (g0["warm_start"] and spec.keeps_state(g0["solver_options"])):
         return {}
     opts = {}
     for kind in ("matrix", "flag"):
@@ -306,7 +306,7 @@ def apply_directions(batch: list[MatrixItem], A: torch.Tensor, st: dict, sizes: 
     computed = [i for i, new in enumerate(updates) if new is not None]
     spec = None if euclid else get_solver(batch[0].solver)
     new_state = st.get("state")
-    keep = spec is not None and spec.warm_starts and g0["warm_start"] and new_state is not None
+    keep = spec is not None and spec.keeps_state(g0["solver_options"]) and g0["warm_start"] and new_state is not None
     matrices = [key for key, v in (new_state or {}).items() if v.dim() > 1]  # the "matrix" slots
     # one host read (all float64) for each retracted matrix's finite check, constraint violation and warm-start
     # state check, and every matrix's `direction_length`; only the matrices that pass use the last two

@@ -104,6 +104,8 @@ class Solver:
         rules: rules for options that `OPTION_RULES` lacks or that differ here.
         state: the warm-start slots (empty: the solver starts cold every time).
         warm_starts: the optimizer carries ``state`` from step to step (``ManifoldMuon(warm_start=True)``).
+        carries: with ``warm_starts``, the options under which it does (``carries(options)``, every option
+            given, defaults filled in; None: always): ``filled_split`` keeps state with ``carry=True`` only.
         reports: statistics beyond `STAT_KEYS`: ``dual_gap`` (certified relative gap, float64) and
             ``multiplier`` (the dual point $S$, ``(B, n, n)``, at which it is certified).
         aliases: other names that resolve to it (old configs, checkpoints).
@@ -118,6 +120,7 @@ class Solver:
     rules: Mapping[str, Rule] = field(default_factory=dict)
     state: tuple[StateSlot, ...] = ()
     warm_starts: bool = False
+    carries: Callable[[Mapping], bool] | None = None
     reports: tuple[str, ...] = ()
     aliases: tuple[str, ...] = ()
     optimizer_msign: bool = True
@@ -126,6 +129,13 @@ class Solver:
     def rule(self, option: str) -> Rule:
         """The rule of ``option`` (``KeyError`` if it has none)."""
         return self.rules[option] if option in self.rules else OPTION_RULES[option]
+
+    def keeps_state(self, options: Mapping) -> bool:
+        """Whether the optimizer carries this solver's state from step to step under ``options`` (a group's
+        ``solver_options``; the defaults fill the rest): `warm_starts`, a slot, and `carries` where set."""
+        if not (self.warm_starts and self.state):
+            return False
+        return self.carries is None or bool(self.carries({**self.options, **options}))
 
     def state_options(self) -> dict[str, StateSlot]:
         """``{slot.option: slot}``: the tensor options of `spectral_direction` that carry the state."""

@@ -90,7 +90,7 @@ def test_coefficients_are_batched_per_alpha():
 @pytest.mark.parametrize("shape", SHAPES)
 def test_feasible_and_at_least_split_tangent(kind, shape):
     W, G = problem(kind, *shape, seed=sum(shape))
-    A, alpha = filled_split_direction(MANIFOLDS[kind](), W, G, SPLIT_FILL)
+    A, alpha, _ = filled_split_direction(MANIFOLDS[kind](), W, G, SPLIT_FILL)
     residual, op = feasibility(kind, W, A)
     assert residual < TANGENT_TOL and op <= 1 + OP_TOL, (residual, op)
     opt, gap = exact_optimum(kind, W, G)
@@ -110,7 +110,7 @@ def test_every_singular_value_near_one_on_tall_matrices(kind):
     # shared angle: 0.94-1.00 on this problem, 0.85-1.00 on a trained DGram MLP)
     W, G = problem(kind, 96, 24, seed=6)
     W, G = W.double(), G.double()
-    A, alpha = filled_split_direction(MANIFOLDS[kind](), W, G, EXACT_MSIGN)
+    A, alpha, _ = filled_split_direction(MANIFOLDS[kind](), W, G, EXACT_MSIGN)
     s = torch.linalg.svdvals(A)
     assert float(alpha) < 0.95 and s.min() > 0.99 and s.max() <= 1 + 1e-12, (float(alpha), s.min(), s.max())
     if kind == "dgram":
@@ -121,7 +121,7 @@ def test_every_singular_value_near_one_on_tall_matrices(kind):
 def test_square_is_split_tangent(kind):
     # no complement: the whole budget is the square part's, split_tangent's direction
     W, G = problem(kind, 32, 32, seed=7)
-    A, alpha = filled_split_direction(MANIFOLDS[kind](), W, G, dict(OPTIONS))
+    A, alpha, _ = filled_split_direction(MANIFOLDS[kind](), W, G, dict(OPTIONS))
     assert float(alpha) == 1.0
     assert torch.allclose(A, split_tangent_direction(MANIFOLDS[kind](), W, G, dict(OPTIONS)), atol=1e-6)
     for solver in ("filled_split", "split_tangent"):  # the square part's one msign, counted as such
@@ -131,17 +131,17 @@ def test_square_is_split_tangent(kind):
 @pytest.mark.parametrize("kind", SPLIT)
 def test_zero_gradient_gives_zero(kind):
     W, _ = problem(kind, 48, 16, seed=1)
-    A, _ = filled_split_direction(MANIFOLDS[kind](), W, torch.zeros_like(W), dict(OPTIONS))
+    A, _, _ = filled_split_direction(MANIFOLDS[kind](), W, torch.zeros_like(W), dict(OPTIONS))
     assert torch.equal(A, torch.zeros_like(W))
 
 
 def test_batched_equals_one_by_one():
     pairs = [problem("dgram", 40, 8, seed=s) for s in range(3)]
     W, G = torch.stack([p[0] for p in pairs]), torch.stack([p[1] for p in pairs])
-    A, alpha = filled_split_direction(MANIFOLDS["dgram"](), W, G, dict(OPTIONS))
+    A, alpha, _ = filled_split_direction(MANIFOLDS["dgram"](), W, G, dict(OPTIONS))
     assert alpha.shape == (3,)
     for i, (Wi, Gi) in enumerate(pairs):
-        Ai, ai = filled_split_direction(MANIFOLDS["dgram"](), Wi, Gi, dict(OPTIONS))
+        Ai, ai, _ = filled_split_direction(MANIFOLDS["dgram"](), Wi, Gi, dict(OPTIONS))
         assert torch.allclose(A[i], Ai, atol=1e-6) and math.isclose(float(alpha[i]), float(ai))
 
 
@@ -180,7 +180,7 @@ def test_joint_square_part_is_feasible_and_near_optimum(kind, shape):
     # direction stays feasible by construction; measured 0.89-1.00 of OPT on these problems (0.8 catches a
     # broken projection or fill)
     W, G = problem(kind, *shape, seed=sum(shape))
-    A, _ = filled_split_direction(MANIFOLDS[kind](), W, G, {**OPTIONS, "square": "joint"})
+    A, _, _ = filled_split_direction(MANIFOLDS[kind](), W, G, {**OPTIONS, "square": "joint"})
     residual, op = feasibility(kind, W, A)
     assert residual < TANGENT_TOL and op <= 1 + OP_TOL, (residual, op)
     opt, gap = exact_optimum(kind, W, G)
@@ -206,7 +206,7 @@ def test_refinement_steps_stay_feasible_and_gain(kind, shape):
     opt, gap = exact_optimum(kind, W, G)
     ratios = []
     for refine in (0, 1, 2):
-        A, _ = filled_split_direction(MANIFOLDS[kind](), W, G, {**SPLIT_FILL, "refine": refine})
+        A, _, _ = filled_split_direction(MANIFOLDS[kind](), W, G, {**SPLIT_FILL, "refine": refine})
         residual, op = feasibility(kind, W, A)
         assert residual < TANGENT_TOL and op <= 1 + OP_TOL, (refine, residual, op)
         ratios.append(objective_ratio(G, A, opt))
@@ -232,8 +232,8 @@ GRAM_TOL = 1e-10
 def test_gram_path_is_the_tall_reference(kind, square, refine):
     W, G = problem(kind, 96, 24, seed=11, dtype=torch.float64)
     opts = {**OPTIONS, "square": square, "refine": refine}
-    A, alpha = filled_split_direction(MANIFOLDS[kind](), W, G, opts)
-    B, beta = gram_filled_split_direction(MANIFOLDS[kind](), W, G, opts)
+    A, alpha, _ = filled_split_direction(MANIFOLDS[kind](), W, G, opts)
+    B, beta, _ = gram_filled_split_direction(MANIFOLDS[kind](), W, G, opts)
     assert torch.equal(alpha, beta)
     assert float((A - B).norm() / A.norm()) < GRAM_TOL
 
@@ -244,8 +244,8 @@ def test_gram_path_in_float32_is_feasible_and_near_the_reference(kind):
     # below 1 (measured: 3e-3 from the float64 reference at 512x128, the tall float32 path 2e-4); 1e-2 leaves a
     # factor 3; the certified gaps of the two paths on a trained GPT checkpoint agree to 1e-4
     W, G = problem(kind, 192, 48, seed=12, dtype=torch.float64)
-    ref, _ = filled_split_direction(MANIFOLDS[kind](), W, G, dict(OPTIONS))
-    A, _ = gram_filled_split_direction(MANIFOLDS[kind](), W.float(), G.float(), dict(OPTIONS))
+    ref, _, _ = filled_split_direction(MANIFOLDS[kind](), W, G, dict(OPTIONS))
+    A, _, _ = gram_filled_split_direction(MANIFOLDS[kind](), W.float(), G.float(), dict(OPTIONS))
     residual, op = feasibility(kind, W.float(), A)
     assert residual < TANGENT_TOL and op <= 1 + OP_TOL, (residual, op)
     assert float((A.double() - ref).norm() / ref.norm()) < 1e-2
@@ -254,8 +254,8 @@ def test_gram_path_in_float32_is_feasible_and_near_the_reference(kind):
 def test_gram_path_keeps_a_half_precision_dtype():
     # the Gram work runs in float32 (a bf16 Gram matrix would lose the small singular values); A comes back in bf16
     W, G = problem("dgram", 64, 16, seed=13)
-    A, _ = gram_filled_split_direction(MANIFOLDS["dgram"](), W.bfloat16(), G.bfloat16(), dict(OPTIONS))
-    B, _ = gram_filled_split_direction(MANIFOLDS["dgram"](), W.bfloat16().float(), G.bfloat16().float(), dict(OPTIONS))
+    A, _, _ = gram_filled_split_direction(MANIFOLDS["dgram"](), W.bfloat16(), G.bfloat16(), dict(OPTIONS))
+    B, _, _ = gram_filled_split_direction(MANIFOLDS["dgram"](), W.bfloat16().float(), G.bfloat16().float(), dict(OPTIONS))
     assert A.dtype == torch.bfloat16 and torch.equal(A, B.bfloat16())
 
 
@@ -264,7 +264,7 @@ def test_space_tall_and_svd_take_the_reference_path(kind):
     W, G = problem(kind, 48, 16, seed=14)
     for options in ({"space": "tall"}, {"msign": "svd"}):  # svd has no Gram form
         A, _ = spectral_direction(MANIFOLDS[kind](), W, G, solver="filled_split", **options)
-        B, _ = filled_split_direction(MANIFOLDS[kind](), W, G, {**OPTIONS, **options})
+        B, _, _ = filled_split_direction(MANIFOLDS[kind](), W, G, {**OPTIONS, **options})
         assert torch.equal(A, B), options
     with pytest.raises(ValueError, match="one of gram, tall"):
         spectral_direction(MANIFOLDS[kind](), W, G, solver="filled_split", space="wide")
@@ -298,6 +298,6 @@ def test_gram_path_stays_tangent_on_a_low_rank_gradient(kind):
     W, _ = problem(kind, 192, 48, seed=17)
     g = torch.Generator().manual_seed(17)
     G = torch.randn(192, 6, generator=g) @ torch.randn(6, 48, generator=g)
-    A, _ = gram_filled_split_direction(MANIFOLDS[kind](), W, G, dict(OPTIONS))
+    A, _, _ = gram_filled_split_direction(MANIFOLDS[kind](), W, G, dict(OPTIONS))
     residual, op = feasibility(kind, W, A)
     assert residual < 1e-4 and op <= 1 + OP_TOL, (residual, op)

@@ -1,0 +1,91 @@
+"""filled_split with its multiplier carried (``carry=True``), on the fixed problems of a training checkpoint.
+
+Each solve of a carried run starts its joint msign from the multiplier the previous solve returned, so on a fixed
+(W, G) the k-th solve is the fixed-point iteration's k-th step, one joint msign each. Per Stiefel and DGram matrix
+kind (median, and range over the matrices): the exact float64 certified relative dual gap
+(`geomtrain.optim.certificate.certify`) of the default (``refine=0``), of ``refine=1`` and of the k-th carried
+solve, and the matmul FLOPs of one solve over those of one 5-step Polar Express msign of the same matrix.
+
+    python lab/2026-12-06-carried-multiplier/directions.py RUN/ckpt.pt [--solves 8] [--out FILE.md]
+"""
+
+from __future__ import annotations
+
+import argparse
+import collections
+import statistics
+
+import torch
+from torch.utils.flop_counter import FlopCounterMode
+
+from geomtrain.optim import spectral_direction
+from geomtrain.optim.certificate import certify
+from manifolds import DGram, Stiefel, msign
+from manifolds.base import to_tall
+
+
+def matmul_flops(fn, *args, **kwargs) -> int:
+    with FlopCounterMode(display=False) as counter:
+        fn(*args, **kwargs)
+    return counter.get_total_flops()
+
+
+def gap_of(manifold, W, G, A) -> float:
+    return float(certify(manifold, W[None].double(), G[None].double(), A[None].double())[0])
+
+
+def summary(values: list[float], digits: int) -> str:
+    return f"{statistics.median(values):.{digits}f} ({min(values):.{digits}f}-{max(values):.{digits}f})"
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("checkpoint")
+    ap.add_argument("--solves", type=int, default=8, help="carried solves on each fixed problem")
+    ap.add_argument("--out")
+    args = ap.parse_args()
+    torch.set_num_threads(1)
+    ck = torch.load(args.checkpoint, weights_only=False, map_location="cpu")
+    rows = collections.defaultdict(lambda: collections.defaultdict(list))  # kind -> arm -> [value]
+    for group in ck["muon"]["param_groups"]:
+        manifold = {"stiefel": Stiefel(), "dgram": DGram()}.get(group["manifold_name"])
+        if manifold is None:
+            continue
+        for pid, name in zip(group["params"], group["param_names"]):
+            W = to_tall(ck["model"][name]).float()
+            G = to_tall(ck["muon"]["state"][pid]["momentum_buffer"]).float()
+            if W.shape[-2] == W.shape[-1]:
+                continue  # a square matrix has no complement: carry does not apply
+            kind = f"{group['manifold_name']} {'attn' if '.attn.' in name else 'mlp'} {tuple(W.shape)}"
+            unit = matmul_flops(msign, G, "polar_express", steps=5)
+            arm = rows[kind]
+            for label, kw in (("refine=0", {}), ("refine=1", {"refine": 1})):
+                A, _ = spectral_direction(manifold, W, G, solver="filled_split", **kw)
+                arm[label].append(gap_of(manifold, W, G, A))
+                arm[f"{label} cost"].append(matmul_flops(spectral_direction, manifold, W, G, solver="filled_split", **kw) / unit)
+            dual = None
+            for k in range(1, args.solves + 1):
+                kw = {"carry": True} if dual is None else {"carry": True, "dual": dual}
+                if k == 1:
+                    arm["carry cost"].append(matmul_flops(spectral_direction, manifold, W, G, solver="filled_split", **kw) / unit)
+                A, stats = spectral_direction(manifold, W, G, solver="filled_split", **kw)
+                dual = stats.state["dual"]
+                arm[f"carry, solve {k}"].append(gap_of(manifold, W, G, A))
+    lines = [f"Checkpoint `{args.checkpoint}`; certified gap (median, range over the matrices)", ""]
+    for kind, arm in rows.items():
+        lines += [f"### {kind}, {len(arm['refine=0'])} matrices", "", "| arm | certified gap | msign-equivalents |", "|---|---|---|"]
+        for label in ("refine=0", "refine=1"):
+            lines.append(f"| {label} | {summary(arm[label], 4)} | {summary(arm[label + ' cost'], 2)} |")
+        for k in range(1, args.solves + 1):
+            cost = summary(arm["carry cost"], 2) if k == 1 else ""
+            lines.append(f"| carry, solve {k} | {summary(arm[f'carry, solve {k}'], 4)} | {cost} |")
+        lines.append("")
+    text = "\n".join(lines)
+    print(text)
+    if args.out:
+        with open(args.out, "w") as f:
+            f.write(text + "\n")
+
+
+if __name__ == "__main__":
+    main()
