@@ -8,8 +8,9 @@ the dispatcher, so the count is the same on a CPU, where they cost nothing, and 
 
 Not seen at this level: the error checks inside a few linear-algebra kernels on CUDA
 (``torch.linalg.eigh``, ``solve``, ``cholesky``: one synchronisation per call; the ``_ex`` variants
-skip it) and ``.cpu()`` of a tensor already on the CPU (free there, so a CPU run cannot tell it from
-a copy). ``tolist()`` and ``numpy()`` are counted as copies to the host whatever the device.
+skip it). ``tolist()``, ``numpy()`` and ``.cpu()`` are counted as copies to the host whatever the
+device: on the CPU a ``.cpu()`` dispatches nothing, and code that calls it on a tensor moves that tensor
+off a GPU.
 """
 
 from __future__ import annotations
@@ -61,7 +62,8 @@ class _SyncCounter(TorchDispatchMode):
 
 
 class _HostReadCounter(TorchFunctionMode):
-    """``tolist()`` and ``numpy()`` read a tensor's memory on the host without a dispatched operation."""
+    """``tolist()``, ``numpy()`` and ``cpu()`` (of a CPU tensor) read a tensor on the host without a dispatched
+    operation."""
 
     def __init__(self, counts: collections.Counter):
         super().__init__()
@@ -69,6 +71,8 @@ class _HostReadCounter(TorchFunctionMode):
 
     def __torch_function__(self, func, types, args=(), kwargs=None):
         if func in (torch.Tensor.tolist, torch.Tensor.numpy):
+            self.counts["copy to host"] += 1
+        elif func is torch.Tensor.cpu and args and args[0].device.type == "cpu":  # else _to_copy counts it
             self.counts["copy to host"] += 1
         return func(*args, **(kwargs or {}))
 

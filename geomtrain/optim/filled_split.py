@@ -76,7 +76,7 @@ __all__ = [
     "best_share",
     "fill",
     "filled_split_direction",
-    "carried_dual",
+    "carried_correction",
     "gram_joint_square_part",
     "gram_filled_split_direction",
     "solve_filled_split",
@@ -163,22 +163,22 @@ def fill(U: torch.Tensor, H: torch.Tensor, K: torch.Tensor, Q: torch.Tensor, S: 
 
 
 def filled_split_direction(
-    manifold: GramManifold, W: torch.Tensor, G: torch.Tensor, opts: dict, dual: torch.Tensor | None = None
+    manifold: GramManifold, W: torch.Tensor, G: torch.Tensor, opts: dict, correction: torch.Tensor | None = None
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
-    r"""``(A, alpha, dual)`` above for tall ``(..., m, n)`` on Stiefel or DGram, ``alpha`` the square part's share
+    r"""``(A, alpha, correction)`` above for tall ``(..., m, n)`` on Stiefel or DGram, ``alpha`` the square part's share
     ``(...)`` (1 on a square matrix). ``opts["refine"]`` damped fixed-point steps on the multiplier follow:
     $Z = \operatorname{sym}(A^\top(\hat G - W\Lambda))$,
     $\Lambda \leftarrow (1 - w)\Lambda + w\,(N(\hat G) - N(AZ))$ ($N$ = `normal_multiplier`, $w$ = ``REFINE_DAMPING``;
     the optimum has $\hat G - W\Lambda^\star = A^\star Z^\star$, whose normal part is this equation), then $K$ from
     the joint msign of $\hat G - W\Lambda$ and the fill again: one $m \times n$ msign each. ``opts["carry"]``: the
-    first joint msign starts from the carried $\Lambda = -$``dual`` (None: $N(\hat G)$) and the returned ``dual`` is
-    $-(\Lambda + \eta\,\bar\sigma N(J))$ for the last joint msign $J$ (`carried_dual`); None without it and on a
-    square matrix."""
+    first joint msign starts from $\Lambda = N(\hat G) + C$, $C$ = ``correction`` carried from the previous step
+    (None: 0), and the returned ``correction`` is $\Lambda + \eta\,\bar\sigma N(J) - N(\hat G)$ for the last joint
+    msign $J$ (`carried_correction`); None without it and on a square matrix."""
     Gn, U, H = split_basis(W, G)
     square = W.shape[-2] == W.shape[-1]  # no complement (R is rounding): K is the direction, its bound the tight one
     base = normal_multiplier(manifold, W, Gn)  # Lambda where A = msign(P_T G)
     carry = bool(opts["carry"]) and not square
-    lam = -dual.to(W.dtype) if carry and dual is not None else base
+    lam = base + correction.to(W.dtype) if carry and correction is not None else base
     if opts["square"] == "joint" or carry:
         K, step = joint_square_part(manifold, W, U, Gn - W @ lam, opts, "both" if square else "schatten")
     else:
@@ -197,17 +197,18 @@ def filled_split_direction(
         K, step = joint_square_part(manifold, W, U, Gn - W @ lam, opts)
         A, alpha = fill(U, H, K, Q, S, int(opts["degree"]))
     # the fill makes A's singular values 1: the tight bound
-    return scale_to_ball(A, bound="near_unit"), alpha, carried_dual(lam, step, opts) if carry else None
+    return scale_to_ball(A, bound="near_unit"), alpha, carried_correction(lam, step, base, opts) if carry else None
 
 
-def carried_dual(lam: torch.Tensor, step: torch.Tensor, opts: dict) -> torch.Tensor:
-    r"""The state ``carry`` keeps: $S = -(\Lambda + \eta\,\bar\sigma(Y)\,N(J))$, $\eta$ = ``opts["carry_step"]``,
-    for the last joint msign $J = \operatorname{msign}(Y)$, $Y = \hat G - W\Lambda$ (the sign of ``exact``'s $S$ in
-    $\hat G + WS$). A dual-ascent step: where $Y \approx \bar\sigma J$, $\eta = 1$ removes the normal part
-    $W\,\bar\sigma N(J)$ of $Y$; its fixed point $N(J) = 0$ is the optimum's condition, $J$ tangent (the fixed-point
-    step of ``refine`` has the fill's bias, not this). One step per training step tracks the optimum's multiplier
-    as $W$ and $G$ move; it costs no product more (the joint msign's $N(J)$ is $K$'s own)."""
-    return -(lam + float(opts["carry_step"]) * step)
+def carried_correction(lam: torch.Tensor, step: torch.Tensor, base: torch.Tensor, opts: dict) -> torch.Tensor:
+    r"""The state ``carry`` keeps: $C = \Lambda + \eta\,\bar\sigma(Y)\,N(J) - N(\hat G)$, $\eta$ =
+    ``opts["carry_step"]``, for the last joint msign $J = \operatorname{msign}(Y)$, $Y = \hat G - W\Lambda$, and
+    ``base`` $= N(\hat G)$, the start without it. A dual-ascent step: where $Y \approx \bar\sigma J$, $\eta = 1$
+    removes the normal part $W\,\bar\sigma N(J)$ of $Y$; its fixed point $N(J) = 0$ is the optimum's condition,
+    $J$ tangent (the fixed-point step of ``refine`` has the fill's bias, not this). Carried as the correction to
+    $N(\hat G)$, which the next step recomputes for its own $W$ and $G$; no product more (the joint msign's $N(J)$
+    is $K$'s own)."""
+    return lam + float(opts["carry_step"]) * step - base
 
 
 def gram_joint_square_part(manifold: GramManifold, d: torch.Tensor, E: torch.Tensor, MR: torch.Tensor, opts: dict):
@@ -227,7 +228,7 @@ def gram_joint_square_part(manifold: GramManifold, d: torch.Tensor, E: torch.Ten
 
 
 def gram_filled_split_direction(
-    manifold: GramManifold, W: torch.Tensor, G: torch.Tensor, opts: dict, dual: torch.Tensor | None = None
+    manifold: GramManifold, W: torch.Tensor, G: torch.Tensor, opts: dict, correction: torch.Tensor | None = None
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
     r"""`filled_split_direction` with every msign in Gram space: after $H = U^\top \hat G$, $R = \hat G - UH$,
     $R^\top R$ and $U^\top R$ (four $mn^2$ products) the work is $n \times n$, and
@@ -237,11 +238,11 @@ def gram_filled_split_direction(
     $E = H - D\Lambda$, is `gram_joint_square_part`; a refinement step has
     $Z = \operatorname{sym}(\alpha K^\top E + N^\top R^\top R)$ and $W^\top AZ = D\alpha KZ$. The same direction
     as the tall path to rounding (tested), at 35-60% of its products; $A$'s final bound is
-    ``"near_unit"`` (the fill makes its singular values 1). ``dual`` and ``opts["carry"]`` as there (no product
+    ``"near_unit"`` (the fill makes its singular values 1). ``correction`` and ``opts["carry"]`` as there (no product
     more). Works in float32 at least; a square matrix (no complement) takes the
     tall path."""
     if W.shape[-2] == W.shape[-1]:
-        return filled_split_direction(manifold, W, G, opts, dual)
+        return filled_split_direction(manifold, W, G, opts, correction)
     work = torch.promote_types(W.dtype, torch.float32)
     Wf, degree = W.to(work), int(opts["degree"])
     Gn, U, H = split_basis(Wf, G.to(work))
@@ -253,7 +254,7 @@ def gram_filled_split_direction(
     eye = torch.eye(W.shape[-1], dtype=work, device=W.device)
     base = gram_normal_multiplier(manifold, d * d, d[..., :, None] * H)  # W^T G = D H: A = msign(P_T G)'s
     refine, carry = int(opts["refine"]), bool(opts["carry"])
-    lam = -dual.to(work) if carry and dual is not None else base
+    lam = base + correction.to(work) if carry and correction is not None else base
     for step in range(refine + 1):
         E = H - d[..., :, None] * lam  # U^T (G - W Lambda)
         if step == 0 and opts["square"] == "split" and not carry:
@@ -269,26 +270,28 @@ def gram_filled_split_direction(
             target = base - gram_normal_multiplier(manifold, d * d, d[..., :, None] * (aK @ Z))
             lam = (1 - REFINE_DAMPING) * lam + REFINE_DAMPING * target
     A = U @ (aK - UR @ N) + R @ N  # (I - UU^T) R N: the complement's part in the complement, as the tall Q's
-    dual = carried_dual(lam, tangency, opts).to(W.dtype) if carry else None
-    return scale_to_ball(A, bound="near_unit").to(W.dtype), alpha.to(W.dtype), dual
+    correction = carried_correction(lam, tangency, base, opts).to(W.dtype) if carry else None
+    return scale_to_ball(A, bound="near_unit").to(W.dtype), alpha.to(W.dtype), correction
 
 
 def solve_filled_split(
     manifold: GramManifold, T: torch.Tensor, G: torch.Tensor, state: dict | None, opts: dict
 ) -> tuple[torch.Tensor, dict, dict | None]:
     """The solver's entry (``(B, m, n)`` tall batches): the direction, its statistics (`split_tangent`'s msign
-    count) and, with ``carry`` on a tall matrix, the new state ``{"dual": S}``; on Oblique (and Euclidean)
+    count) and, with ``carry`` on a tall matrix, the new state ``{"correction": C}``; on Oblique (and Euclidean)
     matrices ``projected_tangent``'s, no state."""
     kind = check_products_kind(manifold, "filled_split")
     if kind not in KINDS:  # Oblique: columns not orthogonal, no split
         A = projected_tangent_direction(manifold, T, G, opts)
         return A, feasible_stats(manifold, T, G, A, opts["rounds"], opts), None
     direction = gram_filled_split_direction if in_gram_space(opts) else filled_split_direction
-    A, _, dual = direction(manifold, T, G, opts, carried_multiplier(state, T) if opts["carry"] else None)
+    A, _, correction = direction(
+        manifold, T, G, opts, carried_multiplier(state, T, "correction") if opts["carry"] else None
+    )
     square = 1 if opts["square"] == "joint" else square_msigns(kind, opts)  # joint: one m x n msign
     tall = T.shape[-2] > T.shape[-1]  # a square matrix has no complement to fill nor refine: its square part alone
     stats = feasible_stats(manifold, T, G, A, square + (1 + int(opts["refine"])) * int(tall), opts)
-    return A, stats, None if dual is None else {"dual": dual}
+    return A, stats, None if correction is None else {"correction": correction}
 
 
 SOLVER = Solver(
@@ -303,7 +306,7 @@ SOLVER = Solver(
         "carry": (lambda v: isinstance(v, bool), "True or False (carry the multiplier from step to step)"),
         "carry_step": (lambda v: is_real(v) and 0 < v <= 1, "a number in (0, 1] (the carried dual step)"),
     },
-    state=(StateSlot("dual", "dual", "matrix"),),
+    state=(StateSlot("correction", "correction", "matrix"),),
     warm_starts=True,
     carries=lambda options: options["carry"],  # otherwise it returns no state and ignores the one passed in
     summary="products only: split_tangent's square part at its best share; the complement fills the rest",

@@ -316,9 +316,14 @@ def apply_directions(batch: list[MatrixItem], A: torch.Tensor, st: dict, sizes: 
         for i in computed:
             finite = [torch.isfinite(new_state[k][bounds[i] : bounds[i + 1]]).all() for k in matrices]
             checks.append(torch.stack(finite).all().double() if finite else torch.ones((), dtype=torch.float64))
-    read = host_values(checks + list(direction_length(A).double().unbind()))
-    c, n_off = len(computed), 0 if euclid else len(computed)
-    lengths = torch.tensor(read[len(checks) :], dtype=torch.float64)
+    # the statistics a solver left on the device (a products-only solver's residual) join the same read
+    fields = [f for f in ("residual", "dual_gap", "certified_gap", "certified_residual") if st.get(f) is not None]
+    on_device = [f for f in fields if st[f].device.type != "cpu"]
+    peaks = [st[f][bounds[i] : bounds[i + 1]].double().max() for f in on_device for i in range(len(batch))]
+    read = host_values(checks + peaks + list(direction_length(A).double().unbind()))
+    c, n_off, k = len(computed), 0 if euclid else len(computed), len(checks) + len(peaks)
+    peak = {(f, i): read[len(checks) + j * len(batch) + i] for j, f in enumerate(on_device) for i in range(len(batch))}
+    lengths = torch.tensor(read[k:], dtype=torch.float64)
     for i, ok in zip(computed, read[:c]):
         if not ok:
             skips[i] = SKIP_DIRECTION if euclid else SKIP_RETRACTION
@@ -332,9 +337,8 @@ def apply_directions(batch: list[MatrixItem], A: torch.Tensor, st: dict, sizes: 
         # tensor to tensor, no Python numbers read (the solver's statistics are on the CPU)
         table.set(it.index, "msign_calls", st["msign_calls"][sl].double().sum())
         table.set(it.index, "calls_max", st["msign_calls"][sl].double().max())
-        for f in ("residual", "dual_gap", "certified_gap", "certified_residual"):
-            if st.get(f) is not None:
-                table.set(it.index, f, st[f][sl].double().max())
+        for f in fields:
+            table.set(it.index, f, peak[(f, i)] if f in on_device else st[f][sl].double().max())
         table.set(it.index, "converged", st["converged"][sl].double().min())
         table.set(it.index, "skipped", skips[i])
         if not skips[i]:  # the step-length statistics of the directions applied

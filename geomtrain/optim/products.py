@@ -185,9 +185,10 @@ def mean_singular_value(Y: torch.Tensor, Q: torch.Tensor) -> torch.Tensor:
     return (Y * Q).sum(dim=(-2, -1), keepdim=True) / Y.shape[-1]
 
 
-def carried_multiplier(state: dict | None, T: torch.Tensor) -> torch.Tensor | None:
-    """The multiplier ``S`` a warm start carries (``state["dual"]``) as ``(B, n, n)`` in ``T``'s dtype, or None."""
-    dual = (state or {}).get("dual")
+def carried_multiplier(state: dict | None, T: torch.Tensor, key: str = "dual") -> torch.Tensor | None:
+    """The multiplier a warm start carries (``state[key]``: ``"dual"``, the multiplier ``S``) as ``(B, n, n)`` in
+    ``T``'s dtype, or None."""
+    dual = (state or {}).get(key)
     return None if dual is None else dual.reshape(-1, T.shape[-1], T.shape[-1]).to(T)
 
 
@@ -195,9 +196,10 @@ def feasible_stats(
     manifold: GramManifold, T: torch.Tensor, G: torch.Tensor, A: torch.Tensor, evaluations: int, opts: dict
 ):
     """The statistics of a products-only solve of ``(B, m, n)`` batches: ``evaluations`` msign calls each,
-    the tangent residual of ``A`` (rounding only: feasible by construction, so always converged) and,
-    with ``opts["trace"]``, a one-point trace of the first matrix."""
-    res = tangent_residual(manifold, T, A).double().cpu()
+    the tangent residual of ``A`` (rounding only: feasible by construction, so always converged; on ``A``'s
+    device, for the optimizer's one host read per batch) and, with ``opts["trace"]``, a one-point trace of
+    the first matrix."""
+    res = tangent_residual(manifold, T, A).double()
     trace = None
     if opts.get("trace"):
         trace = Trace()

@@ -11,9 +11,10 @@ tall problems. Its ``solve(manifold, W, G, state, options) -> (A, stats, state)`
   for a ``"matrix"`` slot, ``(B,)`` bool for a ``"flag"`` one), or None for a cold start;
 - ``options``: every option of `Solver.options`, defaults filled in, already checked;
 
-and returns ``A`` (``(B, m, n)``, ``W``'s dtype), ``stats`` (``evaluations`` long, ``residual`` float64,
-``converged`` bool, each ``(B,)`` on the CPU, plus the keys of `Solver.reports` and ``trace`` where
-asked) and the new state (``{slot.key: tensor}``, or None).
+and returns ``A`` (``(B, m, n)``, ``W``'s dtype), ``stats`` (``evaluations`` long and ``converged`` bool on the
+CPU, ``residual`` float64 on the CPU or on ``A``'s device (read with the optimizer's other per-batch values),
+each ``(B,)``, plus the keys of `Solver.reports` and ``trace`` where asked) and the new state
+(``{slot.key: tensor}``, or None).
 """
 
 from __future__ import annotations

@@ -1,6 +1,6 @@
 """filled_split with its multiplier carried (``carry=True``), on the fixed problems of a training checkpoint.
 
-Each solve of a carried run starts its joint msign from the multiplier the previous solve returned, so on a fixed
+Each solve of a carried run starts its joint msign from the correction the previous solve returned, so on a fixed
 (W, G) the k-th solve is the fixed-point iteration's k-th step, one joint msign each. Per Stiefel and DGram matrix
 kind (median, and range over the matrices): the exact float64 certified relative dual gap
 (`geomtrain.optim.certificate.certify`) of the default (``refine=0``), of ``refine=1`` and of the k-th carried
@@ -62,18 +62,21 @@ def main() -> None:
             for label, kw in (("refine=0", {}), ("refine=1", {"refine": 1})):
                 A, _ = spectral_direction(manifold, W, G, solver="filled_split", **kw)
                 arm[label].append(gap_of(manifold, W, G, A))
-                arm[f"{label} cost"].append(matmul_flops(spectral_direction, manifold, W, G, solver="filled_split", **kw) / unit)
-            dual = None
+                cost = matmul_flops(spectral_direction, manifold, W, G, solver="filled_split", **kw)
+                arm[f"{label} cost"].append(cost / unit)
+            carried = None
             for k in range(1, args.solves + 1):
-                kw = {"carry": True} if dual is None else {"carry": True, "dual": dual}
+                kw = {"carry": True} if carried is None else {"carry": True, "correction": carried}
                 if k == 1:
-                    arm["carry cost"].append(matmul_flops(spectral_direction, manifold, W, G, solver="filled_split", **kw) / unit)
+                    cost = matmul_flops(spectral_direction, manifold, W, G, solver="filled_split", **kw)
+                    arm["carry cost"].append(cost / unit)
                 A, stats = spectral_direction(manifold, W, G, solver="filled_split", **kw)
-                dual = stats.state["dual"]
+                carried = stats.state["correction"]
                 arm[f"carry, solve {k}"].append(gap_of(manifold, W, G, A))
     lines = [f"Checkpoint `{args.checkpoint}`; certified gap (median, range over the matrices)", ""]
     for kind, arm in rows.items():
-        lines += [f"### {kind}, {len(arm['refine=0'])} matrices", "", "| arm | certified gap | msign-equivalents |", "|---|---|---|"]
+        lines += [f"### {kind}, {len(arm['refine=0'])} matrices", ""]
+        lines += ["| arm | certified gap | msign-equivalents |", "|---|---|---|"]
         for label in ("refine=0", "refine=1"):
             lines.append(f"| {label} | {summary(arm[label], 4)} | {summary(arm[label + ' cost'], 2)} |")
         for k in range(1, args.solves + 1):

@@ -321,7 +321,9 @@ def test_solver_loops_synchronise_with_the_host_about_once_per_evaluation(manifo
     # nonzero per iteration; on this CPU the float32 eigendecomposition adds one finiteness check each
     # (evaluations, plus the certificate's and the polish's). A batch whose precision differs per entry is
     # solved in two parts, each with its own loop, so the bound counts the evaluations of the whole batch:
-    # 2 per evaluation plus 24 once-per-solve decisions (input check, precision probe, fallback, polish).
+    # 2 per evaluation plus 30 once-per-solve reads (input check, precision probe, fallback, polish, and the
+    # statistics' copies to the host: 5-11 .cpu() calls, counted since the counter sees .cpu(); measured at most
+    # 25 beyond 2 per evaluation, on the warm Stiefel training case).
     # Before the compact loops these twelve solves took 18-913 (6-30 per evaluation of the batch: a boolean
     # index per update of each piece of state); now 5-118.
     from geomtrain.bench.syncs import count_host_syncs
@@ -335,5 +337,5 @@ def test_solver_loops_synchronise_with_the_host_about_once_per_evaluation(manifo
         with count_host_syncs() as counts:
             A, stats = spectral_direction(manifold, W, G, **options)
         evaluations = int(stats.evaluations.sum())
-        assert sum(counts.values()) <= 2 * evaluations + 24, (warm, evaluations, dict(counts))
+        assert sum(counts.values()) <= 2 * evaluations + 30, (warm, evaluations, dict(counts))
         assert float(tangent_residual(manifold, W.double(), A.double()).max()) <= 1.5e-4

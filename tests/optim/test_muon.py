@@ -607,3 +607,39 @@ def test_batched_retraction_matches_one_matrix_at_a_time():
             assert (
                 not torch.equal(t.detach(), points[0]) and float(manifold.constraint_violation(t.detach()).max()) < 1e-5
             )
+
+
+@pytest.mark.slow  # about 1 s under load: six steps
+def test_filled_split_carry_keeps_its_multiplier_and_resumes_from_it():
+    # carry=True: one (n, n) multiplier correction per matrix in the optimizer state, checkpointed; carry=False
+    # (the default) keeps none. A step after a state_dict round trip equals the step of the optimizer that never stopped.
+    gen = seeded(31)
+    start = [DGram().random(24, 8, generator=gen), Stiefel().random(30, 6, generator=gen)]
+    grads = [[torch.randn(w.shape, generator=gen) for w in start] for _ in range(3)]
+
+    def make(weights, options):
+        params = [torch.nn.Parameter(w.clone()) for w in weights]
+        groups = [{"params": [params[0]], "manifold": DGram()}, {"params": [params[1]], "manifold": Stiefel()}]
+        return params, ManifoldMuon(groups, lr=0.02, solver="filled_split", solver_options=options)
+
+    def step(params, opt, g):
+        for p, gp in zip(params, g):
+            p.grad = gp.clone()
+        opt.step()
+
+    params, opt = make(start, {})
+    step(params, opt, grads[0])
+    assert all("correction" not in opt.state[p] for p in params)
+    params, opt = make(start, {"carry": True})
+    for g in grads[:2]:
+        step(params, opt, g)
+    assert [tuple(opt.state[p]["correction"].shape) for p in params] == [(8, 8), (6, 6)]
+    buf = io.BytesIO()
+    torch.save(opt.state_dict(), buf)
+    resumed, opt2 = make([p.detach() for p in params], {"carry": True})
+    opt2.load_state_dict(torch.load(io.BytesIO(buf.getvalue())))
+    step(params, opt, grads[2])
+    step(resumed, opt2, grads[2])
+    for a, b in zip(resumed, params):
+        assert torch.equal(a.detach(), b.detach())
+    assert torch.equal(opt2.state[resumed[0]]["correction"], opt.state[params[0]]["correction"])
