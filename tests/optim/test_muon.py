@@ -612,7 +612,8 @@ def test_batched_retraction_matches_one_matrix_at_a_time():
 @pytest.mark.slow  # about 1 s under load: six steps
 def test_filled_split_carry_keeps_its_multiplier_and_resumes_from_it():
     # carry=True: one (n, n) multiplier correction per matrix in the optimizer state, checkpointed; carry=False
-    # (the default) keeps none. A step after a state_dict round trip equals the step of the optimizer that never stopped.
+    # (the default) keeps none. A step after a state_dict round trip equals the step of the optimizer that never
+    # stopped.
     gen = seeded(31)
     start = [DGram().random(24, 8, generator=gen), Stiefel().random(30, 6, generator=gen)]
     grads = [[torch.randn(w.shape, generator=gen) for w in start] for _ in range(3)]
