@@ -34,7 +34,12 @@ from geomtrain.optim.split_tangent import split_tangent_direction
 TANGENT_TOL, OP_TOL = 1e-5, 1e-6
 SPLIT = ("stiefel", "dgram")
 EXACT_MSIGN = {**OPTIONS, "msign": "svd"}
-SPLIT_FILL = {**OPTIONS, "square": "split", "refine": 0}  # split_tangent's square part, then the fill alone
+SPLIT_FILL = {
+    **OPTIONS,
+    "square": "split",
+    "refine": 0,
+    "carry": False,
+}  # split_tangent's square part, then the fill alone
 
 
 def symmetric_spectrum(n: int, low: float, high: float, seed: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
@@ -334,10 +339,12 @@ def test_carry_in_gram_space_is_the_tall_path(kind):
 @pytest.mark.parametrize("kind", SPLIT)
 def test_carry_starts_as_the_default_and_off_ignores_the_state(kind):
     W, G = problem(kind, 64, 16, seed=22)
-    A0, _ = spectral_direction(MANIFOLDS[kind](), W, G, solver="filled_split")
-    A1, stats = spectral_direction(MANIFOLDS[kind](), W, G, solver="filled_split", carry=True)
-    assert torch.equal(A0, A1) and stats.state["correction"].shape == (16, 16)  # cold: Lambda = N(G), the default's
-    A2, off = spectral_direction(MANIFOLDS[kind](), W, G, solver="filled_split", correction=stats.state["correction"])
+    A0, off = spectral_direction(MANIFOLDS[kind](), W, G, solver="filled_split", carry=False)
+    A1, stats = spectral_direction(MANIFOLDS[kind](), W, G, solver="filled_split")  # carry=True, the default
+    assert torch.equal(A0, A1) and stats.state["correction"].shape == (16, 16)  # cold: Lambda = N(G), as without
+    assert off.state is None
+    C = stats.state["correction"]
+    A2, off = spectral_direction(MANIFOLDS[kind](), W, G, solver="filled_split", carry=False, correction=C)
     assert torch.equal(A0, A2) and off.state is None  # carry=False: a correction given is not used, none is returned
     A3, _ = spectral_direction(
         MANIFOLDS[kind](), W, G, solver="filled_split", carry=True, correction=stats.state["correction"]

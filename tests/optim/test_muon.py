@@ -611,8 +611,8 @@ def test_batched_retraction_matches_one_matrix_at_a_time():
 
 @pytest.mark.slow  # about 1 s under load: six steps
 def test_filled_split_carry_keeps_its_multiplier_and_resumes_from_it():
-    # carry=True: one (n, n) multiplier correction per matrix in the optimizer state, checkpointed; carry=False
-    # (the default) keeps none. A step after a state_dict round trip equals the step of the optimizer that never
+    # carry=True (the default): one (n, n) multiplier correction per matrix in the optimizer state, checkpointed;
+    # carry=False keeps none. A step after a state_dict round trip equals the step of the optimizer that never
     # stopped.
     gen = seeded(31)
     start = [DGram().random(24, 8, generator=gen), Stiefel().random(30, 6, generator=gen)]
@@ -628,16 +628,16 @@ def test_filled_split_carry_keeps_its_multiplier_and_resumes_from_it():
             p.grad = gp.clone()
         opt.step()
 
-    params, opt = make(start, {})
+    params, opt = make(start, {"carry": False})
     step(params, opt, grads[0])
     assert all("correction" not in opt.state[p] for p in params)
-    params, opt = make(start, {"carry": True})
+    params, opt = make(start, {})  # carry=True, the default
     for g in grads[:2]:
         step(params, opt, g)
     assert [tuple(opt.state[p]["correction"].shape) for p in params] == [(8, 8), (6, 6)]
     buf = io.BytesIO()
     torch.save(opt.state_dict(), buf)
-    resumed, opt2 = make([p.detach() for p in params], {"carry": True})
+    resumed, opt2 = make([p.detach() for p in params], {})
     opt2.load_state_dict(torch.load(io.BytesIO(buf.getvalue())))
     step(params, opt, grads[2])
     step(resumed, opt2, grads[2])
