@@ -3,8 +3,10 @@
 Each solve of a carried run starts its joint msign from the correction the previous solve returned, so on a fixed
 (W, G) the k-th solve is the fixed-point iteration's k-th step, one joint msign each. Per Stiefel and DGram matrix
 kind (median, and range over the matrices): the exact float64 certified relative dual gap
-(`geomtrain.optim.certificate.certify`) of the default (``refine=0``), of ``refine=1`` and of the k-th carried
-solve, and the matmul FLOPs of one solve over those of one 5-step Polar Express msign of the same matrix.
+(`geomtrain.optim.certificate.certify`) of the cold start (``carry=False``), of ``refine=1``, of the k-th carried
+solve from cold and, for a checkpoint trained with ``carry=True``, of the solve from its own carried correction,
+and the matmul FLOPs of one solve over those of one 5-step Polar Express msign of the same matrix. G is the
+checkpoint's momentum buffer.
 
     python lab/2026-12-06-carried-multiplier/directions.py RUN/ckpt.pt [--solves 8] [--out FILE.md]
 """
@@ -59,11 +61,16 @@ def main() -> None:
             kind = f"{group['manifold_name']} {'attn' if '.attn.' in name else 'mlp'} {tuple(W.shape)}"
             unit = matmul_flops(msign, G, "polar_express", steps=5)
             arm = rows[kind]
-            for label, kw in (("refine=0", {}), ("refine=1", {"refine": 1})):
+            for label, kw in (("refine=0", {"carry": False}), ("refine=1", {"carry": False, "refine": 1})):
                 A, _ = spectral_direction(manifold, W, G, solver="filled_split", **kw)
                 arm[label].append(gap_of(manifold, W, G, A))
                 cost = matmul_flops(spectral_direction, manifold, W, G, solver="filled_split", **kw)
                 arm[f"{label} cost"].append(cost / unit)
+            state = ck["muon"]["state"][pid].get("correction")
+            if state is not None:  # a checkpoint trained with carry=True: its own carried correction
+                C = state.reshape(W.shape[-1], W.shape[-1]).float()
+                A, _ = spectral_direction(manifold, W, G, solver="filled_split", correction=C)
+                arm["carried in training"].append(gap_of(manifold, W, G, A))
             carried = None
             for k in range(1, args.solves + 1):
                 kw = {"carry": True} if carried is None else {"carry": True, "correction": carried}
@@ -79,6 +86,10 @@ def main() -> None:
         lines += ["| arm | certified gap | msign-equivalents |", "|---|---|---|"]
         for label in ("refine=0", "refine=1"):
             lines.append(f"| {label} | {summary(arm[label], 4)} | {summary(arm[label + ' cost'], 2)} |")
+        if arm["carried in training"]:
+            lines.append(
+                f"| carried in training (the checkpoint's correction) | {summary(arm['carried in training'], 4)} | |"
+            )
         for k in range(1, args.solves + 1):
             cost = summary(arm["carry cost"], 2) if k == 1 else ""
             lines.append(f"| carry, solve {k} | {summary(arm[f'carry, solve {k}'], 4)} | {cost} |")
