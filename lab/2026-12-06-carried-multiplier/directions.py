@@ -4,7 +4,7 @@ Each solve of a carried run starts its joint msign from the correction the previ
 (W, G) the k-th solve is the fixed-point iteration's k-th step, one joint msign each. Per Stiefel and DGram matrix
 kind (median, and range over the matrices): the exact float64 certified relative dual gap
 (`geomtrain.optim.certificate.certify`) of the cold start (``carry=False``), of ``refine=1``, of the k-th carried
-solve from cold and, for a checkpoint trained with ``carry=True``, of the solve from its own carried correction,
+solve from cold and, for a checkpoint trained with ``carry=True``, of the solve from the multiplier it carried,
 and the matmul FLOPs of one solve over those of one 5-step Polar Express msign of the same matrix. G is the
 checkpoint's momentum buffer.
 
@@ -22,6 +22,7 @@ from torch.utils.flop_counter import FlopCounterMode
 
 from geomtrain.optim import spectral_direction
 from geomtrain.optim.certificate import certify
+from geomtrain.optim.products import normal_multiplier
 from manifolds import DGram, Stiefel, msign
 from manifolds.base import to_tall
 
@@ -30,6 +31,17 @@ def matmul_flops(fn, *args, **kwargs) -> int:
     with FlopCounterMode(display=False) as counter:
         fn(*args, **kwargs)
     return counter.get_total_flops()
+
+
+def carried_correction(manifold, W, G, state: dict) -> torch.Tensor | None:
+    """The correction C to N(G) of the multiplier a checkpoint carried: its ``correction`` (carry=True from 884932a
+    on), or from a ``dual`` S (the multiplier itself, Lambda = -S, as 612600b carried it): C = -S - N(G / ||G||_F)."""
+    n = W.shape[-1]
+    if "correction" in state:
+        return state["correction"].reshape(n, n).float()
+    if "dual" in state:
+        return -state["dual"].reshape(n, n).float() - normal_multiplier(manifold, W, G / G.norm())
+    return None
 
 
 def gap_of(manifold, W, G, A) -> float:
@@ -66,9 +78,8 @@ def main() -> None:
                 arm[label].append(gap_of(manifold, W, G, A))
                 cost = matmul_flops(spectral_direction, manifold, W, G, solver="filled_split", **kw)
                 arm[f"{label} cost"].append(cost / unit)
-            state = ck["muon"]["state"][pid].get("correction")
-            if state is not None:  # a checkpoint trained with carry=True: its own carried correction
-                C = state.reshape(W.shape[-1], W.shape[-1]).float()
+            C = carried_correction(manifold, W, G, ck["muon"]["state"][pid])
+            if C is not None:  # a checkpoint trained with carry=True: start from the multiplier it carried
                 A, _ = spectral_direction(manifold, W, G, solver="filled_split", correction=C)
                 arm["carried in training"].append(gap_of(manifold, W, G, A))
             carried = None
@@ -87,9 +98,8 @@ def main() -> None:
         for label in ("refine=0", "refine=1"):
             lines.append(f"| {label} | {summary(arm[label], 4)} | {summary(arm[label + ' cost'], 2)} |")
         if arm["carried in training"]:
-            lines.append(
-                f"| carried in training (the checkpoint's correction) | {summary(arm['carried in training'], 4)} | |"
-            )
+            carried = summary(arm["carried in training"], 4)
+            lines.append(f"| carried in training (from the checkpoint's multiplier) | {carried} | |")
         for k in range(1, args.solves + 1):
             cost = summary(arm["carry cost"], 2) if k == 1 else ""
             lines.append(f"| carry, solve {k} | {summary(arm[f'carry, solve {k}'], 4)} | {cost} |")

@@ -37,7 +37,10 @@ for step in "${@:-hetero long main directions compare}"; do for s in $step; do c
         "$PYTHON" "$here/directions.py" runs/lab-filled-split/all-dgram-joint6/runs/all-dgram/s0/ckpt.pt --solves 40 \
             --out "$here/results/directions-all-dgram-s0.md"
         "$PYTHON" "$here/directions.py" "$out/hetero/runs/hetero/s0/ckpt.pt" --solves 1 \
-            --out "$here/results/directions-carried-hetero-s0.md" ;;
+            --out "$here/results/directions-carried-hetero-s0.md"
+        for name in hetero-absolute hetero-absolute-step025; do
+            "$PYTHON" "$here/directions.py" "$out/$name/runs/hetero/s0/ckpt.pt" --solves 1 \
+                --out "$here/results/directions-carried-$name-s0.md"; done ;;
     compare) for d in "$out"/*/; do n=$(basename "$d"); [ -f "$d/summary.json" ] || continue
             mkdir -p "$here/results/$n"; cp "$d"/{results.md,summary.json,study.json} "$here/results/$n/"; done
         if [ -f runs/main-carry/summary.json ]; then mkdir -p "$here/results/main-carry"
