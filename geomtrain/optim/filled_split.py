@@ -21,15 +21,22 @@ $n^3$ products once and a scalar table per grid value, and $P_\alpha$ itself (Cl
 `geomtrain.optim.products.scale_to_ball` guarantees $\|A\|_{\mathrm{op}} \le 1$ against the polynomial's and the
 msign's rounding. Tangent to rounding (the constraint sees only $K$); on a square matrix there is no complement and
 $A = UK$, `split_tangent`'s direction; on Oblique it is ``projected_tangent``'s. Cost: `split_tangent`'s msigns,
-$2\,$``degree`` $n \times n$ products, two $mn^2$ ones more. No state, no certificate.
+$2\,$``degree`` $n \times n$ products, two $mn^2$ ones more. No certificate; the state is ``carry``'s (below).
 
 The square part: ``square="joint"`` (the default) takes $K$ from the joint msign of the tangent part,
 $P_{T_D}(U^\top \operatorname{msign}(P_T \hat G))$ (`joint_square_part`); ``square="split"`` solves the square
 problem apart, as `split_tangent` (an $n \times n$ msign instead of an $m \times n$ one). ``refine`` $= k$ (default
 0): $k$ damped fixed-point steps on the multiplier $\Lambda$ of the optimum
 $A^\star = \operatorname{msign}(\hat G - W\Lambda^\star)$ (`filled_split_direction`), each one joint msign and the
-fill again. On a trained DGram MLP (512x128) the certified gap is 0.026 (default), 0.042 (``square="split"``),
+fill again. On a trained DGram MLP (512x128) the certified gap is 0.026 (cold), 0.042 (``square="split"``),
 0.015 (``refine=1``), 0.011 (``refine=2``).
+
+``carry=True`` (the default) amortises that solve over training: each step's joint msign starts from
+$N(\hat G) + C$, $C$ the correction its previous step left (state ``correction``, $n \times n$ per tall matrix),
+and the solve ends with one dual step toward that msign's tangency (`carried_correction`), at no product more. In
+training the DGram MLP's gap is then ``refine=1``'s (0.018), and every preset trains better than with the exact
+solver (lab/2026-12-06-carried-multiplier). A call without a ``correction`` is the cold start: ``carry=False``'s
+direction.
 
 ``space="gram"`` (the default, `gram_filled_split_direction`) runs every $m \times n$ msign from $n \times n$ Gram
 matrices (`geomtrain.optim.products.gram_msign_factor`): four $mn^2$ products before and three after, the rest
