@@ -140,16 +140,21 @@ def chebyshev_matrix(X: torch.Tensor, a: torch.Tensor) -> torch.Tensor:
 
 
 def joint_square_part(
-    manifold: GramManifold, W: torch.Tensor, U: torch.Tensor, Y: torch.Tensor, opts: dict, bound: str = "schatten"
+    manifold: GramManifold,
+    W: torch.Tensor,
+    U: torch.Tensor,
+    Y: torch.Tensor,
+    opts: dict,
+    bound: str = "schatten",
+    with_step: bool = False,
 ):
     r"""``(K, step)``: $K$ from a joint msign, the tangent projection at $D$ of $U^\top J$, $J = \operatorname{msign}
     (Y)$, scaled into the unit ball (one $m \times n$ msign): the span's share of a direction whose complement is
-    solved with it, not apart; and the multiplier step toward $J$'s tangency, $\bar\sigma(Y)\,N(J)$
-    (`tangency_step`; None unless ``opts["carry"]``, whose state it moves)."""
+    solved with it, not apart; with ``with_step``, the multiplier step toward $J$'s tangency,
+    $\bar\sigma(Y)\,N(J)$ (`carried_correction`; two $mn^2$ products more on this tall path), else None."""
     J = msign_with(Y, opts).to(W.dtype)
     K = scale_to_ball(tangent_part(manifold, torch.diag_embed(W.norm(dim=-2)), U.mT @ J), bound=bound)
-    step = mean_singular_value(Y, J) * normal_multiplier(manifold, W, J) if opts["carry"] else None
-    return K, step
+    return K, mean_singular_value(Y, J) * normal_multiplier(manifold, W, J) if with_step else None
 
 
 def best_share(H: torch.Tensor, K: torch.Tensor, S: torch.Tensor, X: torch.Tensor, degree: int):
@@ -189,7 +194,7 @@ def filled_split_direction(
     carry = bool(opts["carry"]) and not square
     lam = base + correction.to(W.dtype) if carry and correction is not None else base
     if opts["square"] == "joint" or carry:
-        K, step = joint_square_part(manifold, W, U, Gn - W @ lam, opts, "both" if square else "schatten")
+        K, step = joint_square_part(manifold, W, U, Gn - W @ lam, opts, "both" if square else "schatten", carry)
     else:
         K = square_part(manifold, W, H, opts)
     if square:
@@ -203,7 +208,7 @@ def filled_split_direction(
         Z = A.mT @ (Gn - W @ lam)
         target = base - normal_multiplier(manifold, W, A @ sym(Z))
         lam = (1 - REFINE_DAMPING) * lam + REFINE_DAMPING * target
-        K, step = joint_square_part(manifold, W, U, Gn - W @ lam, opts)
+        K, step = joint_square_part(manifold, W, U, Gn - W @ lam, opts, with_step=carry)
         A, alpha = fill(U, H, K, Q, S, int(opts["degree"]))
     # the fill makes A's singular values 1: the tight bound
     return scale_to_ball(A, bound="near_unit"), alpha, carried_correction(lam, step, base, opts) if carry else None
@@ -248,8 +253,7 @@ def gram_filled_split_direction(
     $Z = \operatorname{sym}(\alpha K^\top E + N^\top R^\top R)$ and $W^\top AZ = D\alpha KZ$. The same direction
     as the tall path to rounding (tested), at 35-60% of its products; $A$'s final bound is
     ``"near_unit"`` (the fill makes its singular values 1). ``correction`` and ``opts["carry"]`` as there (no product
-    more). Works in float32 at least; a square matrix (no complement) takes the
-    tall path."""
+    more: $W^\top J = DEF$). Works in float32 at least; a square matrix (no complement) takes the tall path."""
     if W.shape[-2] == W.shape[-1]:
         return filled_split_direction(manifold, W, G, opts, correction)
     work = torch.promote_types(W.dtype, torch.float32)
