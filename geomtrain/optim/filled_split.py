@@ -204,11 +204,12 @@ def filled_split_direction(
     Q = Q - U @ (U.mT @ Q)
     S = sym(Q.mT @ R)
     A, alpha = fill(U, H, K, Q, S, int(opts["degree"]))
-    for _ in range(int(opts["refine"])):
+    refine = int(opts["refine"])
+    for k in range(refine):
         Z = A.mT @ (Gn - W @ lam)
         target = base - normal_multiplier(manifold, W, A @ sym(Z))
         lam = (1 - REFINE_DAMPING) * lam + REFINE_DAMPING * target
-        K, step = joint_square_part(manifold, W, U, Gn - W @ lam, opts, with_step=carry)
+        K, step = joint_square_part(manifold, W, U, Gn - W @ lam, opts, with_step=carry and k == refine - 1)
         A, alpha = fill(U, H, K, Q, S, int(opts["degree"]))
     # the fill makes A's singular values 1: the tight bound
     return scale_to_ball(A, bound="near_unit"), alpha, carried_correction(lam, step, base, opts) if carry else None

@@ -29,7 +29,7 @@ import torch
 import torch.distributed as dist
 
 from .direction import get_solver, mask_kind
-from .muon_step import MatrixItem, StatsTable
+from .muon_step import MatrixItem, StatsTable, keeps_warm_state
 
 __all__ = ["CommCount", "owners", "buckets", "state_slots", "share", "share_bucketed", "comm_device"]
 
@@ -83,10 +83,7 @@ def state_slots(it: MatrixItem) -> list[tuple[str, tuple, torch.dtype]]:
     (``"matrix"`` slots ``(*lead, n, n)`` in the parameter's dtype, ``"flag"`` slots one uint8 per matrix);
     none for a Euclidean matrix or without warm start."""
     spec = get_solver(it.solver)
-    if (
-        not (spec.keeps_state(it.group["solver_options"]) and it.group["warm_start"])
-        or mask_kind(it.manifold) == "euclidean"
-    ):
+    if not keeps_warm_state(it.group, spec) or mask_kind(it.manifold) == "euclidean":
         return []
     lead, n = tuple(it.p.shape[:-2]), min(it.p.shape[-2:])
     return [

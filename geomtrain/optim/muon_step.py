@@ -29,6 +29,7 @@ __all__ = [
     "StatsTable",
     "StepStats",
     "group_batches",
+    "keeps_warm_state",
     "batched_directions",
     "apply_directions",
     "skip_record",
@@ -237,11 +238,17 @@ def _stacked(t: torch.Tensor) -> torch.Tensor:
     return tall.reshape(-1, *tall.shape[-2:])
 
 
+def keeps_warm_state(group: dict, spec) -> bool:
+    """Whether a group's matrices carry their solver's warm-start state from step to step: the group's
+    ``warm_start`` and `Solver.keeps_state` under its ``solver_options``."""
+    return bool(group["warm_start"]) and spec.keeps_state(group["solver_options"])
+
+
 def warm_options(batch: list[MatrixItem], spec) -> dict:
     """The warm-start options of a batch: every `StateSlot` of the solver where every item has it (the
     ``"matrix"`` ones first: without them the batch starts cold), as float64 matrices and bool flags."""
     g0 = batch[0].group
-    if not (g0["warm_start"] and spec.keeps_state(g0["solver_options"])):
+    if not keeps_warm_state(g0, spec):
         return {}
     opts = {}
     for kind in ("matrix", "flag"):
@@ -306,7 +313,7 @@ def apply_directions(batch: list[MatrixItem], A: torch.Tensor, st: dict, sizes: 
     computed = [i for i, new in enumerate(updates) if new is not None]
     spec = None if euclid else get_solver(batch[0].solver)
     new_state = st.get("state")
-    keep = spec is not None and spec.keeps_state(g0["solver_options"]) and g0["warm_start"] and new_state is not None
+    keep = spec is not None and keeps_warm_state(g0, spec) and new_state is not None
     matrices = [key for key, v in (new_state or {}).items() if v.dim() > 1]  # the "matrix" slots
     # one host read (all float64) for each retracted matrix's finite check, constraint violation and warm-start
     # state check, and every matrix's `direction_length`; only the matrices that pass use the last two
@@ -319,10 +326,11 @@ def apply_directions(batch: list[MatrixItem], A: torch.Tensor, st: dict, sizes: 
     # the statistics a solver left on the device (a products-only solver's residual) join the same read
     fields = [f for f in ("residual", "dual_gap", "certified_gap", "certified_residual") if st.get(f) is not None]
     on_device = [f for f in fields if st[f].device.type != "cpu"]
-    peaks = [st[f][bounds[i] : bounds[i + 1]].double().max() for f in on_device for i in range(len(batch))]
+    keys = [(f, i) for f in on_device for i in range(len(batch))]
+    peaks = [st[f][bounds[i] : bounds[i + 1]].double().max() for f, i in keys]
     read = host_values(checks + peaks + list(direction_length(A).double().unbind()))
     c, n_off, k = len(computed), 0 if euclid else len(computed), len(checks) + len(peaks)
-    peak = {(f, i): read[len(checks) + j * len(batch) + i] for j, f in enumerate(on_device) for i in range(len(batch))}
+    peak = dict(zip(keys, read[len(checks) : k]))
     lengths = torch.tensor(read[k:], dtype=torch.float64)
     for i, ok in zip(computed, read[:c]):
         if not ok:
