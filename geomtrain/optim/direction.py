@@ -150,13 +150,14 @@ def _check(manifold, W: torch.Tensor, G: torch.Tensor, spec: Solver, options: di
     if not (W.is_floating_point() and G.is_floating_point()):
         raise ValueError(f"W and G must be floating-point tensors; got {W.dtype} and {G.dtype}")
     batch, n = tuple(W.shape[:-2]), min(W.shape[-2:])
-    dual = None
+    dual, dual_option = None, None  # the first matrix slot given: its finite check joins the read below
     for option, slot in spec.state_options().items():
         if slot.kind == "matrix":
             _check_state_shape(
                 option, options.get(option), (*batch, n, n), torch.Tensor.is_floating_point, "a float tensor"
             )
-            dual = options.get(option) if dual is None else dual
+            if dual is None and options.get(option) is not None:
+                dual, dual_option = options[option], option
         else:
             _check_state_shape(option, options.get(option), batch, lambda t: t.dtype == torch.bool, "a bool tensor")
     true = torch.ones((), dtype=torch.bool, device=G.device)
@@ -188,7 +189,7 @@ def _check(manifold, W: torch.Tensor, G: torch.Tensor, spec: Solver, options: di
     if not columns:
         raise ValueError(f"W has a zero column: not a point of {type(manifold).__name__} (its columns are nonzero)")
     if not dual_finite:
-        raise ValueError("dual has non-finite entries (NaN or Inf); pass dual=None for a cold start")
+        raise ValueError(f"{dual_option} has non-finite entries (NaN or Inf); pass {dual_option}=None for a cold start")
     if not on_manifold:
         raise ValueError(
             f"W is not on {type(manifold).__name__} (probe error {float(probe):.3g} > {ON_MANIFOLD_PROBE_TOL:g}); "

@@ -400,3 +400,11 @@ def test_carry_options_are_validated():
     for bad in ({"carry": "yes"}, {"carry_step": 0.0}, {"carry_step": 1.5}, {"carry_step": float("nan")}):
         with pytest.raises(ValueError, match="carry"):
             spectral_direction(MANIFOLDS["dgram"](), W, G, solver="filled_split", **bad)
+
+
+def test_a_non_finite_correction_is_refused_by_its_name():
+    W, G = problem("dgram", 24, 8, seed=27)
+    C = torch.zeros(8, 8)
+    C[0, 1] = float("nan")
+    with pytest.raises(ValueError, match=r"correction has non-finite entries.*correction=None"):
+        spectral_direction(MANIFOLDS["dgram"](), W, G, solver="filled_split", correction=C)
