@@ -129,7 +129,8 @@ class TrainConfig:
 
             if self.muon_solver not in SOLVERS:
                 raise ValueError(
-                    f"unknown muon_solver {self.muon_solver!r}; valid: {', '.join(SOLVERS)} (or none: the default)"
+                    f"unknown muon_solver {self.muon_solver!r}{did_you_mean(self.muon_solver, SOLVERS)}; "
+                    f"valid: {', '.join(SOLVERS)} (or none: the default)"
                 )
         self.solver_options()
         from .groups import parse_solver_rule
@@ -340,7 +341,7 @@ def parse_solver_options(entries: Sequence[str], solver: str | None = None, what
     (`geomtrain.optim.check_solver_options`) is a one-line ``ValueError`` naming the valid keys or values."""
     import torch
 
-    from .optim import SOLVER_OPTIONS, check_solver_options, describe_default
+    from .optim import SOLVER_OPTIONS, check_solver_options, describe_default, get_solver
 
     if solver is None:
         if not entries:
@@ -349,13 +350,16 @@ def parse_solver_options(entries: Sequence[str], solver: str | None = None, what
             f"{what} need a solver to belong to: the default picks one per manifold kind ({describe_default()}); "
             "name one, e.g. muon_solver=exact"
         )
-    valid = {k: v for k, v in SOLVER_OPTIONS[solver].items() if k not in ("dual", "trace")}
+    valid = {k: v for k, v in SOLVER_OPTIONS[solver].items() if k != "trace"}  # no state slots (correction, dual)
+    state = get_solver(solver).state_options()
     out = {}
     for entry in entries:
         key, sep, text = (part.strip() for part in entry.partition("="))
         if key not in valid or not sep:
+            why = f": {key!r} is the solver's warm-start state, kept by the optimizer, not an option" * (key in state)
             raise ValueError(
-                f"bad {what} entry {entry!r} for solver {solver!r}; give KEY=VALUE with KEY one of {', '.join(valid)}"
+                f"bad {what} entry {entry!r} for solver {solver!r}{why or did_you_mean(key, list(valid))}; "
+                f"give KEY=VALUE with KEY one of {', '.join(valid)}"
             )
         if key.endswith("dtype"):
             if text not in _DTYPES:

@@ -95,7 +95,8 @@ def register_solver(solver: Solver, *, overwrite: bool = False) -> Solver:
     """Register ``solver`` under ``solver.name`` and its aliases; returns it.
 
     Checks up front that the name is well formed, not taken (unless ``overwrite``), and that every option
-    has a rule (`Solver.rule`), so its values are checked before any work."""
+    has a rule (`Solver.rule`), so its values are checked before any work, and that no option shares a name
+    with a state slot (`Solver.state`: the state is never an option)."""
     if not isinstance(solver, Solver):
         raise TypeError(f"register_solver takes a geomtrain.optim.solver.Solver; got {type(solver).__name__}")
     for name in (solver.name, *solver.aliases):
@@ -106,6 +107,12 @@ def register_solver(solver: Solver, *, overwrite: bool = False) -> Solver:
             raise ValueError(f"solver name {name!r} is taken (by {taken!r}); pass overwrite=True to replace it")
     if solver.name in _SOLVERS and not overwrite:
         raise ValueError(f"solver {solver.name!r} is already registered; pass overwrite=True to replace it")
+    clash = sorted(set(solver.options) & set(solver.state_options()))
+    if clash:
+        raise ValueError(
+            f"solver {solver.name!r}: {', '.join(clash)} is both an option and a warm-start state slot; "
+            "a state slot is passed back by spectral_direction, never given as an option"
+        )
     missing = [k for k in solver.options if k not in solver.rules and k not in OPTION_RULES]
     if missing:
         raise ValueError(f"solver {solver.name!r}: option(s) {', '.join(missing)} need a rule in Solver.rules")
@@ -167,14 +174,16 @@ class _Names(Sequence):
 
 
 class _Options(Mapping):
-    """`SOLVER_OPTIONS`: name (or alias) -> every option with its default, the state options at None."""
+    """`SOLVER_OPTIONS`: name (or alias) -> every option with its default (`Solver.options`). The warm-start
+    state slots (`Solver.state_options`: ``dual``, ``escalate``, ``correction``) are not options and are not
+    listed: `spectral_direction` takes them back as keywords, the optimizer carries them itself."""
 
     def __getitem__(self, name: str) -> dict:
         try:
             spec = get_solver(name)
         except ValueError:
             raise KeyError(name) from None
-        return {**spec.options, **{option: None for option in spec.state_options()}}
+        return dict(spec.options)
 
     def __iter__(self) -> Iterator[str]:
         return iter(solver_names())

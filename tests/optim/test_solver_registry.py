@@ -179,3 +179,12 @@ def test_old_configs_and_checkpoints_that_say_gram_newton_still_load():
 def test_every_shared_option_rule_is_used_by_a_built_in_solver():
     used = {name for solver in solver_names() for name in get_solver(solver).options}
     assert set(OPTION_RULES) <= used
+
+
+def test_an_option_named_like_a_state_slot_is_refused_at_registration():
+    # issue 53: a state slot listed as an option passed the config check and failed at step 1
+    slot = StateSlot("correction", "correction")
+    mine = Solver(name="mine", solve=lambda *a: None, options={"correction": 1.0}, state=(slot,))
+    with pytest.raises(ValueError, match="correction is both an option and a warm-start state slot"):
+        register_solver(mine)
+    assert "mine" not in SOLVERS
