@@ -14,8 +14,11 @@
 # Suites: main-exact ablation-tangent ablation-published split-qkv lr-exact length-500 length-2000 length-8000
 # length-8000-seed1 compare
 set -euo pipefail
-cd "$(dirname "$0")/../.."  # the repository root: every path below is relative to it
 usage="usage: lab/2026-12-01-study-suites/study_suites.sh SUITE [HOURS] | save SUITE | restore SUITE; SUITE: main-exact, ablation-tangent, ablation-published, split-qkv, lr-exact, length-500, length-2000, length-8000, length-8000-seed1, compare"
+case "${1:-}" in  # --help: the usage and the header above, and nothing run
+    -h | --help) echo "$usage"; sed -n '2,/^set /s/^#\( \|$\)//p' "$0"; exit 0 ;;
+esac
+cd "$(dirname "$0")/../.."  # the repository root: every path below is relative to it
 suite=${1:?$usage}
 hours=${2:-2}
 GEOMTRAIN=${GEOMTRAIN:-geomtrain}

@@ -6,6 +6,10 @@
 #
 #   lab/2026-12-05-hetero-solver-swap/run.sh          # from the repository root
 set -euo pipefail
+case "${1:-}" in  # --help: the header above, and nothing run
+    -h | --help) echo "usage: lab/2026-12-05-hetero-solver-swap/run.sh"; sed -n '2,/^set /s/^#\( \|$\)//p' "$0"; exit 0 ;;
+esac
+[ $# -eq 0 ] || { echo "usage: lab/2026-12-05-hetero-solver-swap/run.sh (no arguments; --help)" >&2; exit 2; }
 cd "$(dirname "$0")/../.."
 GEOMTRAIN=${GEOMTRAIN:-.venv/bin/geomtrain}
 common="--model mini --seeds 1 --iters 500 --set block_size=64 --threads 1 --quiet"

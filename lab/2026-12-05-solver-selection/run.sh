@@ -8,6 +8,9 @@
 #
 # Steps: pt8-probe pt8 lr-check pt8r3-probe tangent-hetero-inv dual-probe compare
 set -euo pipefail
+case "${1:-}" in  # --help: the header above, and nothing run
+    -h | --help) echo "usage: lab/2026-12-05-solver-selection/run.sh [STEP ...]"; sed -n '2,/^set /s/^#\( \|$\)//p' "$0"; exit 0 ;;
+esac
 cd "$(dirname "$0")/../.."
 GEOMTRAIN=${GEOMTRAIN:-.venv/bin/geomtrain}
 here=lab/2026-12-05-solver-selection

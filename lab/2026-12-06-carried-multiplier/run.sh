@@ -12,6 +12,9 @@
 # (absolute and absolute-step025 carried the multiplier itself, not its correction to N(G): they ran at 612600b;
 # hetero at 884932a, where carry was not yet the default; long and main at 515c93a, where it is)
 set -euo pipefail
+case "${1:-}" in  # --help: the header above, and nothing run
+    -h | --help) echo "usage: lab/2026-12-06-carried-multiplier/run.sh [STEP ...]"; sed -n '2,/^set /s/^#\( \|$\)//p' "$0"; exit 0 ;;
+esac
 cd "$(dirname "$0")/../.."
 PYTHON=${PYTHON:-.venv/bin/python}
 here=lab/2026-12-06-carried-multiplier

@@ -9,6 +9,9 @@
 #   lab/2026-12-06-default-2000/run.sh refine1    # the runner-up: filled_split with one refinement step
 #   lab/2026-12-06-default-2000/run.sh compare    # the paired table
 set -euo pipefail
+case "${1:-}" in  # --help: the header above, and nothing run
+    -h | --help) echo "usage: lab/2026-12-06-default-2000/run.sh [STEP ...]"; sed -n '2,/^set /s/^#\( \|$\)//p' "$0"; exit 0 ;;
+esac
 cd "$(dirname "$0")/../.."
 PYTHON=${PYTHON:-.venv/bin/python}
 here=lab/2026-12-06-default-2000

@@ -9,6 +9,9 @@
 #
 # Steps: hetero all-dgram hetero-inv hetero-joint hetero-steps6 hetero-joint6 hetero-refine1 joint6-rest directions compare
 set -euo pipefail
+case "${1:-}" in  # --help: the header above, and nothing run
+    -h | --help) echo "usage: lab/2026-12-06-filled-split/run.sh [STEP ...]"; sed -n '2,/^set /s/^#\( \|$\)//p' "$0"; exit 0 ;;
+esac
 cd "$(dirname "$0")/../.."
 GEOMTRAIN=${GEOMTRAIN:-.venv/bin/geomtrain}
 here=lab/2026-12-06-filled-split

@@ -12,6 +12,9 @@
 #
 # Preset order: where the 500-step selection lost first (hetero, all-stiefel), then all-dgram, hetero-inv.
 set -euo pipefail
+case "${1:-}" in  # --help: the header above, and nothing run
+    -h | --help) echo "usage: lab/2026-12-06-selection-2000/run.sh [STEP ...]"; sed -n '2,/^set /s/^#\( \|$\)//p' "$0"; exit 0 ;;
+esac
 cd "$(dirname "$0")/../.."
 GEOMTRAIN=${GEOMTRAIN:-.venv/bin/geomtrain}
 here=lab/2026-12-06-selection-2000

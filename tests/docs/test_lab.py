@@ -1,12 +1,15 @@
 """lab/, the dated records of the solver experiments: a smoke test only.
 
-Every script compiles and answers ``--help``, none patches the library, and every record's README names
-the commit it ran at, its command and its conclusion. The experiments themselves are not rerun here.
+Every script compiles and answers ``--help`` (and a shell one ``-h``) without working, none patches the library,
+and every record's README names the commit it ran at, its command and its conclusion. The experiments themselves
+are not rerun here.
 """
 
 import ast
+import os
 import py_compile
 import re
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -17,6 +20,7 @@ ROOT = Path(__file__).resolve().parents[2]
 LAB = ROOT / "lab"
 RECORDS = sorted(p for p in LAB.iterdir() if p.is_dir())
 SCRIPTS = sorted(LAB.glob("*/*.py"))
+SHELL_SCRIPTS = sorted(LAB.glob("*/*.sh"))
 LIBRARY = ("geomtrain", "manifolds")
 
 
@@ -91,15 +95,51 @@ def test_every_record_names_its_commit_command_and_conclusion(record):
         assert f"git worktree add /tmp/lab-{commit.group(1)} {commit.group(1)}" in command, record.name
 
 
+def copied_record(script: Path, root: Path) -> tuple[Path, Path, dict]:
+    """``script``'s record copied under ``root``/lab (the scripts change to ``root``, two levels up), a stub on
+    PATH and in $GEOMTRAIN/$PYTHON that leaves a file in ``root``/called when anything runs, and the
+    environment: (the copy of the script, the stub's folder, env)."""
+    shutil.copytree(script.parent, root / "lab" / script.parent.name)
+    stub = root.parent / "stub"
+    stub.mkdir(exist_ok=True)
+    for name in ("geomtrain", "python"):
+        (stub / name).write_text(f'#!/bin/sh\nmkdir -p "{root}/called" && touch "{root}/called/{name}.$$"\n')
+        (stub / name).chmod(0o755)
+    env = {**os.environ, "PATH": f"{stub}:{os.environ['PATH']}", "PYTHONDONTWRITEBYTECODE": "1"}
+    env.update(GEOMTRAIN=str(stub / "geomtrain"), PYTHON=str(stub / "python"))
+    return root / "lab" / script.parent.name / script.name, stub, env
+
+
+def files_under(root: Path) -> set[str]:
+    return {str(p.relative_to(root)) for p in root.rglob("*")}
+
+
+@pytest.mark.parametrize("flag", ["--help", "-h"])
+@pytest.mark.parametrize("script", SHELL_SCRIPTS, ids=lambda p: f"{p.parent.name}/{p.name}")
+def test_every_lab_shell_script_answers_help_without_working(script, flag, tmp_path):
+    # issue 53: run.sh --help ignored the flag and started four 500-step studies
+    root = tmp_path / "repo"
+    copy, _, env = copied_record(script, root)
+    before = files_under(root)
+    done = subprocess.run(["bash", str(copy), flag], cwd=root, env=env, capture_output=True, text=True, timeout=10)
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert done.stdout.startswith(f"usage: lab/{script.parent.name}/{script.name}"), done.stdout[:300]
+    assert files_under(root) == before, "the script did work (a command ran or a file was written)"
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize("script", SCRIPTS, ids=lambda p: f"{p.parent.name}/{p.name}")
 def test_every_lab_script_compiles_patches_nothing_and_answers_help(script, tmp_path):
     py_compile.compile(str(script), cfile=str(tmp_path / "compiled.pyc"), doraise=True)
     assert library_patches(script.read_text()) == []
+    root = tmp_path / "repo"
+    copy, _, env = copied_record(script, root)
+    before = files_under(root)
     done = subprocess.run(
-        [sys.executable, str(script), "--help"], cwd=ROOT, capture_output=True, text=True, timeout=120
+        [sys.executable, str(copy), "--help"], cwd=root, env=env, capture_output=True, text=True, timeout=120
     )
     assert done.returncode == 0 and done.stdout.startswith("usage:"), done.stderr[-2000:]
+    assert files_under(root) == before, "the script wrote a file while answering --help"
 
 
 def test_the_patch_check_finds_patches_of_the_library_and_nothing_else():
