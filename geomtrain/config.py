@@ -47,6 +47,7 @@ class TrainConfig:
     model: str = "mini"  # a name from geomtrain.model.MODEL_CONFIGS
     data_dir: str = "data/classics"  # prepared by `geomtrain prepare`
     block_size: int | None = None  # context length; None = the model's
+    n_embd: int | None = None  # width (a multiple of the model's n_head); None = the model's
     split_qkv: bool = False  # c_attn as three matrices W_Q, W_K, W_V, each constrained on its own
     init_from: str | None = None  # a local Hugging Face GPT-2 folder of the same shape (pretrained weights)
     # manifold assignment
@@ -119,6 +120,11 @@ class TrainConfig:
             _check_type(f.name, getattr(self, f.name))
         if self.model not in MODEL_CONFIGS:
             raise ValueError(f"unknown model {self.model!r}; valid: {', '.join(MODEL_CONFIGS)}")
+        n_head = MODEL_CONFIGS[self.model].n_head
+        if self.n_embd is not None and (self.n_embd < 1 or self.n_embd % n_head):
+            raise ValueError(
+                f"n_embd must be a positive multiple of {self.model}'s n_head ({n_head}); got {self.n_embd}"
+            )
         if self.preset not in PRESETS:
             raise ValueError(f"unknown preset {self.preset!r}; valid: {', '.join(PRESETS)}")
         import_manifold_modules(self.manifold_modules)
@@ -201,6 +207,7 @@ RUN_DEFINING_KEYS = (
     "model",
     "data_dir",
     "block_size",
+    "n_embd",
     "split_qkv",
     "init_from",
     "preset",

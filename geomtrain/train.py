@@ -156,6 +156,8 @@ class Trainer:
         overrides = {"vocab_size": self.vocab_size}
         if cfg.block_size is not None:
             overrides["block_size"] = cfg.block_size
+        if cfg.n_embd is not None:
+            overrides["n_embd"] = cfg.n_embd
         if cfg.split_qkv:
             overrides["split_qkv"] = True
         self.model_cfg = model_config(cfg.model, **overrides)

@@ -19,6 +19,7 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from .plan import PRESET_ORDER, SUITES, StudyError, parse_seeds, parse_sweep, plan, shared_config
+from .tune import TuneProtocol, parse_tune, selection_seeds, validate_selection
 
 __all__ = ["DEFAULT_TOKENIZER", "add_study_parser", "add_report_parser", "command_argv", "main"]
 
@@ -137,6 +138,57 @@ def add_study_parser(subparsers) -> argparse.ArgumentParser:
         help=f"comma-separated presets (default: the suite's); valid: {', '.join(PRESETS)}",
     )
     _add(p, rec, "--sweep", default=None, metavar="KEY=V1,V2", help="run every preset at every value of a config key")
+    _add(
+        p,
+        rec,
+        "--solvers",
+        default=None,
+        help="comma-separated Muon solvers, one arm each for the constrained presets ('default' is the "
+        "optimizer's default; another S makes arm PRESET+S), e.g. default,exact",
+    )
+    _add(
+        p,
+        rec,
+        "--tune",
+        action="append",
+        default=[],
+        metavar="[PRESET:]KEY=V1,V2,V3",
+        help="tune every arm on its own: a grid on the selection seeds at --tune-fraction of the horizon "
+        "(grown at an edge until the best is interior), then each arm at its best value on --seeds "
+        "(repeatable; PRESET: for one preset's arms, e.g. adamw:lr=3e-4,6e-4,1.2e-3)",
+    )
+    _add(
+        p,
+        rec,
+        "--select-seeds",
+        default="1",
+        help="--tune: selection seeds, a count (2 -> 1000,1001) or a list; disjoint from --seeds (default: 1)",
+    )
+    _add(p, rec, "--tune-fraction", type=float, default=0.5, help="--tune: selection horizon / --iters (default: 0.5)")
+    _add(
+        p,
+        rec,
+        "--tune-max-extend",
+        type=int,
+        default=2,
+        help="--tune: points a grid may grow by at its edges (default: 2)",
+    )
+    _add(
+        p,
+        rec,
+        "--reference",
+        default="unconstrained",
+        help="paired comparisons: each arm against this arm, or +SOLVER (each PRESET against PRESET+SOLVER), "
+        "comma-separated for several (default: unconstrained)",
+    )
+    _add(
+        p,
+        rec,
+        "--delta",
+        type=float,
+        default=0.005,
+        help="paired comparisons: 'level' when the 95%% interval lies within ±DELTA (default: 0.005)",
+    )
     _add(p, rec, "--bounds", default=None, help="bounded suite: comma-separated column-norm bounds (default: 1,2)")
     _add(p, rec, "--seeds", default="1", help="number of seeds (3 -> 0,1,2) or a list (0,5,7); default 1")
     _add(p, rec, "--iters", type=int, default=None, help="training iterations per run (default: the model's max_iters)")
@@ -206,6 +258,19 @@ def _check_study_args(args) -> None:
             raise StudyError(f"--{name} must be >= 1; got {value}")
 
 
+def _tune_options(args) -> dict:
+    """``{"tune": protocol}`` of the ``--tune`` flags (empty without them)."""
+    if not args.tune:
+        return {}
+    protocol = TuneProtocol(
+        grids=parse_tune(args.tune),
+        select_seeds=selection_seeds(args.select_seeds),
+        fraction=args.tune_fraction,
+        max_extend=args.tune_max_extend,
+    )
+    return {"tune": protocol.check(parse_seeds(args.seeds)).to_dict()}
+
+
 def _bounds(text: str | None) -> list[float] | None:
     try:
         return [float(b) for b in text.split(",") if b.strip()] if text else None
@@ -230,6 +295,9 @@ def run_study_command(args) -> int:
         "tokenizer": tokenizer,
         "bounds": bounds,
         "presets": presets,
+        "reference": args.reference,
+        "delta": args.delta,
+        **_tune_options(args),
     }
     study = plan(
         args.out,
@@ -242,7 +310,10 @@ def run_study_command(args) -> int:
         runs_dir=args.runs_dir,
         argv=command_argv(args),
         options=options,
+        solvers=_comma_list(args.solvers),
     )
+    if study.options.get("tune"):
+        validate_selection(study)
     if args.dry_run:
         print(f"suite {study.suite}: {len(study.variants)} variants x {len(study.seeds)} seeds -> {study.runs_dir}")
         for v in study.variants:
@@ -252,6 +323,8 @@ def run_study_command(args) -> int:
                 + (f", {v.overrides}" if v.overrides else "")
             )
         print("shared config: " + json.dumps(study.base))
+        if study.options.get("tune"):
+            print("tuning: " + json.dumps(study.options["tune"]))
         return 0
     say = (lambda *a, **k: None) if args.quiet else print
     # the default data folder is prepared when missing; an explicit one only with --tokenizer

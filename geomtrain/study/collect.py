@@ -27,6 +27,8 @@ __all__ = [
     "load_summary",
     "resolve_runs_dir",
     "study_and_runs",
+    "references_of",
+    "comparisons",
 ]
 
 MATRIX_KINDS = ("attn_in", "attn_q", "attn_k", "attn_out", "mlp_in", "mlp_out")
@@ -303,10 +305,10 @@ def collect(out: str | Path, runs_dir: str | Path | None = None) -> dict:
     """Read ``OUT/study.json`` and every run folder into a summary (see the module docstring)."""
     out = Path(out)
     study, rdir = study_and_runs(out, runs_dir)
-    variants = [dict(v) for v in study["variants"]]
+    variants = [dict(v) for v in study["variants"] if v.get("role") != "select"]
     runs = []
     for v in variants:
-        for seed in study["seeds"]:
+        for seed in v.get("seeds") or study["seeds"]:
             rd = rdir / v["name"] / f"s{seed}"
             if not (rd / "config.json").exists():
                 continue
@@ -323,7 +325,31 @@ def collect(out: str | Path, runs_dir: str | Path | None = None) -> dict:
         "variants": variants,
         "runs": runs,
         "table": make_table(variants, runs),
+        "comparisons": comparisons(variants, runs, study.get("options") or {}),
     }
+
+
+def references_of(names: list[str], reference: str) -> list[tuple[str, str]]:
+    """``(arm, reference)`` pairs for a ``--reference`` text: an arm's name (every other arm
+    against it), ``+SOLVER`` (each arm ``P`` against ``P+SOLVER``), or several, comma-separated."""
+    pairs = []
+    for ref in (r.strip() for r in reference.split(",") if r.strip()):
+        if ref.startswith("+"):
+            pairs += [(n, n + ref) for n in names if n + ref in names]
+        elif ref in names:
+            pairs += [(n, ref) for n in names if n != ref]
+    return list(dict.fromkeys(pairs))
+
+
+def comparisons(variants: list[dict], runs: list[dict], options: dict) -> list[dict]:
+    """Each arm against its reference (``options["reference"]``, default ``unconstrained``),
+    paired by seed with the verdict rule of `geomtrain.study.stats` at ``options["delta"]``."""
+    from .stats import DEFAULT_DELTA, compare_arms
+
+    names = [v["name"] for v in variants]
+    delta = options.get("delta") or DEFAULT_DELTA
+    pairs = references_of(names, options.get("reference") or "unconstrained")
+    return [compare_arms(arm, ref, runs, delta) for arm, ref in pairs]
 
 
 def load_summary(path: str | Path) -> dict:

@@ -31,6 +31,8 @@ __all__ = [
     "swept_name",
     "sweep_variants",
     "bounded_variants",
+    "solver_variants",
+    "CONSTRAINED_PRESETS",
     "parse_sweep",
     "parse_seeds",
     "shared_config",
@@ -57,7 +59,8 @@ class Variant:
     """One assignment to train: a preset, rules applied before it, config overrides.
 
     ``base`` groups variants of one family (a preset and its sweep values); ``sweep`` is
-    ``{"key", "value"}`` for a swept variant. Rule targets are manifold specs of the
+    ``{"key", "value"}`` for a swept variant; ``seeds`` and ``role`` mark a tuned study's
+    selection runs (`geomtrain.study.tune`). Rule targets are manifold specs of the
     `manifolds` registry (``bdgram@1.5``, or a user's registered name)."""
 
     name: str
@@ -67,6 +70,8 @@ class Variant:
     label: str | None = None
     base: str | None = None
     sweep: dict | None = None
+    seeds: list[int] | None = None  # its own seeds (a tuned study's selection runs); None: the study's
+    role: str | None = None  # "select" for a tuning run (not in the results table), else None
 
     def to_dict(self) -> dict:
         return dataclasses.asdict(self)
@@ -113,6 +118,32 @@ def sweep_variants(variants: Sequence[Variant], key: str, values: Sequence, base
                     sweep={"key": key, "value": value},
                 )
             )
+    return out
+
+
+CONSTRAINED_PRESETS = ("all-stiefel", "all-dgram", "hetero", "hetero-inv")
+
+
+def solver_variants(variants: Sequence[Variant], solvers: Sequence[str]) -> list[Variant]:
+    """Each variant once per Muon solver (``default``: the optimizer's per-kind default, named as
+    the variant; another solver ``S``: ``NAME+S``). Presets with no Stiefel or DGram matrix are
+    kept once: every solver gives them the same direction."""
+    out = []
+    for v in variants:
+        for solver in solvers:
+            if solver == "default":
+                out.append(v)
+            elif v.preset in CONSTRAINED_PRESETS or v.rules:
+                name = f"{v.name}+{solver}"
+                out.append(
+                    dataclasses.replace(
+                        v,
+                        name=name,
+                        overrides={**v.overrides, "muon_solver": solver},
+                        label=f"{v.label or v.name} ({solver})",
+                        base=name,
+                    )
+                )
     return out
 
 
@@ -282,15 +313,25 @@ def plan(
     runs_dir: str | Path | None = None,
     argv: Sequence[str] = (),
     options: dict | None = None,
+    solvers: Sequence[str] | None = None,
 ) -> StudyPlan:
-    """Build and validate a study: every run's config is made (and checked) before anything trains."""
+    """Build and validate a study: every run's config is made (and checked) before anything trains.
+
+    ``solvers``: one arm per Muon solver (`solver_variants`). ``options["tune"]``: a tuning
+    protocol (`geomtrain.study.tune`, whose `validate_selection` checks its runs)."""
     base = dict(base or {})
     variants, sweep = _suite_variants(suite, presets, sweep, bounds)
     shared = _shared(base)
+    if solvers:
+        variants = solver_variants(variants, _checked_solvers(solvers))
     if sweep:
         key, values = sweep
         variants = sweep_variants(variants, key, values, getattr(shared, key, base.get(key)))
     out = Path(out)
+    options = dict(options or {})
+    if options.get("tune"):
+        if sweep or suite != "presets":
+            raise StudyError("--tune runs on the presets suite without --sweep (it sweeps on its own)")
     return StudyPlan(
         out=out,
         runs_dir=Path(runs_dir) if runs_dir else out / "runs",
@@ -299,5 +340,16 @@ def plan(
         seeds=list(seeds),
         base=base,
         argv=list(argv),
-        options=dict(options or {}),
+        options=options,
     ).validate()
+
+
+def _checked_solvers(solvers: Sequence[str]) -> list[str]:
+    from ..optim import SOLVERS
+
+    for x in solvers:
+        if x != "default" and x not in SOLVERS:
+            raise StudyError(f"unknown solver {x!r}; valid: default, {', '.join(SOLVERS)}")
+    if len(set(solvers)) != len(solvers):
+        raise StudyError(f"--solvers repeats a solver: {','.join(solvers)}")
+    return list(solvers)

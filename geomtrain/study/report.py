@@ -12,7 +12,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 from .._io import atomic_write_json, atomic_write_text, read_json
-from .collect import collect, load_summary, make_table, resolve_runs_dir
+from .collect import collect, comparisons, load_summary, make_table, resolve_runs_dir
 from .plan import StudyError
 
 __all__ = [
@@ -20,6 +20,8 @@ __all__ = [
     "format_table",
     "format_attention_table",
     "format_solver_table",
+    "format_comparisons",
+    "format_tuning",
     "results_csv",
     "results_markdown",
     "write_report",
@@ -153,6 +155,53 @@ def format_solver_table(rows: list[dict]) -> str:
     return _markdown(head, body)
 
 
+def _num(x, fmt: str) -> str:
+    return "-" if x is None else format(x, fmt)
+
+
+def format_comparisons(rows: list[dict]) -> str:
+    """Paired comparisons (`geomtrain.study.stats.compare_arms` rows) as Markdown."""
+    head = ["arm", "reference", "seeds", "differences per seed", "mean", "95% interval", "verdict", "steps to target"]
+    body = []
+    for c in rows:
+        diffs = ", ".join("div." if p["diff"] is None else f"{p['diff']:+.4f}" for p in c["per_seed"])
+        interval = "-" if c["low"] is None else f"[{c['low']:+.4f}, {c['high']:+.4f}]"
+        steps = _num(c.get("steps_to_target"), ".0f")
+        if c.get("seconds_to_target") is not None:
+            steps += f" ({c['seconds_to_target']:.0f} s)"
+        body.append(
+            [
+                c["arm"],
+                c["reference"],
+                str(len(c["seeds"])),
+                diffs or "-",
+                _num(c.get("mean"), "+.4f"),
+                interval,
+                c["verdict"],
+                f"{steps}, {c['reached_target']} reached",
+            ]
+        )
+    return _markdown(head, body)
+
+
+def format_tuning(tuning: dict) -> str:
+    """Each arm's selection: its grid with the score at every value, the choice and where it lay."""
+    head = ["arm", "key", "grid: mean final val loss on the selection seeds", "chosen", "where"]
+    body = []
+    for arm, t in (tuning.get("arms") or {}).items():
+        scores = ", ".join(
+            f"{v}: {'div.' if s is not None and s == float('inf') else _num(s, '.4f')}" for v, s in t["scores"].items()
+        )
+        chosen = "-" if t.get("best") is None else f"{t['best']:g}"
+        where = t.get("where") or "-"
+        if t.get("extended"):
+            where += f" (grid grown by {t['extended']})"
+        body.append([arm, t["key"], scores, chosen, where])
+    for arm in tuning.get("untuned") or []:
+        body.append([arm, "-", "untuned (no grid applies)", "-", "-"])
+    return _markdown(head, body)
+
+
 def results_csv(rows: list[dict]) -> str:
     """The table as CSV (:data:`CSV_COLUMNS`; lists space-separated, ``None`` empty)."""
     buf = io.StringIO()
@@ -193,6 +242,29 @@ def results_markdown(summary: dict) -> str:
         format_attention_table(summary["table"]),
         "",
     ]
+    tuning = st.get("tuning")
+    if tuning:
+        p = tuning.get("protocol", {})
+        md += [
+            f"Tuning (selection runs, not in the table above): seeds {', '.join(map(str, p.get('select_seeds', [])))} "
+            f"at {p.get('fraction')} of the horizon; a best value at a grid end grows the grid (at most "
+            f"{p.get('max_extend')} points). Each arm is then confirmed at its chosen value on the seeds above.",
+            "",
+            format_tuning(tuning),
+            "",
+        ]
+    if summary.get("comparisons"):
+        from .stats import VERDICT_RULE
+
+        delta = summary["comparisons"][0]["delta"]
+        md += [
+            f"Paired comparisons (delta = {delta:g}): {VERDICT_RULE} Steps to target: the steps the arm "
+            "takes to reach the reference's final val loss on the same seed (mean over seeds that reach it; "
+            "time at the arm's median step time).",
+            "",
+            format_comparisons(summary["comparisons"]),
+            "",
+        ]
     if any(r.get("solver_evals_per_step") is not None for r in summary["table"]):
         md += [
             "Direction solver over the logged steps (all seeds): polar evaluations per step summed over "
@@ -232,6 +304,8 @@ def report(out: str | Path, runs_dir: str | Path | None = None, print_fn: Callab
     else:
         summary = load_summary(out)
         summary["table"] = make_table(summary["variants"], summary["runs"])
+        options = summary["study"].get("options") or {}
+        summary["comparisons"] = comparisons(summary["variants"], summary["runs"], options)
         print_fn(f"runs folder not found: rebuilt from {out / 'summary.json'}")
     written = write_report(summary, out)
     print_fn(format_table(summary["table"]))

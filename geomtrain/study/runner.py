@@ -24,6 +24,7 @@ from ..runfolder import RunFolder, RunFolderError
 from .collect import collect
 from .plan import SUMMARY_FORMAT, StudyError, StudyPlan, Variant
 from .report import format_table, write_report
+from .tune import run_tuning
 
 __all__ = [
     "TERMINAL_STATUSES",
@@ -34,6 +35,7 @@ __all__ = [
     "data_record",
     "threads_per_worker",
     "run_study",
+    "save_record",
 ]
 
 TERMINAL_STATUSES = ("finished", "diverged", "failed")
@@ -168,6 +170,7 @@ def _environment(device: str) -> dict:
 def _study_record(study: StudyPlan, previous: dict | None) -> dict:
     prev = previous or {}
     environment = _environment(study.base.get("device", "auto"))
+    invocation = {"id": f"{os.getpid()}@{time.time():.6f}", "argv": study.argv, "started": _now()}
     return {
         "format": SUMMARY_FORMAT,
         "command": "geomtrain study " + shlex.join(study.argv) if study.argv else prev.get("command"),
@@ -185,10 +188,37 @@ def _study_record(study: StudyPlan, previous: dict | None) -> dict:
         "environment": environment,  # the latest invocation's; each invocation keeps its own
         "data": data_record(study.base["data_dir"]),
         "timing": prev.get("timing", {"runs": {}, "total_s": 0.0}),
-        "invocations": prev.get("invocations", [])
-        + [{"argv": study.argv, "started": _now(), "environment": environment}],
+        "invocations": prev.get("invocations", []) + [{**invocation, "environment": environment}],
         **({"autoassign": prev["autoassign"]} if "autoassign" in prev else {}),
     }
+
+
+def save_record(out: Path, record: dict, added: tuple[str, float] | None = None) -> None:
+    """Write ``record`` to ``OUT/study.json`` merged with what other invocations wrote since it
+    was read (under the lock ``OUT/.study.lock``): every invocation entry, every run's wall time
+    (the larger of the two, plus ``added = (run key, seconds)`` just trained here), and the
+    totals summed from them. Two studies run into one folder both stay on record."""
+    lock = FileLock(Path(out) / ".study.lock")
+    while lock.acquire() is not None:
+        time.sleep(0.02)
+    try:
+        disk = read_json(Path(out) / "study.json") or {}
+        mine = {i.get("id") for i in record["invocations"]}
+        others = [i for i in disk.get("invocations", []) if i.get("id") not in mine]
+        record["invocations"] = sorted(record["invocations"] + others, key=lambda i: i.get("started") or "")
+        timing = record["timing"]
+        runs = timing["runs"]
+        for key, seconds in (disk.get("timing") or {}).get("runs", {}).items():
+            runs[key] = max(runs.get(key, 0.0), seconds)
+        if added:
+            runs[added[0]] = runs.get(added[0], 0.0) + added[1]
+        timing["probes_s"] = max(timing.get("probes_s", 0.0), (disk.get("timing") or {}).get("probes_s", 0.0))
+        timing["total_s"] = sum(runs.values()) + timing["probes_s"]
+        timing["elapsed_s"] = sum(i.get("elapsed_s") or 0.0 for i in record["invocations"])
+        record["updated"] = _now()
+        atomic_write_json(Path(out) / "study.json", record)
+    finally:
+        lock.release()
 
 
 def _check_previous(study: StudyPlan, previous: dict | None) -> None:
@@ -228,19 +258,22 @@ def run_study(
     previous = read_json(study.out / "study.json")
     _check_previous(study, previous)
     record = _study_record(study, previous)
-    atomic_write_json(study.out / "study.json", record)
+    save_record(study.out, record)
     scheduler = _Scheduler(study, record, print_fn, drop_checkpoints)  # its clock includes autoassign's probes
     if study.suite == "autoassign" and not _run_autoassign(study, record, print_fn):
         return 130
-    jobs = [(v, s) for s in study.seeds for v in study.variants]
-    if study.suite != "presets":  # plain preset runs may be shared with a presets study: do them last
-        from ..assign import PRESETS
+    if study.options.get("tune"):
+        code = run_tuning(study, record, lambda jobs: scheduler.run(jobs, workers, threads), scheduler.save, print_fn)
+    else:
+        jobs = [(v, s) for s in study.seeds for v in study.variants]
+        if study.suite != "presets":  # plain preset runs may be shared with a presets study: do them last
+            from ..assign import PRESETS
 
-        jobs.sort(key=lambda job: job[0].name in PRESETS)
-    code = scheduler.run_parallel(jobs, workers, threads) if workers > 1 else scheduler.run_sequential(jobs)
+            jobs.sort(key=lambda job: job[0].name in PRESETS)
+        code = scheduler.run(jobs, workers, threads)
     scheduler.stamp_elapsed()
-    record["timing"].setdefault("workers", []).append(workers)
-    atomic_write_json(study.out / "study.json", record)
+    record["invocations"][-1]["workers"] = workers
+    save_record(study.out, record)
     if report_after:
         summary = collect(study.out)
         written = write_report(summary, study.out)
@@ -270,11 +303,11 @@ def _run_autoassign(study: StudyPlan, record: dict, print_fn: Callable) -> bool:
         return False
     atomic_write_json(study.out / "autoassign.json", result)
     record["autoassign"] = {k: result[k] for k in ("choice", "rules", "matches_preset", "probe_steps")}
-    record["timing"]["total_s"] = record["timing"].get("total_s", 0.0) + (time.time() - t_start)
+    record["timing"]["probes_s"] = record["timing"].get("probes_s", 0.0) + (time.time() - t_start)
     study.variants = _with_auto_variant(study.variants, result)
     record["variants"] = [v.to_dict() for v in study.variants]
     study.validate()
-    atomic_write_json(study.out / "study.json", record)
+    save_record(study.out, record)
     return True
 
 
@@ -316,15 +349,22 @@ class _Scheduler:
 
     def __init__(self, study: StudyPlan, record: dict, print_fn: Callable, drop_checkpoints: bool):
         self.study, self.record, self.print_fn, self.drop_checkpoints = study, record, print_fn, drop_checkpoints
-        self.started, self.elapsed_before = time.time(), record["timing"].get("elapsed_s", 0.0)
+        self.started = time.time()
 
     def stamp_elapsed(self) -> None:
-        """This invocation's wall time so far, into its ``invocations`` entry and ``timing.elapsed_s``
-        (the sum over invocations): updated after every run, so an invocation killed between runs (a
-        session that ends) keeps the time up to its last finished run."""
-        seconds = time.time() - self.started
-        self.record["invocations"][-1]["elapsed_s"] = seconds
-        self.record["timing"]["elapsed_s"] = self.elapsed_before + seconds
+        """This invocation's wall time so far, into its ``invocations`` entry (`save_record` sums
+        them into ``timing.elapsed_s``): updated after every run, so an invocation killed between
+        runs (a session that ends) keeps the time up to its last finished run."""
+        self.record["invocations"][-1]["elapsed_s"] = time.time() - self.started
+
+    def save(self) -> None:
+        self.stamp_elapsed()
+        self.record["updated"] = _now()
+        save_record(self.study.out, self.record)
+
+    def run(self, jobs: list, workers: int, threads: int | None) -> int:
+        """Train ``jobs`` (``(variant, seed)`` pairs) not done yet; 0, or 130 when interrupted."""
+        return self.run_parallel(jobs, workers, threads) if workers > 1 else self.run_sequential(jobs)
 
     def claims(self, jobs: list) -> Iterator[tuple]:
         """Yield ``(v, seed, tag, cfg, state, lock)`` for each job that still needs training, its
@@ -351,12 +391,8 @@ class _Scheduler:
             yield v, seed, tag, cfg, state, lock
 
     def record_run(self, v: Variant, seed: int, tag: str, status: dict, wall: float) -> None:
-        key, timing = f"{v.name}/s{seed}", self.record["timing"]
-        timing["runs"][key] = timing["runs"].get(key, 0.0) + wall
-        timing["total_s"] = timing.get("total_s", 0.0) + wall
         self.stamp_elapsed()
-        self.record["updated"] = _now()
-        atomic_write_json(self.study.out / "study.json", self.record)
+        save_record(self.study.out, self.record, added=(f"{v.name}/s{seed}", wall))
         self.print_fn(f"{tag}: {_status_line(status)} in {wall:.0f} s")
         if self.drop_checkpoints and status.get("status") in TERMINAL_STATUSES:
             (self.study.run_dir(v, seed) / "ckpt.pt").unlink(missing_ok=True)

@@ -1,0 +1,303 @@
+"""The tuning protocol of a study: every arm at its own tuned value, confirmed on other seeds.
+
+An *arm* is one thing compared (a preset, with a solver: ``hetero``, ``hetero+exact``). With
+``geomtrain study --tune muon_lr=0.005,0.01,0.02,0.04,0.08`` the study runs in two phases:
+
+1. **Selection.** Each arm trains at every grid value on the *selection seeds*, for
+   ``fraction`` of the horizon (``max_iters``, ``warmup_iters`` and ``eval_interval`` scaled
+   together). Its score at a value is the mean final val loss over those seeds (a diverged run
+   scores +inf). When the best value is at an end of the grid, the grid grows by one point past
+   that end (geometric when the grid is, else by its end step) and the new runs train, until the
+   best value is interior or the arm has grown ``max_extend`` times (recorded as stopped at the
+   edge).
+2. **Confirmation.** Each arm trains at the full horizon at its own best value on the
+   *confirmation seeds* (the study's ``--seeds``), which must not share a seed with the
+   selection seeds. Only these runs enter the results table and the paired statistics
+   (`geomtrain.study.stats`).
+
+A grid applies to every arm, or to the arms of one preset (``adamw:lr=3e-4,6e-4,1.2e-3``: the
+AdamW baseline has no Muon matrices, so ``muon_*`` grids pass it by; without a grid of its own
+it is confirmed untuned, and the record says so). Everything is in ``study.json``'s ``tuning``:
+the protocol, every score, each arm's grid, choice and where it stopped. Rerunning the command
+resumes; the grid's growth is decided again from the recorded runs, so it is the same.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+
+from .._io import read_json
+from .plan import StudyError, StudyPlan, Variant, format_value
+
+__all__ = [
+    "SELECT_SEED_START",
+    "DEFAULT_FRACTION",
+    "DEFAULT_MAX_EXTEND",
+    "TuneProtocol",
+    "parse_tune",
+    "selection_seeds",
+    "extend_grid",
+    "choose",
+    "selection_variant",
+    "confirmation_variant",
+    "validate_selection",
+    "run_tuning",
+]
+
+SELECT_SEED_START = 1000  # "--select-seeds 2" -> 1000, 1001: apart from the usual confirmation seeds 0, 1, 2
+DEFAULT_FRACTION = 0.5  # selection runs train half the horizon
+DEFAULT_MAX_EXTEND = 2  # points a grid may grow by at its edges before the search stops there
+ALL_ARMS = "*"
+
+
+@dataclass
+class TuneProtocol:
+    """What the selection phase does (stored in ``study.json`` before any run)."""
+
+    grids: dict[str, dict]  # scope ("*" or a preset) -> {"key", "values"}
+    select_seeds: list[int]
+    fraction: float = DEFAULT_FRACTION
+    max_extend: int = DEFAULT_MAX_EXTEND
+
+    def to_dict(self) -> dict:
+        return dataclasses.asdict(self)
+
+    @classmethod
+    def from_dict(cls, d: dict) -> TuneProtocol:
+        return cls(**{f.name: d[f.name] for f in dataclasses.fields(cls) if f.name in d})
+
+    def grid_of(self, arm: Variant) -> dict | None:
+        """The grid ``{"key", "values"}`` that tunes ``arm``: its preset's, else the shared one
+        unless that tunes Muon and the arm has no Muon matrices; None: confirmed untuned."""
+        if arm.preset in self.grids:
+            return self.grids[arm.preset]
+        shared = self.grids.get(ALL_ARMS)
+        if shared and arm.preset == "adamw" and shared["key"].startswith("muon_"):
+            return None
+        return shared
+
+    def check(self, confirm_seeds: Sequence[int]) -> TuneProtocol:
+        """``StudyError`` on a fraction outside (0, 1], a negative ``max_extend`` or shared seeds."""
+        if not 0 < self.fraction <= 1:
+            raise StudyError(f"--tune-fraction must be in (0, 1]; got {self.fraction}")
+        if self.max_extend < 0:
+            raise StudyError(f"--tune-max-extend must be >= 0; got {self.max_extend}")
+        shared = sorted(set(self.select_seeds) & set(confirm_seeds))
+        if shared:
+            raise StudyError(
+                f"selection seeds {', '.join(map(str, shared))} are also confirmation seeds (--seeds): "
+                "a value must be confirmed on seeds that did not select it; pick disjoint --select-seeds"
+            )
+        return self
+
+
+def parse_tune(texts: Sequence[str]) -> dict[str, dict]:
+    """``["muon_lr=0.01,0.02", "adamw:lr=3e-4,6e-4"]`` -> ``{"*": {"key": "muon_lr", "values":
+    [0.01, 0.02]}, "adamw": {...}}`` (values typed by `geomtrain.config.parse_value`, sorted)."""
+    from ..assign import PRESETS
+    from ..config import parse_value
+
+    grids: dict[str, dict] = {}
+    for text in texts:
+        scope, _, assignment = text.rpartition(":")
+        key, sep, values = assignment.partition("=")
+        key = key.strip().replace("-", "_")
+        scope = scope.strip() or ALL_ARMS
+        if not sep or not key or not values.strip():
+            raise StudyError(f"--tune {text!r} must look like [PRESET:]KEY=V1,V2,..., e.g. muon_lr=0.01,0.02,0.04")
+        if scope != ALL_ARMS and scope not in PRESETS:
+            raise StudyError(f"--tune {text!r}: unknown preset {scope!r}; valid: {', '.join(PRESETS)}")
+        if scope in grids:
+            raise StudyError(f"--tune gives two grids for {'every arm' if scope == ALL_ARMS else scope}")
+        parsed = sorted({parse_value(key, v.strip()) for v in values.split(",") if v.strip()})
+        if len(parsed) < 3:
+            raise StudyError(f"--tune {text!r}: give at least 3 values, so that a best value can be interior")
+        if not all(isinstance(v, (int, float)) and math.isfinite(v) for v in parsed):
+            raise StudyError(f"--tune {text!r}: the values must be finite numbers")
+        grids[scope] = {"key": key, "values": parsed}
+    return grids
+
+
+def selection_seeds(text: str) -> list[int]:
+    """``"2"`` -> [1000, 1001] (from `SELECT_SEED_START`); ``"7,8"`` -> those seeds."""
+    from .plan import parse_seeds
+
+    seeds = parse_seeds(text)
+    return seeds if "," in text else [SELECT_SEED_START + s for s in seeds]
+
+
+def _round(x: float) -> float:
+    return float(f"{x:.6g}")
+
+
+def extend_grid(values: Sequence[float], side: str) -> float | None:
+    """The next point past the ``"low"`` or ``"high"`` end of a sorted grid: times the end ratio
+    when the grid is geometric (all > 0, ratios within 1%), else plus the end step; None when a
+    geometric grid would need a value <= 0 (an arithmetic one stepping below zero) or ints collide."""
+    v = list(values)
+    ratios = [b / a for a, b in zip(v, v[1:])] if all(x > 0 for x in v) else []
+    geometric = bool(ratios) and max(ratios) <= min(ratios) * 1.01
+    if side == "high":
+        new = v[-1] * (v[-1] / v[-2]) if geometric else v[-1] + (v[-1] - v[-2])
+    else:
+        new = v[0] / (v[1] / v[0]) if geometric else v[0] - (v[1] - v[0])
+        if new <= 0 and v[0] > 0:
+            return None
+    new = type(v[0])(round(new)) if isinstance(v[0], int) else _round(new)
+    return None if new in v else new
+
+
+def choose(values: Sequence[float], scores: dict, extended: int, max_extend: int) -> dict:
+    """The selection outcome of one arm: ``{"best", "where", "grow"}``. ``where``: ``interior``,
+    ``edge`` (best at an end after ``max_extend`` growths, or no point past it) or ``diverged``
+    (every value diverged); ``grow``: ``"low"``/``"high"`` when the grid should grow there."""
+    finite = {v: s for v, s in scores.items() if s is not None and math.isfinite(s)}
+    if not finite:
+        return {"best": None, "where": "diverged", "grow": None}
+    best = min(finite, key=lambda v: (finite[v], v))
+    i = list(values).index(best)
+    side = "low" if i == 0 else "high" if i == len(values) - 1 else None
+    if side is None:
+        return {"best": best, "where": "interior", "grow": None}
+    if extended < max_extend and extend_grid(values, side) is not None:
+        return {"best": best, "where": "edge", "grow": side}
+    return {"best": best, "where": "edge", "grow": None}
+
+
+def _scaled(base: dict, fraction: float) -> dict:
+    iters = max(1, round(int(base["max_iters"]) * fraction))
+    out = {"max_iters": iters}
+    for key, floor in (("warmup_iters", 0), ("eval_interval", 1)):
+        if key in base:
+            out[key] = min(iters, max(floor, round(int(base[key]) * fraction)))
+    return out
+
+
+def selection_variant(arm: Variant, key: str, value, protocol: TuneProtocol, base: dict) -> Variant:
+    """The run of ``arm`` at ``key=value`` on the selection seeds, at ``fraction`` of the horizon."""
+    scaled = _scaled(base, protocol.fraction)
+    return Variant(
+        f"select-{arm.name}__{key}-{format_value(value)}",
+        arm.preset,
+        rules=list(arm.rules),
+        overrides={**arm.overrides, key: value, **scaled},
+        label=f"{arm.label or arm.name}, {key}={format_value(value)} (selection, {scaled['max_iters']} steps)",
+        base=arm.name,
+        sweep={"key": key, "value": value},
+        seeds=list(protocol.select_seeds),
+        role="select",
+    )
+
+
+def confirmation_variant(arm: Variant, key: str | None, value) -> Variant:
+    """``arm`` at its chosen value (unchanged when untuned), on the study's confirmation seeds."""
+    if key is None:
+        return arm
+    return dataclasses.replace(
+        arm,
+        overrides={**arm.overrides, key: value},
+        label=f"{arm.label or arm.name} ({key}={format_value(value)})",
+    )
+
+
+def validate_selection(study: StudyPlan) -> StudyPlan:
+    """Every selection run of the first grids gets a config (and so is validated) before any
+    training; ``StudyError`` names the arm and value. Returns ``study``."""
+    protocol = TuneProtocol.from_dict(study.options["tune"]).check(study.seeds)
+    for arm in study.variants:
+        grid = protocol.grid_of(arm)
+        for value in grid["values"] if grid else []:
+            study.config(selection_variant(arm, grid["key"], value, protocol, study.base), protocol.select_seeds[0])
+    return study
+
+
+def _score(study: StudyPlan, v: Variant) -> float | None:
+    """Mean final val loss of a selection variant over its seeds; +inf when one diverged or
+    failed; None while a run is missing or unfinished."""
+    losses = []
+    for s in v.seeds or study.seeds:
+        st = read_json(study.run_dir(v, s) / "status.json") or {}
+        if st.get("status") in ("diverged", "failed"):
+            return math.inf
+        if st.get("status") != "finished" or st.get("final_val_loss") is None:
+            return None
+        losses.append(float(st["final_val_loss"]))
+    return sum(losses) / len(losses)
+
+
+@dataclass
+class _ArmSearch:
+    arm: Variant
+    key: str
+    values: list
+    initial: int
+    scores: dict = field(default_factory=dict)
+    outcome: dict = field(default_factory=dict)
+
+    def record(self) -> dict:
+        return {
+            "key": self.key,
+            "grid": self.values,
+            "scores": {format_value(v): self.scores.get(v) for v in self.values},
+            "extended": len(self.values) - self.initial,
+            **{k: self.outcome.get(k) for k in ("best", "where")},
+        }
+
+
+def run_tuning(
+    study: StudyPlan,
+    record: dict,
+    train_jobs: Callable[[list], int],
+    save: Callable[[], None],
+    print_fn: Callable = print,
+) -> int:
+    """Both phases of a tuned study (``study.options["tune"]``: a `TuneProtocol` as a dict).
+    ``train_jobs(jobs)`` trains ``(variant, seed)`` pairs not done yet and returns an exit code;
+    ``save()`` writes ``record``. Returns 0, or the code of an interrupted phase."""
+    protocol = TuneProtocol.from_dict(study.options["tune"])
+    arms = [v for v in study.variants if v.role is None]
+    grids = {a.name: protocol.grid_of(a) for a in arms}
+    searches = [_ArmSearch(a, g["key"], list(g["values"]), len(g["values"])) for a in arms if (g := grids[a.name])]
+    tuning = record.setdefault("tuning", {})
+    tuning["protocol"] = protocol.to_dict()
+    while True:
+        selection = [selection_variant(s.arm, s.key, v, protocol, study.base) for s in searches for v in s.values]
+        study.variants = arms + selection
+        study.validate()
+        record["variants"] = [v.to_dict() for v in study.variants]
+        save()
+        code = train_jobs([(v, seed) for seed in protocol.select_seeds for v in selection])
+        if code:
+            return code
+        grown = False
+        for s in searches:
+            s.scores = {v: _score(study, selection_variant(s.arm, s.key, v, protocol, study.base)) for v in s.values}
+            s.outcome = choose(s.values, s.scores, len(s.values) - s.initial, protocol.max_extend)
+            if s.outcome["grow"]:
+                new = extend_grid(s.values, s.outcome["grow"])
+                s.values = sorted([*s.values, new])
+                grown = True
+                print_fn(f"tuning {s.arm.name}: best {s.key} at the {s.outcome['grow']} edge; grid grows to {new:g}")
+        tuning["arms"] = {s.arm.name: s.record() for s in searches}
+        tuning["untuned"] = [a.name for a in arms if protocol.grid_of(a) is None]
+        if not grown:
+            break
+    chosen = {s.arm.name: s for s in searches}
+    confirm = []
+    for a in arms:
+        s = chosen.get(a.name)
+        if s is not None and s.outcome["best"] is None:
+            print_fn(f"tuning {a.name}: every value diverged in selection; not confirmed")
+            continue
+        confirm.append(confirmation_variant(a, s.key if s else None, s.outcome["best"] if s else None))
+    for s in searches:
+        where = s.outcome["where"]
+        print_fn(f"tuning {s.arm.name}: {s.key}={format_value(s.outcome['best'])} ({where})")
+    study.variants = confirm + [v for v in study.variants if v.role == "select"]
+    study.validate()
+    record["variants"] = [v.to_dict() for v in study.variants]
+    save()
+    return train_jobs([(v, seed) for seed in study.seeds for v in confirm])
