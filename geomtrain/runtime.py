@@ -45,7 +45,10 @@ def resolve_device(name: str) -> torch.device:
 class StopSignals:
     """SIGINT and SIGTERM become a flag checked between steps, so a step is never half-applied.
 
-    A second signal of the same kind gives up at once (KeyboardInterrupt / SystemExit(143))."""
+    Once a stop is under way a repeated SIGTERM is ignored: under torchrun a scheduler that signals every
+    process of the job (Slurm, Kubernetes) reaches each rank twice, directly and forwarded by torchrun, and
+    a rank that gave up would leave the others waiting in a collective. A second SIGINT (Ctrl-C pressed
+    again) gives up at once (KeyboardInterrupt), without a new checkpoint."""
 
     CODES = {"SIGINT": 130, "SIGTERM": 143}
 
@@ -60,12 +63,10 @@ class StopSignals:
         return self
 
     def _handle(self, signum, frame) -> None:
-        name = signal.Signals(signum).name
-        if self.received is not None:
-            if signum == signal.SIGINT:
-                raise KeyboardInterrupt
-            raise SystemExit(self.CODES[name])
-        self.received = name
+        if self.received is None:
+            self.received = signal.Signals(signum).name
+        elif signum == signal.SIGINT:
+            raise KeyboardInterrupt
 
     def requested(self, ddp: bool) -> bool:
         """Whether any rank received a stop signal (an all-reduce under DDP, so all ranks agree)."""

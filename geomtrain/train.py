@@ -524,9 +524,9 @@ def _loop(trainer: Trainer, folder: RunFolder, print_fn: Callable) -> dict:
                 }
             elif is_eval:
                 end = _evaluate(trainer, folder, progress, r.loss)
-                if end is None and (r.step % ckpt_every == 0 or r.step == cfg.max_iters):
-                    trainer.save_checkpoint(folder)
-                    _status(trainer, folder, "running", checkpoint_step=r.step)
+            if end is None and r.step % ckpt_every == 0 and r.step < cfg.max_iters:  # the last: after the loop
+                trainer.save_checkpoint(folder)
+                _status(trainer, folder, "running", checkpoint_step=r.step)
             if end is None and (
                 stop.requested(trainer.ddp) or (cfg.stop_after is not None and r.step >= cfg.stop_after)
             ):

@@ -6,11 +6,14 @@ losses, evaluations, final weights and optimizer state) with one uninterrupted r
 config. Checkpoints are at steps 4, 8 and 12.
 """
 
+import contextlib
 import json
+import os
 import signal
 import subprocess
 import sys
 import time
+from pathlib import Path
 
 import pytest
 from fault_helpers import (
@@ -25,6 +28,7 @@ from fault_helpers import (
     worker,
     worker_env,
 )
+from ranks import launch_command
 
 pytest_plugins = ["fault_helpers"]
 pytestmark = pytest.mark.slow  # subprocess runs killed and resumed, 20 s each: only in `make test`
@@ -95,3 +99,67 @@ def test_signal_checkpoints_at_the_step_boundary_and_resumes_exactly(sig, code, 
     assert_same_run(run, reference)
     assert json.loads((run / "status.json").read_text())["status"] == "finished"
     assert records(run, "train")[-1]["step"] == MAX_ITERS
+
+
+def _ranks_of(job_pid: int) -> list[int]:
+    """The fault_worker processes torchrun ``job_pid`` started (its children; each rank in its own session)."""
+    ranks = []
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        with contextlib.suppress(OSError, ValueError, IndexError):
+            ppid = int(stat.read_text().rpartition(")")[2].split()[1])
+            if ppid == job_pid and "fault_worker" in (stat.parent / "cmdline").read_text():
+                ranks.append(int(stat.parent.name))
+    return ranks
+
+
+def _running(pid: int) -> bool:
+    """Whether ``pid`` still runs (a zombie waiting for its parent does not)."""
+    with contextlib.suppress(OSError, IndexError):
+        return Path(f"/proc/{pid}/stat").read_text().rpartition(")")[2].split()[0] != "Z"
+    return False
+
+
+@pytest.mark.parametrize(
+    "to, times",
+    [("torchrun", 1), ("every process", 1), ("every process", 2)],
+)
+def test_sigterm_under_torchrun_checkpoints_at_a_step_boundary(to, times, data_dir, tmp_path):
+    """A 2-rank DDP job under torchrun, SIGTERM sent to torchrun alone (it forwards it to each rank) or to every
+    process of the job, as Slurm and Kubernetes do (each rank then gets it twice: directly and forwarded), once
+    or twice in a row: the ranks agree on a step, checkpoint it and exit, before torchrun's 30 s SIGKILL."""
+    from geomtrain.train import load_checkpoint
+
+    run = tmp_path / "run"
+    argv = [*launch_command(2, WORKER), "slow-after-step:3", *run_args(data_dir, run, "--max-iters", "60")]
+    log = open(tmp_path / "job.log", "w")  # a file, not a pipe: a full pipe would stall the ranks
+    job = subprocess.Popen(argv, env=worker_env(), stdout=log, stderr=subprocess.STDOUT)
+    ranks: list[int] = []
+    try:
+        deadline = time.monotonic() + 180
+        while not (run / ".reached-3").exists() and job.poll() is None and time.monotonic() < deadline:
+            time.sleep(0.05)
+        ranks = _ranks_of(job.pid)
+        assert len(ranks) == 2, (tmp_path / "job.log").read_text()[-3000:]
+        for _ in range(times):
+            for pid in [job.pid, *(ranks if to == "every process" else [])]:
+                os.kill(pid, signal.SIGTERM)
+            time.sleep(0.3)
+        job.wait(timeout=25)  # torchrun gives the ranks 30 s, then SIGKILLs them: a hung rank runs past this
+        deadline = time.monotonic() + 25  # a second SIGTERM makes torchrun leave without waiting for them
+        while any(map(_running, ranks)) and time.monotonic() < deadline:
+            time.sleep(0.1)
+        assert not any(map(_running, ranks)), "a rank is still running (hung in a collective?)"
+    finally:
+        for pid in [job.pid, *ranks]:
+            with contextlib.suppress(OSError):
+                os.kill(pid, signal.SIGKILL)
+        job.wait()
+        log.close()
+    text = (tmp_path / "job.log").read_text()
+    assert "[rank0]: Traceback" not in text and "[rank1]: Traceback" not in text, text[-3000:]
+    assert "forcefully exiting" not in text, text[-3000:]
+    status = json.loads((run / "status.json").read_text())
+    assert status["status"] == "interrupted" and status["signal"] == "SIGTERM", status
+    assert 3 <= status["step"] < 60
+    assert load_checkpoint(run / "ckpt.pt")["step"] == status["step"]  # the checkpoint of the step it stopped at
+    assert [s for s, _ in losses(run)] == list(range(1, status["step"] + 1))

@@ -194,6 +194,41 @@ def test_toml_config_and_flag_precedence(tmp_path):
         make_config({}, toml_path=path)
 
 
+class _Killed(BaseException):
+    """Stands for SIGKILL in this process: nothing catches it on the way out."""
+
+
+@pytest.mark.slow
+def test_checkpoint_interval_holds_between_evaluations(data_dir, tmp_path, monkeypatch):
+    """``checkpoint_interval`` 2 with ``eval_interval`` 6: a checkpoint every 2 steps, not only at evaluations,
+    so a run killed after step 5 resumes from step 4."""
+    from geomtrain.runfolder import RunFolder
+    from geomtrain.train import Trainer
+
+    cfg = _cfg(data_dir, tmp_path / "run", checkpoint_interval=2, eval_interval=6, max_iters=8, diagnostics=False)
+    saved, original_save, original_step = [], RunFolder.save_checkpoint, Trainer.step
+
+    def save(self, state):
+        saved.append(state["step"])
+        original_save(self, state)
+
+    def step(self, *args, **kwargs):
+        if self.steps_done == 5:
+            raise _Killed
+        return original_step(self, *args, **kwargs)
+
+    monkeypatch.setattr(RunFolder, "save_checkpoint", save)
+    monkeypatch.setattr(Trainer, "step", step)
+    with pytest.raises(_Killed):
+        train(cfg, print_fn=lambda *a: None)
+    assert saved == [2, 4] and load_checkpoint(tmp_path / "run" / "ckpt.pt")["step"] == 4
+    monkeypatch.setattr(Trainer, "step", original_step)
+    printed = []
+    assert train(cfg, resume=True, print_fn=printed.append)["status"] == "finished"
+    assert any("from step 4" in str(p) for p in printed)
+    assert saved == [2, 4, 6, 8]  # the last step's once, at the end
+
+
 @pytest.mark.slow
 def test_ctrl_c_saves_and_exits_cleanly(data_dir, tmp_path):
     out = tmp_path / "int"
