@@ -1,0 +1,168 @@
+"""geomtrain.study.tune: the grid search per arm (interior search, disjoint seeds), and a tuned study."""
+
+import json
+import math
+
+import pytest
+
+from conftest import tiny_study
+from geomtrain._io import atomic_write_json, read_json
+from geomtrain.study import StudyError, plan
+from geomtrain.study.runner import save_record
+from geomtrain.study.tune import (
+    TuneProtocol,
+    choose,
+    extend_grid,
+    parse_tune,
+    run_tuning,
+    selection_seeds,
+    validate_selection,
+)
+
+
+def test_parse_tune_scopes_and_errors():
+    grids = parse_tune(["muon_lr=0.04,0.01,0.02", "adamw:lr=3e-4,6e-4,1.2e-3"])
+    assert grids == {
+        "*": {"key": "muon_lr", "values": [0.01, 0.02, 0.04]},
+        "adamw": {"key": "lr", "values": [3e-4, 6e-4, 1.2e-3]},
+    }
+    for bad, match in [
+        ("muon_lr", "must look like"),
+        ("muon_lr=0.01,0.02", "at least 3 values"),
+        ("nope:lr=1,2,3", "unknown preset 'nope'"),
+        ("muon_lr=a,b,c", "expects a number"),
+    ]:
+        with pytest.raises((StudyError, ValueError), match=match):
+            parse_tune([bad])
+    with pytest.raises(StudyError, match="two grids"):
+        parse_tune(["muon_lr=1,2,3", "muon_lr=4,5,6"])
+
+
+def test_selection_seeds_are_apart_from_confirmation_seeds():
+    assert selection_seeds("2") == [1000, 1001] and selection_seeds("5,6") == [5, 6]
+    protocol = TuneProtocol(grids={}, select_seeds=[0, 7])
+    with pytest.raises(StudyError, match="selection seeds 0 are also confirmation seeds"):
+        protocol.check([0, 1, 2])
+    assert protocol.check([1, 2]) is protocol
+    with pytest.raises(StudyError, match="fraction"):
+        TuneProtocol(grids={}, select_seeds=[9], fraction=0).check([0])
+
+
+def test_extend_grid_geometric_arithmetic_and_bounds():
+    assert extend_grid([0.01, 0.02, 0.04], "high") == 0.08
+    assert extend_grid([0.01, 0.02, 0.04], "low") == 0.005
+    assert extend_grid([1.0, 2.0, 3.0], "high") == 4.0 and extend_grid([1.0, 2.0, 3.0], "low") is None  # 0 is out
+    assert extend_grid([2, 4, 6], "low") is None and extend_grid([2, 4, 6], "high") == 8
+    assert extend_grid([-1.0, 0.0, 1.0], "low") == -2.0  # a grid through zero steps on
+
+
+def test_choose_interior_edge_and_diverged():
+    grid = [0.01, 0.02, 0.04]
+    assert choose(grid, {0.01: 3.0, 0.02: 2.9, 0.04: 3.1}, 0, 2) == {"best": 0.02, "where": "interior", "grow": None}
+    assert choose(grid, {0.01: 3.0, 0.02: 2.9, 0.04: 2.8}, 0, 2)["grow"] == "high"
+    assert choose(grid, {0.01: 2.0, 0.02: 2.9, 0.04: 2.8}, 0, 2)["grow"] == "low"
+    stopped = choose(grid, {0.01: 3.0, 0.02: 2.9, 0.04: 2.8}, 2, 2)
+    assert stopped == {"best": 0.04, "where": "edge", "grow": None}
+    assert choose(grid, {0.01: 3.0, 0.02: 2.9, 0.04: math.inf}, 0, 2)["where"] == "interior"  # diverged is worst
+    assert choose(grid, {v: math.inf for v in grid}, 0, 2) == {"best": None, "where": "diverged", "grow": None}
+
+
+def _fake_study(tmp_path, data_dir, max_extend=2, optimum=0.1):
+    """A tuned study whose "training" writes a final val loss (x - log optimum)^2 in x = log muon_lr."""
+    protocol = TuneProtocol(grids=parse_tune(["muon_lr=0.01,0.02,0.04"]), select_seeds=[1000], max_extend=max_extend)
+    base = {"model": "tiny", "data_dir": data_dir, "max_iters": 40, "warmup_iters": 4, "eval_interval": 2}
+    study = plan(
+        tmp_path / "s",
+        presets=["unconstrained", "adamw"],
+        seeds=[0, 1],
+        base=base,
+        options={"tune": protocol.to_dict()},
+    )
+    trained = []
+
+    def train_jobs(jobs):
+        for v, seed in jobs:
+            if (study.run_dir(v, seed) / "status.json").exists():  # done: the scheduler passes it over
+                continue
+            cfg = study.config(v, seed)
+            trained.append((v.name, seed, cfg.max_iters, cfg.warmup_iters))
+            loss = (math.log(cfg.muon_lr) - math.log(optimum)) ** 2 + 0.001 * seed
+            run = study.run_dir(v, seed)
+            run.mkdir(parents=True, exist_ok=True)
+            atomic_write_json(
+                run / "status.json", {"status": "finished", "final_val_loss": loss, "step": cfg.max_iters}
+            )
+        return 0
+
+    return study, validate_selection(study), train_jobs, trained
+
+
+def test_the_grid_grows_until_the_best_value_is_interior(tmp_path, data_dir):
+    study, _, train_jobs, trained = _fake_study(tmp_path, data_dir)
+    record = {"invocations": [{"id": "me"}], "timing": {"runs": {}}}
+    assert run_tuning(study, record, train_jobs, lambda: None, print_fn=lambda *a: None) == 0
+    arm = record["tuning"]["arms"]["unconstrained"]
+    assert arm["grid"] == [0.01, 0.02, 0.04, 0.08, 0.16] and arm["best"] == 0.08 and arm["where"] == "interior"
+    assert record["tuning"]["untuned"] == ["adamw"]  # a muon_lr grid passes the AdamW baseline by
+    selection = [t for t in trained if t[0].startswith("select-")]
+    assert {t[1] for t in selection} == {1000} and {(t[2], t[3]) for t in selection} == {(20, 2)}  # half horizon
+    assert len(selection) == 5  # each grid value trained once, the grown ones after the first three
+    confirm = [t for t in trained if not t[0].startswith("select-")]
+    assert sorted((t[0], t[1], t[2]) for t in confirm) == [
+        (n, s, 40) for n in ("adamw", "unconstrained") for s in (0, 1)
+    ]
+    final = {v.name: v for v in study.variants if v.role is None}
+    assert final["unconstrained"].overrides == {"muon_lr": 0.08} and final["adamw"].overrides == {}
+
+
+def test_the_search_stops_at_the_edge_after_max_extend(tmp_path, data_dir):
+    study, _, train_jobs, _ = _fake_study(tmp_path, data_dir, max_extend=1, optimum=1.0)
+    record = {"invocations": [{"id": "me"}], "timing": {"runs": {}}}
+    run_tuning(study, record, train_jobs, lambda: None, print_fn=lambda *a: None)
+    arm = record["tuning"]["arms"]["unconstrained"]
+    assert arm["grid"][-1] == 0.08 and arm["best"] == 0.08 and arm["where"] == "edge" and arm["extended"] == 1
+
+
+def test_overlapping_seeds_are_refused_before_any_folder(data_dir, tmp_path, capsys):
+    code = tiny_study(
+        data_dir, tmp_path / "s", "--presets", "hetero", "--tune", "muon_lr=0.01,0.02,0.04", "--select-seeds", "0,5"
+    )
+    assert code == 2 and "also confirmation seeds" in capsys.readouterr().err and not (tmp_path / "s").exists()
+    code = tiny_study(data_dir, tmp_path / "t", "--tune", "muon_lr=0.01,0.02,0.04", "--sweep", "lr=1e-3,2e-3")
+    assert code == 2 and "--tune runs on the presets suite without --sweep" in capsys.readouterr().err
+
+
+def test_save_record_keeps_both_invocations(tmp_path):
+    first = {"invocations": [{"id": "a", "started": "1", "elapsed_s": 3.0}], "timing": {"runs": {}}}
+    second = {"invocations": [{"id": "b", "started": "2", "elapsed_s": 5.0}], "timing": {"runs": {}}}
+    save_record(tmp_path, first, added=("x/s0", 10.0))
+    save_record(tmp_path, second, added=("y/s0", 20.0))  # b never saw a's run
+    save_record(tmp_path, first, added=("x/s1", 1.0))
+    disk = read_json(tmp_path / "study.json")
+    assert [i["id"] for i in disk["invocations"]] == ["a", "b"]
+    assert disk["timing"]["runs"] == {"x/s0": 10.0, "y/s0": 20.0, "x/s1": 1.0}
+    assert disk["timing"]["total_s"] == 31.0 and disk["timing"]["elapsed_s"] == 8.0
+
+
+@pytest.mark.slow
+def test_a_tuned_study_end_to_end(data_dir, tmp_path):
+    """A real tuned study of the tiny model: selection runs apart from the table, comparisons paired."""
+    out = tmp_path / "s"
+    args = ["--presets", "unconstrained,hetero", "--tune", "muon_lr=0.01,0.02,0.04", "--tune-max-extend", "0"]
+    assert tiny_study(data_dir, out, *args, "--seeds", "2") == 0
+    study = read_json(out / "study.json")
+    assert study["tuning"]["protocol"]["select_seeds"] == [1000]
+    assert set(study["tuning"]["arms"]) == {"unconstrained", "hetero"}
+    assert sorted(p.name for p in (out / "runs").iterdir() if p.name.startswith("select-")) == [
+        f"select-{a}__muon_lr-{v}" for a in ("hetero", "unconstrained") for v in ("0.01", "0.02", "0.04")
+    ]
+    summary = json.loads((out / "summary.json").read_text())
+    assert [r["variant"] for r in summary["table"]] == ["unconstrained", "hetero"]
+    (comparison,) = summary["comparisons"]
+    assert (
+        comparison["arm"] == "hetero" and comparison["reference"] == "unconstrained" and comparison["seeds"] == [0, 1]
+    )
+    text = (out / "results.md").read_text()
+    assert "Tuning (selection runs" in text and "Paired comparisons" in text
+    assert tiny_study(data_dir, out, *args, "--seeds", "2") == 0  # a rerun trains nothing more
+    assert len(read_json(out / "study.json")["invocations"]) == 2
