@@ -19,17 +19,18 @@ product is $L_W^*(\Lambda) = W P(\Lambda + \Lambda^\top)$.
 symmetric solving $P(GS + SG) = L_W(U)$, $G = W^\top W$ (that is
 $U - L_W^*(L_W L_W^*)^{-1} L_W U$).
 
-**Retraction** (generic): $R(X) = X_0 (I + S) D_f$ where $X_0$ is $X$ with unit columns (so any
-input scale works), $S = P(S)$ symmetric solves $P\big((I+S) X_0^\top X_0 (I+S) - I\big) = 0$ by
-Newton's method from $S = 0$ (in float64, then checked in the input's dtype), and $D_f$ gives the
-columns whose norm $P$ leaves free their norms back. Points on the manifold are returned unchanged
-(and $R_W(0) = W$ bitwise); along a tangent $X = W + tU$ the residual is $O(t^2)$, so $S = O(t^2)$
-and the retraction is first order. Stiefel is contained in every $\mathcal M_P$.
+**Retraction** (generic): $R(X) = X_0 C D_f$ where $X_0$ is $X$ with unit columns (so any input scale works),
+$C$ solves $P(C^\top X_0^\top X_0 C - I) = 0$ by Newton's method from $C = I$ with updates $C \leftarrow C(I + E)$,
+$E = P(E)$ symmetric (in float64, then checked in the input's dtype), and $D_f$ gives the columns whose norm $P$
+leaves free their norms back. Points on the manifold are returned unchanged (and $R_W(0) = W$ bitwise); along a
+tangent $X = W + tU$ the residual is $O(t^2)$, so $C - I = O(t^2)$ and the retraction is first order. Stiefel is
+contained in every $\mathcal M_P$.
 
-A subclass defines a manifold by implementing `project_gram` only; the
-generic solves cost $O(k^3)$ for $k$ masked Gram entries, fine for small $n$ and as a
-reference. Override ``proju``/``projx``/``retr`` with closed forms for speed, as the built-in
-manifolds do.
+A subclass defines a manifold by implementing `project_gram` only. The generic maps are products only
+(`manifolds.gram_solve`): every solve is conjugate gradients on the normal equation $P(AS + SA) = R$, whose
+operator costs one $n \times n$ product, never a system in the $k$ masked entries; at $n = 128$ a projection,
+tangent projection or retraction takes milliseconds (``geomtrain bench manifold``). Override
+``proju``/``projx``/``retr`` with closed forms where they exist, as the built-in manifolds do.
 """
 
 from __future__ import annotations
@@ -41,6 +42,7 @@ from collections.abc import Iterator
 import geoopt
 import torch
 
+from .gram_solve import gram_newton_factor, scaled_residual, solve_normal_equation
 from .matrix_sign import MSIGN_METHODS, polar
 
 __all__ = ["GramManifold", "to_tall", "from_tall", "size_tuple", "sym", "POLAR_METHODS", "SUPPORTED_DTYPES"]
@@ -55,31 +57,6 @@ SUPPORTED_DTYPES = (torch.float32, torch.float64)
 _CHECK_ATOL = {torch.float32: 1e-5, torch.float64: 1e-10}
 # Newton stops when the constraint residual is below this (relative to the Gram scale).
 _NEWTON_TOL = {torch.float32: 2e-6, torch.float64: 1e-13}
-
-
-def _scaled_residual(F: torch.Tensor, G: torch.Tensor) -> torch.Tensor:
-    r"""$|F_{ij}| / \max(1, \sqrt{G_{ii} G_{jj}})$: a constraint residual $F$ relative to the Gram matrix $G$."""
-    d = G.diagonal(dim1=-2, dim2=-1).clamp_min(0).sqrt()
-    return F.abs() / torch.clamp(d[..., :, None] * d[..., None, :], min=1.0)
-
-
-def _damped_step(project_gram, G, C, E, F, active, halvings: int = 20):
-    r"""Newton update $C - \alpha E$ of each ``active`` matrix, with the largest $\alpha \in \{1, \frac12,
-    \frac14, \dots\}$ that reduces $\|F\|_F$, $F = P(C G C - I)$; matrices with no such $\alpha$ keep $C$.
-    Returns the new ``C``, its ``F``, and whether any matrix moved."""
-    eye = torch.eye(G.shape[-1], dtype=G.dtype, device=G.device)
-    before = F.norm(dim=(-2, -1))
-    alpha = torch.ones_like(before)
-    for _ in range(halvings):
-        C_try = C - alpha[..., None, None] * E
-        F_try = project_gram(C_try @ G @ C_try - eye)
-        better = F_try.norm(dim=(-2, -1)) < before  # False for NaN
-        retry = active & ~better
-        if not bool(retry.any()):
-            break
-        alpha = torch.where(retry, 0.5 * alpha, alpha)
-    take = (active & better)[..., None, None]
-    return torch.where(take, C_try, C), torch.where(take, F_try, F), bool(take.any())
 
 
 def is_wide(x: torch.Tensor) -> bool:
@@ -203,67 +180,43 @@ class GramManifold(geoopt.Manifold, metaclass=abc.ABCMeta):
         return from_tall(to_tall(W) @ self.project_gram(Lam + Lam.mT), like=W)
 
     # ------------------------------------------------------------------ generic solves
-    def _solve_masked(self, K: torch.Tensor, R: torch.Tensor) -> torch.Tensor:
-        r"""Solve $\mathrm{mask} \odot (K E + E K^\top) = R$ ($R$ symmetric) for a symmetric $E$ supported on the mask.
+    def solve_normal(self, A: torch.Tensor, R: torch.Tensor, *, x0: torch.Tensor | None = None) -> torch.Tensor:
+        r"""$S = P(S)$ symmetric with $P(AS + SA) = P(R)$ for a symmetric positive definite Gram matrix ``A`` and a
+        symmetric ``R`` (``(..., n, n)``): the one solve every generic map needs. Generic: conjugate gradients in
+        the dtype of ``A`` (`manifolds.gram_solve.solve_normal_equation`: $n \times n$ products only, to
+        `manifolds.gram_solve.CG_RTOL` of the dtype), from ``x0`` where given (a warm start). A subclass with a
+        closed form overrides it, and the generic maps and the direction solvers use it."""
+        return solve_normal_equation(self.gram_mask(A.shape[-1], A), A, R, x0=x0).solution
 
-        A dense solve over the $k$ masked entries $E_{pq}$, $p \le q$: the coefficient of $E_{pq}$ in equation
-        $(i, j)$ is $K_{ip}\delta_{qj} + K_{iq}\delta_{pj} + K_{jp}\delta_{qi} + K_{jq}\delta_{pi}$, halved for $p = q$.
-        """
-        n = K.shape[-1]
-        i, j = torch.triu(self.gram_mask(n, K)).nonzero(as_tuple=True)
-        E = torch.zeros_like(R)
-        if i.numel() == 0:
-            return E
-        row_i, row_j, col_p, col_q = i[:, None], j[:, None], i[None, :], j[None, :]
-        M = (
-            K[..., row_i, col_p] * (col_q == row_j)
-            + K[..., row_i, col_q] * (col_p == row_j)
-            + K[..., row_j, col_p] * (col_q == row_i)
-            + K[..., row_j, col_q] * (col_p == row_i)
-        ) * torch.where(col_p == col_q, 0.5, 1.0).to(K.dtype)
-        e = torch.linalg.solve(M, R[..., i, j].unsqueeze(-1)).squeeze(-1)
-        E[..., i, j] = e
-        E[..., j, i] = e
-        return E
+    def normal_multiplier(self, W: torch.Tensor, U: torch.Tensor, *, x0: torch.Tensor | None = None) -> torch.Tensor:
+        r"""$S = P(S)$ symmetric with $P(AS + SA) = L_W(U)$, $A = W^\top W$ (tall forms, ``(..., n, n)``): $U - WS$ is
+        the tangent projection of ``U`` (`solve_normal`, from ``x0`` where given)."""
+        T, V = to_tall(W), to_tall(U, like=W)
+        M = T.mT @ V
+        return self.solve_normal(T.mT @ T, M + M.mT, x0=x0)
 
     def _newton_projection(self, X: torch.Tensor) -> torch.Tensor:
-        r"""Generic projection $X_0 C D_f$ of a tall ``X``, computed in float64 whatever the dtype of ``X`` (tall form).
+        r"""Generic projection $X_0 C D_f$ of ``X``, computed in float64 whatever its dtype (tall form).
 
         The columns are normalised first, $X_0 = X D^{-1}$ with $D = \operatorname{diag}(\|x_i\|)$: a
         column scaled by $c$ keeps its angles (so every masked off-diagonal entry stays zero or not) and
         changes its norm, which only the masked diagonal entries fix, to 1. From $X_0$ (unit columns, any
-        input scale) Newton solves $P(C G_0 C - I) = 0$, $G_0 = X_0^\top X_0$, for a symmetric $C$ with
-        $C - I = P(C - I)$, starting at $C = I$ and halving a step that does not reduce
-        $\|P(C G_0 C - I)\|_F$. Last, the columns of $Y = X_0 C$ whose norm $P$ leaves free are scaled back to
+        input scale) Newton finds $C$ with $P(C^\top G_0 C - I) = 0$, $G_0 = X_0^\top X_0$, by products only
+        (`manifolds.gram_solve.gram_newton_factor`: $C \leftarrow C(I + E)$, each $E$ a conjugate-gradient solve
+        of the normal equation). Last, the columns of $Y = X_0 C$ whose norm $P$ leaves free are scaled back to
         the norms of ``X`` ($D_f$), which keeps the point on $\mathcal M_P$.
         Raises ``ValueError`` (one line: the manifold, the dtype, the residual reached) where the
         result, cast back to the dtype of ``X``, is not on the manifold.
         """
         name, dtype = type(self).__name__, X.dtype
         T = to_tall(X).to(torch.float64)
-        n = T.shape[-1]
-        eye = torch.eye(n, dtype=T.dtype, device=T.device)
-        fixed_norm = self.gram_mask(n, T).diagonal() > 0
+        mask = self.gram_mask(T.shape[-1], T)
+        fixed_norm = mask.diagonal() > 0
         norms = T.norm(dim=-2, keepdim=True)
         if bool(((norms == 0) & fixed_norm).any()):
             raise ValueError(f"{name}.projx cannot normalise a zero column whose norm P fixes to 1 ({dtype} input)")
         X0 = T / torch.where(norms == 0, 1.0, norms)
-        G = X0.mT @ X0
-        C = eye.expand_as(G).clone()
-        F = self.project_gram(G - eye)
-        steps = 0
-        while steps < self.max_newton_steps:
-            active = _scaled_residual(F, C @ G @ C).amax(dim=(-2, -1)) > _NEWTON_TOL[torch.float64]
-            if not bool(active.any()):
-                break
-            steps += 1
-            try:
-                E = self._solve_masked(C @ G, F)
-            except torch.linalg.LinAlgError:  # a singular Newton system: rank-deficient input
-                break
-            C, F, moved = _damped_step(self.project_gram, G, C, E, F, active)
-            if not moved:
-                break
+        C, steps = gram_newton_factor(mask, X0.mT @ X0, _NEWTON_TOL[torch.float64], self.max_newton_steps)
         Y = X0 @ C
         restore = norms / Y.norm(dim=-2, keepdim=True).clamp_min(torch.finfo(Y.dtype).tiny)
         out = from_tall((Y * torch.where(fixed_norm, 1.0, restore)).to(dtype), like=X)
@@ -309,9 +262,8 @@ class GramManifold(geoopt.Manifold, metaclass=abc.ABCMeta):
         return (u * v).sum(dim=(-2, -1), keepdim=keepdim)
 
     def proju(self, x: torch.Tensor, u: torch.Tensor) -> torch.Tensor:
-        r"""Orthogonal projection onto $T_x$: $u - x S$, $P(GS + SG) = L_x(u)$ (generic solve)."""
-        S = self._solve_masked(self.gram(x), self.tangent_constraint(x, u))
-        return u - from_tall(to_tall(x) @ S, like=x)
+        r"""Orthogonal projection onto $T_x$: $u - x S$, $S$ = `normal_multiplier` (generic: conjugate gradients)."""
+        return u - from_tall(to_tall(x) @ self.normal_multiplier(x, u), like=x)
 
     def egrad2rgrad(self, x: torch.Tensor, u: torch.Tensor) -> torch.Tensor:
         """Riemannian gradient of the embedded metric: the tangent projection of ``u``."""
@@ -369,7 +321,7 @@ class GramManifold(geoopt.Manifold, metaclass=abc.ABCMeta):
     def constraint_violation(self, x: torch.Tensor) -> torch.Tensor:
         r"""Entrywise $|P(G - I)_{ij}| / \max(1, \sqrt{G_{ii} G_{jj}})$: a scale-aware distance from
         the manifold (0 on it; for DGram, the cosines between constrained columns)."""
-        return _scaled_residual(self.constraint_residual(x), self.gram(x))
+        return scaled_residual(self.constraint_residual(x), self.gram(x))
 
     def _check_point_on_manifold(self, x, *, atol=None, rtol=None):
         if x.dim() < 2:

@@ -53,24 +53,23 @@ import torch
 from manifolds import GramManifold
 
 from .baselines import msign_with
+from .column_split import ColumnSplit, tangent_fix
+from .gram import mask_kind
 from .numerics import sym
 from .products import (
     ball_factor,
     carried_multiplier,
-    check_products_kind,
     feasible_stats,
     gram_msign_factor,
-    gram_normal_multiplier,
     mean_singular_value,
     normal_multiplier,
     scale_to_ball,
-    tangent_part,
 )
 from .projected_tangent import projected_tangent_direction
 from .solver import Solver, StateSlot, is_int, is_real
-from .split_tangent import KINDS, in_gram_space, split_basis, square_msigns, square_part
 from .split_tangent import OPTIONS as SPLIT_OPTIONS
 from .split_tangent import SOLVER as SPLIT
+from .split_tangent import in_gram_space, square_msigns, square_part
 
 __all__ = [
     "OPTIONS",
@@ -140,21 +139,21 @@ def chebyshev_matrix(X: torch.Tensor, a: torch.Tensor) -> torch.Tensor:
 
 
 def joint_square_part(
-    manifold: GramManifold,
+    split: ColumnSplit,
     W: torch.Tensor,
-    U: torch.Tensor,
     Y: torch.Tensor,
     opts: dict,
     bound: str = "schatten",
     with_step: bool = False,
 ):
-    r"""``(K, step)``: $K$ from a joint msign, the tangent projection at $D$ of $U^\top J$, $J = \operatorname{msign}
-    (Y)$, scaled into the unit ball (one $m \times n$ msign): the span's share of a direction whose complement is
-    solved with it, not apart; with ``with_step``, the multiplier step toward $J$'s tangency,
-    $\bar\sigma(Y)\,N(J)$ (`carried_correction`; two $mn^2$ products more on this tall path), else None."""
+    r"""``(K, step)``: $K$ from a joint msign, the tangent projection at the square point $H_0$ of ``split``
+    (`ColumnSplit`; $D$ on Stiefel and DGram) of $U^\top J$, $J = \operatorname{msign}(Y)$, scaled into the unit
+    ball (one $m \times n$ msign): the span's share of a direction whose complement is solved with it, not apart;
+    with ``with_step``, the multiplier step toward $J$'s tangency, $\bar\sigma(Y)\,N(J)$ (`carried_correction`;
+    two $mn^2$ products more on this tall path), else None."""
     J = msign_with(Y, opts).to(W.dtype)
-    K = scale_to_ball(tangent_part(manifold, torch.diag_embed(W.norm(dim=-2)), U.mT @ J), bound=bound)
-    return K, mean_singular_value(Y, J) * normal_multiplier(manifold, W, J) if with_step else None
+    K = scale_to_ball(split.square_tangent(split.U.mT @ J), bound=bound)
+    return K, mean_singular_value(Y, J) * normal_multiplier(split.manifold, W, J) if with_step else None
 
 
 def best_share(H: torch.Tensor, K: torch.Tensor, S: torch.Tensor, X: torch.Tensor, degree: int):
@@ -188,17 +187,19 @@ def filled_split_direction(
     first joint msign starts from $\Lambda = N(\hat G) + C$, $C$ = ``correction`` carried from the previous step
     (None: 0), and the returned ``correction`` is $\Lambda + \eta\,\bar\sigma N(J) - N(\hat G)$ for the last joint
     msign $J$ (`carried_correction`); None without it and on a square matrix."""
-    Gn, U, H = split_basis(W, G)
+    split = ColumnSplit(manifold, W)
+    Gn, U, H = split.basis(G)
     square = W.shape[-2] == W.shape[-1]  # no complement (R is rounding): K is the direction, its bound the tight one
     base = normal_multiplier(manifold, W, Gn)  # Lambda where A = msign(P_T G)
     carry = bool(opts["carry"]) and not square
     lam = base + correction.to(W.dtype) if carry and correction is not None else base
     if opts["square"] == "joint" or carry:
-        K, step = joint_square_part(manifold, W, U, Gn - W @ lam, opts, "both" if square else "schatten", carry)
+        K, step = joint_square_part(split, W, Gn - W @ lam, opts, "both" if square else "schatten", carry)
     else:
-        K = square_part(manifold, W, H, opts)
+        K = square_part(manifold, W, H, opts, split.point())
     if square:
-        return U @ K, torch.ones(W.shape[:-2], dtype=W.dtype, device=W.device), None
+        A = U @ K if not split.generic else scale_to_ball(tangent_fix(manifold, W, U @ K), bound="both")
+        return A, torch.ones(W.shape[:-2], dtype=W.dtype, device=W.device), None
     R = Gn - U @ H
     Q = msign_with(R, opts).to(W.dtype)
     Q = Q - U @ (U.mT @ Q)
@@ -209,8 +210,9 @@ def filled_split_direction(
         Z = A.mT @ (Gn - W @ lam)
         target = base - normal_multiplier(manifold, W, A @ sym(Z))
         lam = (1 - REFINE_DAMPING) * lam + REFINE_DAMPING * target
-        K, step = joint_square_part(manifold, W, U, Gn - W @ lam, opts, with_step=carry and k == refine - 1)
+        K, step = joint_square_part(split, W, Gn - W @ lam, opts, with_step=carry and k == refine - 1)
         A, alpha = fill(U, H, K, Q, S, int(opts["degree"]))
+    A = tangent_fix(manifold, W, A) if split.generic else A
     # the fill makes A's singular values 1: the tight bound
     return scale_to_ball(A, bound="near_unit"), alpha, carried_correction(lam, step, base, opts) if carry else None
 
@@ -226,16 +228,17 @@ def carried_correction(lam: torch.Tensor, step: torch.Tensor, base: torch.Tensor
     return lam + float(opts["carry_step"]) * step - base
 
 
-def gram_joint_square_part(manifold: GramManifold, d: torch.Tensor, E: torch.Tensor, MR: torch.Tensor, opts: dict):
+def gram_joint_square_part(split: ColumnSplit, E: torch.Tensor, MR: torch.Tensor, opts: dict):
     r"""``(K, K^T K, step)``: `joint_square_part` of $Y = UE + R$ ($U^\top R = 0$) from $n \times n$ matrices:
     $M = Y^\top Y = E^\top E + R^\top R$ and $U^\top \operatorname{msign}(Y) = E\,F(M)$ (`gram_msign_factor`),
-    tangent at $D = \operatorname{diag}(d)$, scaled by the Schatten bound (the spectrum of $K$ is spread); ``step``
-    $= \bar\sigma(Y)\,N(J)$ with $W^\top J = DEF$ and $\bar\sigma = \langle M, F\rangle / n$ (no product more)."""
+    tangent at the square point $H_0$ of ``split`` ($D = \operatorname{diag}(d)$ on Stiefel and DGram), scaled by the
+    Schatten bound (the spectrum of $K$ is spread); ``step`` $= \bar\sigma(Y)\,N(J)$ with $W^\top J = H_0^\top EF$
+    and $\bar\sigma = \langle M, F\rangle / n$ (no product more)."""
     M = E.mT @ E + MR
     F = gram_msign_factor(M, opts["msign"], int(opts["msign_steps"]))
     J = E @ F
-    NJ = gram_normal_multiplier(manifold, d * d, d[..., :, None] * J)
-    K = J - d[..., :, None] * NJ  # tangent_part at D
+    NJ = split.normal(split.left_t(J))
+    K = J - split.left(NJ)  # the tangent part at H0
     P = K.mT @ K
     f = ball_factor(P, K.shape[-2], "schatten")[..., None, None]
     sigma = (M * F).sum(dim=(-2, -1), keepdim=True) / M.shape[-1]  # <Y, msign(Y)> / n = tr(M F) / n
@@ -259,31 +262,32 @@ def gram_filled_split_direction(
         return filled_split_direction(manifold, W, G, opts, correction)
     work = torch.promote_types(W.dtype, torch.float32)
     Wf, degree = W.to(work), int(opts["degree"])
-    Gn, U, H = split_basis(Wf, G.to(work))
-    d = Wf.norm(dim=-2)
+    split = ColumnSplit(manifold, Wf)
+    Gn, U, H = split.basis(G.to(work))
     R = Gn - U @ H
     MR, UR = R.mT @ R, U.mT @ R  # U^T R: rounding, but F(R^T R) amplifies it where R is near rank-deficient
     FR = gram_msign_factor(MR, opts["msign"], int(opts["msign_steps"]))
     S = sym(FR @ MR)
     eye = torch.eye(W.shape[-1], dtype=work, device=W.device)
-    base = gram_normal_multiplier(manifold, d * d, d[..., :, None] * H)  # W^T G = D H: A = msign(P_T G)'s
+    base = split.normal(split.left_t(H))  # W^T G = H0^T H: A = msign(P_T G)'s
     refine, carry = int(opts["refine"]), bool(opts["carry"])
     lam = base + correction.to(work) if carry and correction is not None else base
     for step in range(refine + 1):
-        E = H - d[..., :, None] * lam  # U^T (G - W Lambda)
+        E = H - split.left(lam)  # U^T (G - W Lambda)
         if step == 0 and opts["square"] == "split" and not carry:
-            K = square_part(manifold, Wf, H, opts)
+            K = square_part(manifold, Wf, H, opts, split.point())
             PK = K.mT @ K
         else:
-            K, PK, tangency = gram_joint_square_part(manifold, d, E, MR, opts)
+            K, PK, tangency = gram_joint_square_part(split, E, MR, opts)
         X = 2 * PK - eye
         alpha, a = best_share(H, K, S, X, degree)
         aK, N = alpha[..., None, None] * K, FR @ chebyshev_matrix(X, a)
         if step < refine:
             Z = sym(aK.mT @ E + N.mT @ MR)
-            target = base - gram_normal_multiplier(manifold, d * d, d[..., :, None] * (aK @ Z))
+            target = base - split.normal(split.left_t(aK @ Z))
             lam = (1 - REFINE_DAMPING) * lam + REFINE_DAMPING * target
     A = U @ (aK - UR @ N) + R @ N  # (I - UU^T) R N: the complement's part in the complement, as the tall Q's
+    A = tangent_fix(manifold, Wf, A) if split.generic else A
     correction = carried_correction(lam, tangency, base, opts).to(W.dtype) if carry else None
     return scale_to_ball(A, bound="near_unit").to(W.dtype), alpha.to(W.dtype), correction
 
@@ -294,8 +298,8 @@ def solve_filled_split(
     """The solver's entry (``(B, m, n)`` tall batches): the direction, its statistics (`split_tangent`'s msign
     count) and, with ``carry`` on a tall matrix, the new state ``{"correction": C}``; on Oblique (and Euclidean)
     matrices ``projected_tangent``'s, no state."""
-    kind = check_products_kind(manifold, "filled_split")
-    if kind not in KINDS:  # Oblique: columns not orthogonal, no split
+    kind = mask_kind(manifold)
+    if kind in ("oblique", "euclidean"):  # columns not orthogonal: no split (not selected by training)
         A = projected_tangent_direction(manifold, T, G, opts)
         return A, feasible_stats(manifold, T, G, A, opts["rounds"], opts), None
     direction = gram_filled_split_direction if in_gram_space(opts) else filled_split_direction

@@ -75,7 +75,10 @@ def check_products_kind(manifold: GramManifold, solver: str) -> str:
 
 def normal_multiplier(manifold: GramManifold, W: torch.Tensor, U: torch.Tensor) -> torch.Tensor:
     r"""$S = P(W^\top U + U^\top W) \oslash (d_i + d_j)$, $d = \operatorname{diag}(W^\top W)$, for tall ``(..., m, n)``:
-    the symmetric $S = P(S)$ with $U - WS$ tangent at $W$ (built-in masks; two products, no solve)."""
+    the symmetric $S = P(S)$ with $U - WS$ tangent at $W$ (built-in masks; two products, no solve). A custom mask
+    gets `manifolds.GramManifold.normal_multiplier` (conjugate gradients on the normal equation, products only)."""
+    if mask_kind(manifold) not in PRODUCT_KINDS:
+        return manifold.normal_multiplier(W, U)
     return gram_normal_multiplier(manifold, (W * W).sum(dim=-2), W.mT @ U)
 
 

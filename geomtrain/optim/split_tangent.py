@@ -93,10 +93,13 @@ def split_basis(W: torch.Tensor, G: torch.Tensor) -> tuple[torch.Tensor, torch.T
     return Gn, U, U.mT @ Gn
 
 
-def square_part(manifold: GramManifold, W: torch.Tensor, H: torch.Tensor, opts: dict) -> torch.Tensor:
-    r"""$K$, the square problem's direction at $D = \operatorname{diag}(\|w_i\|)$ for $H$: ``sub_steps`` ADMM steps
-    on DGram, else its ``projected_tangent`` direction (``rounds`` rounds)."""
-    D, kind = torch.diag_embed(W.norm(dim=-2)), mask_kind(manifold)
+def square_part(
+    manifold: GramManifold, W: torch.Tensor, H: torch.Tensor, opts: dict, point: torch.Tensor | None = None
+) -> torch.Tensor:
+    r"""$K$, the square problem's direction at $D = \operatorname{diag}(\|w_i\|)$ (or at ``point``, the $H_0$ of
+    `geomtrain.optim.column_split.ColumnSplit` for a custom mask) for $H$: ``sub_steps`` ADMM steps on DGram, else
+    its ``projected_tangent`` direction (``rounds`` rounds)."""
+    D, kind = torch.diag_embed(W.norm(dim=-2)) if point is None else point, mask_kind(manifold)
     if square_by_admm(kind, opts):
         sub = {**opts, "steps": opts["sub_steps"], "threshold": SUB_THRESHOLD}
         return admm_direction(manifold, D, H, None, sub, bound="both")[0]
