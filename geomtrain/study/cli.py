@@ -479,6 +479,13 @@ def _add_compare_parser(modes) -> None:
     )
     rec: list = []
     _add(p, rec, "--out", required=True, help="folder for the comparison")
+    _add(
+        p,
+        rec,
+        "--across-commits",
+        action="store_true",
+        help="pair studies made at different commits (refused by default: the code may differ)",
+    )
     p.add_argument("studies", nargs="+", metavar="LABEL=FOLDER", help="a label and a study folder")
     p.set_defaults(handler=run_compare_command, recorded_actions=rec)
 
@@ -493,8 +500,9 @@ def run_compare_command(args) -> int:
         if not sep or not label or not folder:
             raise StudyError(f"{text!r} must look like LABEL=FOLDER, e.g. exact=docs/results/main-exact")
         pairs.append((label, folder))
-    command = "geomtrain study compare " + shlex.join(["--out", args.out, *args.studies])
-    compare(args.out, pairs, command, print_fn=print)
+    flags = ["--across-commits"] if args.across_commits else []
+    command = "geomtrain study compare " + shlex.join(["--out", args.out, *flags, *args.studies])
+    compare(args.out, pairs, command, print_fn=print, across_commits=args.across_commits)
     return 0
 
 

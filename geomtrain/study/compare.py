@@ -26,6 +26,7 @@ from pathlib import Path
 from .._io import atomic_write_json, atomic_write_text, read_json
 from .collect import load_summary, make_table
 from .plan import StudyError
+from .stats import DEFAULT_DELTA, VERDICT_RULE, paired_interval, verdict
 
 __all__ = [
     "COMPARE_FILE",
@@ -40,6 +41,8 @@ __all__ = [
     "ordering",
     "rebuild",
     "is_comparison",
+    "study_commits",
+    "check_commits",
 ]
 
 COMPARE_FILE = "compare.json"
@@ -294,10 +297,11 @@ def compare_markdown(rows: Sequence[dict], command: str) -> str:
     return "\n".join(lines) + "\n"
 
 
-def paired_lines(rows: Sequence[dict]) -> list[str]:
+def paired_lines(rows: Sequence[dict], delta: float = DEFAULT_DELTA) -> list[str]:
     """Markdown lines: per variant, each study's final val loss minus the first study's, seed by seed
     (the same seed shares data order, validation batches and initial weights): mean ± std over the
-    seeds both finished, and on how many the other study is lower. Empty without shared seeds."""
+    seeds both finished, on how many the other study is lower, the 95% interval and the verdict of
+    `geomtrain.study.stats` (the study report's rule). Empty without shared seeds."""
     labels = list(dict.fromkeys(r["study"] for r in rows))
     cell = {(r["study"], r["variant"]): r for r in rows}
     out = []
@@ -314,11 +318,48 @@ def paired_lines(rows: Sequence[dict]) -> list[str]:
             std = math.sqrt(sum((x - mean) ** 2 for x in d) / (len(d) - 1)) if len(d) > 1 else None
             spread = f" ± {std:.4f}" if std is not None else ""
             lower = sum(x < 0 for x in d)
-            out.append(f"| `{v}` | {lab} − {labels[0]} | {mean:+.4f}{spread} | {lower}/{len(d)} |")
+            iv = paired_interval(d)
+            interval = "-" if iv["low"] is None else f"[{iv['low']:+.4f}, {iv['high']:+.4f}]"
+            out.append(
+                f"| `{v}` | {lab} − {labels[0]} | {mean:+.4f}{spread} | {lower}/{len(d)} | {interval} "
+                f"| {verdict(iv, delta)} |"
+            )
     if not out:
         return []
-    head = ["", "Paired by seed (same data order, validation batches and initial weights):", ""]
-    return head + ["| variant | difference | final val, mean ± std | seeds lower |", "|---|---|---|---|"] + out
+    head = [
+        "",
+        f"Paired by seed (same data order, validation batches and initial weights); delta = {delta:g}: {VERDICT_RULE}",
+        "",
+    ]
+    return (
+        head
+        + [
+            "| variant | difference | final val, mean ± std | seeds lower | 95% interval | verdict |",
+            "|---|---|---|---|---|---|",
+        ]
+        + out
+    )
+
+
+def study_commits(summary: dict) -> list[str]:
+    """The git commits a study's invocations ran at (short; ``?`` where none was recorded)."""
+    st = summary.get("study", {})
+    top = st.get("environment") or {}
+    envs = [i.get("environment") or top for i in st.get("invocations", [])] or [top]
+    commits = [((e.get("git") or {}).get("commit") or "?")[:7] for e in envs]
+    return sorted(set(commits))
+
+
+def check_commits(labels: Sequence[str], summaries: Sequence[dict]) -> None:
+    """``StudyError`` naming each study's commits when they differ: paired runs must come from one
+    code (pass ``across_commits`` to pair them anyway)."""
+    commits = [study_commits(s) for s in summaries]
+    if len({tuple(c) for c in commits}) > 1 or any(len(c) > 1 for c in commits):
+        which = "; ".join(f"{lab} at {', '.join(c)}" for lab, c in zip(labels, commits))
+        raise StudyError(
+            f"the studies ran at different commits ({which}): their runs may differ for that reason alone; "
+            "pass --across-commits to pair them anyway"
+        )
 
 
 def best_of_sweep(rows: Sequence[dict], study: str) -> list[dict] | None:
@@ -440,9 +481,15 @@ def curves_figure(studies: Sequence[tuple[str, dict]]):
 
 
 def compare(
-    out: str | Path, studies: Sequence[tuple[str, str | Path]], command: str = "", print_fn: Callable = print
+    out: str | Path,
+    studies: Sequence[tuple[str, str | Path]],
+    command: str = "",
+    print_fn: Callable = print,
+    across_commits: bool = False,
 ) -> list[dict]:
-    """Write the comparison of ``studies`` (``(label, folder)`` pairs) into ``out``; returns its rows."""
+    """Write the comparison of ``studies`` (``(label, folder)`` pairs) into ``out``; returns its rows.
+    Studies made at different commits are refused (`check_commits`) unless ``across_commits``; then
+    ``compare.md`` names each study's commits."""
     from .figures import save
 
     if len(studies) < 1:
@@ -452,10 +499,15 @@ def compare(
         raise StudyError(f"compare labels must differ; got {', '.join(labels)}")
     out = Path(out)
     summaries = [load_study(f) for _, f in studies]
+    if not across_commits:
+        check_commits(labels, summaries)
     rows = compare_rows([(lab, f, summary) for (lab, f), summary in zip(studies, summaries)])
     markdown = compare_markdown(rows, command)
+    commits = ", ".join(f"{lab} at {', '.join(study_commits(s))}" for lab, s in zip(labels, summaries))
+    markdown += f"\nCommits: {commits}" + (" (paired across commits, as asked)" if across_commits else "") + ".\n"
     out.mkdir(parents=True, exist_ok=True)
-    atomic_write_json(out / COMPARE_FILE, {"command": command, "studies": [[lab, str(f)] for lab, f in studies]})
+    spec = {"command": command, "studies": [[lab, str(f)] for lab, f in studies], "across_commits": across_commits}
+    atomic_write_json(out / COMPARE_FILE, spec)
     atomic_write_text(out / "compare.md", markdown)
     atomic_write_text(out / "compare.csv", compare_csv(rows))
     written = [out / COMPARE_FILE, out / "compare.md", out / "compare.csv"]
@@ -479,4 +531,5 @@ def rebuild(folder: str | Path, print_fn: Callable = print) -> list[dict]:
     spec = read_json(Path(folder) / COMPARE_FILE)
     if not spec or "studies" not in spec:
         raise StudyError(f"{folder}/{COMPARE_FILE} is not a comparison record")
-    return compare(folder, [tuple(s) for s in spec["studies"]], spec.get("command", ""), print_fn)
+    studies = [tuple(s) for s in spec["studies"]]
+    return compare(folder, studies, spec.get("command", ""), print_fn, spec.get("across_commits", False))

@@ -116,3 +116,29 @@ def test_duplicate_labels_are_refused(tmp_path, capsys):
     main = str(RESULTS / "main")
     assert cli_main(["study", "compare", "--out", str(tmp_path / "c"), f"a={main}", f"a={main}"]) == 2
     assert "labels must differ" in capsys.readouterr().err
+
+
+def _copy_at_commit(src: Path, dst: Path, commit: str) -> Path:
+    shutil.copytree(src, dst)
+    summary = json.loads((dst / "summary.json").read_text())
+    for inv in summary["study"].get("invocations", []):
+        inv.setdefault("environment", {})["git"] = {"commit": commit, "dirty": False}
+    summary["study"]["environment"] = {"git": {"commit": commit, "dirty": False}}
+    (dst / "summary.json").write_text(json.dumps(summary))
+    return dst
+
+
+def test_compare_refuses_to_pair_across_commits_unless_told(tmp_path, capsys):
+    a = _copy_at_commit(RESULTS / "main", tmp_path / "a", "a" * 40)
+    b = _copy_at_commit(RESULTS / "main", tmp_path / "b", "b" * 40)
+    args = ["study", "compare", "--out", str(tmp_path / "cmp"), f"one={a}", f"two={b}"]
+    assert cli_main(args) == 2
+    err = capsys.readouterr().err
+    assert "different commits (one at aaaaaaa; two at bbbbbbb)" in err and "--across-commits" in err
+    assert not (tmp_path / "cmp").exists()
+    assert cli_main([*args[:4], "--across-commits", *args[4:]]) == 0
+    md = (tmp_path / "cmp" / "compare.md").read_text()
+    assert "Commits: one at aaaaaaa, two at bbbbbbb (paired across commits, as asked)." in md
+    assert "| 95% interval | verdict |" in md and "| level |" in md  # a study against itself: all zero, level
+    assert json.loads((tmp_path / "cmp" / "compare.json").read_text())["across_commits"] is True
+    assert cli_main(["report", str(tmp_path / "cmp")]) == 0  # the rebuild keeps the permission
