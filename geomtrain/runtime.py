@@ -2,6 +2,7 @@
 
 - `StopSignals`: SIGINT and SIGTERM become a flag the training loop checks at step boundaries
   (agreed across ranks under DDP), so a step is never half-applied.
+- `any_rank`: a flag agreed across ranks (one all-reduce), so every rank takes the same branch.
 - `distributed_from_env`: initialise the process group when launched by ``torchrun`` and tear it
   down in the order that avoids aborts at exit.
 - `resolve_device`: the device a config's ``device`` names, checked against this machine.
@@ -17,7 +18,7 @@ import threading
 import torch
 import torch.distributed as dist
 
-__all__ = ["StopSignals", "distributed_from_env", "resolve_device", "DEVICES"]
+__all__ = ["StopSignals", "any_rank", "distributed_from_env", "resolve_device", "DEVICES"]
 
 DEVICES = ("auto", "cpu", "cuda", "cuda:N", "mps")
 
@@ -72,15 +73,23 @@ class StopSignals:
         """Whether any rank received a stop signal (an all-reduce under DDP, so all ranks agree)."""
         flag = self.received is not None
         if ddp:
-            t = torch.tensor([float(flag)], device=_comm_device())
-            dist.all_reduce(t, op=dist.ReduceOp.MAX)
-            flag = bool(t.item())
+            flag = any_rank(flag)
             self.received = self.received or ("SIGTERM" if flag else None)
         return flag
 
     def __exit__(self, *exc) -> None:
         for sig, previous in self._previous.items():
             signal.signal(sig, previous)
+
+
+def any_rank(flag: bool) -> bool:
+    """Whether ``flag`` is true on any rank: an all-reduce (every rank calls it), or ``flag`` itself without a
+    process group. All ranks get the same answer, so they take the same branch after it."""
+    if not (dist.is_available() and dist.is_initialized()):
+        return flag
+    t = torch.tensor([float(flag)], device=_comm_device())
+    dist.all_reduce(t, op=dist.ReduceOp.MAX)
+    return bool(t.item())
 
 
 def _comm_device() -> torch.device:

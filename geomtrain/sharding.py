@@ -31,8 +31,9 @@ import numpy as np
 import torch
 import torch.distributed as dist
 
-from ._io import atomic_write_bytes
-from .runfolder import CheckpointError, RunFolder, load_verified_checkpoint
+from ._io import atomic_write_bytes, naming_file, read_json
+from .runfolder import DCP_DIR, DCP_MANIFEST, CheckpointError, RunFolder, load_verified_checkpoint
+from .runtime import any_rank
 
 __all__ = [
     "shard_model",
@@ -218,28 +219,113 @@ def _split(state: dict) -> tuple[dict[str, torch.Tensor], dict]:
 def save_dcp(folder: RunFolder, state: dict) -> None:
     """Write ``state`` (`geomtrain.train.Trainer.state_dict`) as a DCP checkpoint of ``folder``; every rank
     calls it. Rank 0 makes a new ``ckpt.dcp/step-N``, every rank writes its shards, rank 0 the small
-    state; after a barrier (every rank's files complete) rank 0 commits it (`RunFolder.commit_dcp`)."""
-    import torch.distributed.checkpoint as dcp
+    state; once every rank's files are complete rank 0 commits it (`RunFolder.commit_dcp`).
 
+    A write that fails on any rank (a full disk: an OSError, or DCP's ``CheckpointException`` around one) is
+    agreed by every rank (`geomtrain.runtime.any_rank`, so none waits in a collective): the new folder is
+    removed, the committed checkpoint stays as it was, and each rank raises an OSError naming the folder
+    (a `CheckpointError` on a rank whose own writes succeeded), one line in the CLI."""
     distributed = dist.is_available() and dist.is_initialized()
-    barrier = dist.barrier if distributed else lambda: None
     target = folder.new_dcp_folder(state["step"])  # the same on every rank: read before any rank commits
-    barrier()
-    if folder.master:
-        shutil.rmtree(target, ignore_errors=True)  # a save of this step killed before its commit
-        target.mkdir(parents=True)
-    barrier()
+    any_rank(False)  # a barrier: no rank reads the manifest after this
+
+    def make_folder() -> None:
+        if folder.master:
+            shutil.rmtree(target, ignore_errors=True)  # a save of this step killed before its commit
+            target.mkdir(parents=True)
+
+    world = dist.get_world_size() if distributed else 1
+    stages = (  # each ends when every rank has ended it (the second: every rank's files are complete)
+        make_folder,
+        lambda: _write_dcp(target, state, folder.master, distributed),
+        lambda: folder.commit_dcp(target, state["step"], state.get("config"), world),
+    )
+    for stage in stages:
+        error = _disk_error(stage, target)
+        if any_rank(error is not None):
+            break
+    else:
+        return
+    if folder.master and (read_json(folder.file(DCP_MANIFEST)) or {}).get("folder") != f"{DCP_DIR}/{target.name}":
+        shutil.rmtree(target, ignore_errors=True)
+    raise error or CheckpointError(
+        f"another rank could not write the checkpoint of step {state['step']} into {target}; the last "
+        "committed checkpoint is kept"
+    )
+
+
+def _write_dcp(target: Path, state: dict, master: bool, distributed: bool) -> None:
+    """The shards of ``state`` (every rank) and, by rank 0, its small state, into ``target``. A write that
+    failed raises the OSError behind it (DCP reports it inside a ``CheckpointException``), or a `CheckpointError`
+    on a rank whose own writes succeeded while another rank's failed."""
+    import torch.distributed.checkpoint as dcp
+    from torch.distributed.checkpoint.api import CheckpointException
+
     tensors, small = _split(state)
-    with warnings.catch_warnings():  # "assuming the intent is to save in a single process": it is
-        warnings.simplefilter("ignore", UserWarning)
-        dcp.save(tensors, checkpoint_id=target, no_dist=not distributed)
-    if folder.master:
+    writer = _recording_writer(target)
+    try:
+        with warnings.catch_warnings():  # "assuming the intent is to save in a single process": it is
+            warnings.simplefilter("ignore", UserWarning)
+            dcp.save(tensors, checkpoint_id=target, storage_writer=writer, no_dist=not distributed)
+    except CheckpointException as exc:
+        if writer.os_error is not None:
+            raise writer.os_error from None
+        if (dist.get_rank() if distributed else 0) in exc.failures:  # not a disk's error here: a bug, kept whole
+            raise
+        failed = ", ".join(map(str, sorted(exc.failures)))
+        raise CheckpointError(f"rank {failed} could not write its part of the checkpoint {target}") from None
+    if master:
         buf = io.BytesIO()
         torch.save(small, buf)
         atomic_write_bytes(target / SMALL_STATE, buf.getvalue())
-    barrier()
-    folder.commit_dcp(target, state["step"], state.get("config"), dist.get_world_size() if distributed else 1)
-    barrier()  # no rank reads the manifest of the next save before this commit
+
+
+def _recording_writer(target: Path):
+    """DCP's ``FileSystemWriter`` of ``target`` that keeps, as ``os_error``, the OSError behind a failed write
+    of its own (a full disk: torch's serializer turns it into a RuntimeError whose context is the OSError, and
+    DCP sends that between ranks pickled, which drops the context)."""
+    from torch.distributed.checkpoint import FileSystemWriter
+
+    class RecordingWriter(FileSystemWriter):
+        os_error: OSError | None = None
+
+        def write_data(self, *args, **kwargs):
+            return self._recorded(super().write_data, *args, **kwargs)
+
+        def finish(self, *args, **kwargs):
+            return self._recorded(super().finish, *args, **kwargs)
+
+        def _recorded(self, method, *args, **kwargs):
+            try:
+                return method(*args, **kwargs)
+            except BaseException as exc:
+                self.os_error = _os_error_in(exc)
+                raise
+
+    return RecordingWriter(target)
+
+
+def _os_error_in(exc: BaseException | None) -> OSError | None:
+    """The first OSError along ``exc``'s chain of causes and contexts, or None."""
+    seen = set()
+    while exc is not None and id(exc) not in seen:
+        if isinstance(exc, OSError):
+            return exc
+        seen.add(id(exc))
+        exc = exc.__cause__ or exc.__context__
+    return None
+
+
+def _disk_error(write, target: Path) -> OSError | CheckpointError | None:
+    """Run ``write()``; the OSError it raised (named ``target`` when it names no file) or the `CheckpointError`
+    of another rank's failed write; None when it succeeded. Any other error propagates."""
+    try:
+        write()
+    except OSError as exc:
+        return naming_file(exc, target) if exc.filename is None else exc
+    except CheckpointError as exc:
+        return exc
+    return None
 
 
 def load_dcp(path: Path, model=None, optimizers=None, no_dist: bool = False, map_location="cpu") -> dict:

@@ -46,7 +46,7 @@ from .groups import optimizer_groups, pick_solvers, project_onto_manifolds
 from .hardware import matmul_precision, mfu, model_flops_per_token, model_matmul_precision, peak_bf16_flops
 from .model import GPT, load_hf_gpt2_folder, match_qkv_layout, model_config
 from .runfolder import CheckpointError, RunFolder, RunFolderError
-from .runtime import StopSignals, distributed_from_env, resolve_device
+from .runtime import StopSignals, any_rank, distributed_from_env, resolve_device
 from .sharding import (
     check_same_run,
     full_copy,
@@ -381,11 +381,20 @@ class Trainer:
         set_rng_state(ckpt["rng"])
 
     def save_checkpoint(self, folder: RunFolder) -> None:
-        """This state into ``folder``: a DCP checkpoint with ``fsdp`` (every rank writes), else ``ckpt.pt``."""
+        """This state into ``folder``: a DCP checkpoint with ``fsdp`` (every rank writes), else ``ckpt.pt`` (rank 0
+        writes). A write that fails (a full disk) raises on every rank (`any_rank`), so none waits in a collective."""
         if self.cfg.fsdp:
             save_dcp(folder, self.state_dict())
-        else:
+            return
+        error = None
+        try:
             folder.save_checkpoint(self.state_dict())
+        except OSError as exc:
+            error = exc
+        if any_rank(error is not None):
+            raise error or CheckpointError(
+                f"rank 0 could not write {folder.file('ckpt.pt')}; the last checkpoint is kept"
+            )
 
 
 # ----------------------------------------------------------------------------- the loop

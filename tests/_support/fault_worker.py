@@ -11,6 +11,8 @@ FAULT is one of
                                 temporary file is complete and fsynced, NAME still holds the old version
                                 (``ckpt.pt``: ``ckpt.json`` already names the new checkpoint)
 - ``kill-after-checkpoint:K``   SIGKILL right after the K-th checkpoint is in place (before the status update)
+- ``full-disk-at-checkpoint:K`` the K-th ``ckpt.pt`` write fails with ENOSPC (rank 0 writes it; under torchrun
+                                the other ranks' writes are no-ops)
 - ``slow-after-step:N``         step N writes ``OUT_DIR/.reached-N``, later steps sleep 0.3 s each, so that
                                 a test can send a signal at a known point of a run
 
@@ -18,6 +20,7 @@ Only public names are patched: ``os.replace``, ``geomtrain.train.Trainer.step`` 
 ``geomtrain.runfolder.RunFolder.save_checkpoint``.
 """
 
+import errno
 import os
 import runpy
 import signal
@@ -78,6 +81,18 @@ def install(fault: str, argv: list[str]) -> None:
             seen[0] += 1
             if seen[0] == int(arg):
                 _die()
+
+        RunFolder.save_checkpoint = save_checkpoint
+    elif kind == "full-disk-at-checkpoint":
+        from geomtrain.runfolder import RunFolder
+
+        original, seen = RunFolder.save_checkpoint, [0]
+
+        def save_checkpoint(self, state):
+            seen[0] += 1
+            if seen[0] == int(arg) and self.master:
+                raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC), str(self.file("ckpt.pt")))
+            original(self, state)
 
         RunFolder.save_checkpoint = save_checkpoint
     elif kind == "slow-after-step":

@@ -101,17 +101,6 @@ def test_signal_checkpoints_at_the_step_boundary_and_resumes_exactly(sig, code, 
     assert records(run, "train")[-1]["step"] == MAX_ITERS
 
 
-def _ranks_of(job_pid: int) -> list[int]:
-    """The fault_worker processes torchrun ``job_pid`` started (its children; each rank in its own session)."""
-    ranks = []
-    for stat in Path("/proc").glob("[0-9]*/stat"):
-        with contextlib.suppress(OSError, ValueError, IndexError):
-            ppid = int(stat.read_text().rpartition(")")[2].split()[1])
-            if ppid == job_pid and "fault_worker" in (stat.parent / "cmdline").read_text():
-                ranks.append(int(stat.parent.name))
-    return ranks
-
-
 def _running(pid: int) -> bool:
     """Whether ``pid`` still runs (a zombie waiting for its parent does not)."""
     with contextlib.suppress(OSError, IndexError):
@@ -119,43 +108,67 @@ def _running(pid: int) -> bool:
     return False
 
 
-@pytest.mark.parametrize(
-    "to, times",
-    [("torchrun", 1), ("every process", 1), ("every process", 2)],
-)
+def _processes_of(run) -> list[int]:
+    """The running processes of the job writing ``run`` (torchrun and its ranks: their command lines name it;
+    each rank runs in its own session, and outlives torchrun when torchrun gives up on it)."""
+    return [
+        int(c.parent.name)
+        for c in Path("/proc").glob("[0-9]*/cmdline")
+        if _read(c).find(str(run).encode()) >= 0 and _running(int(c.parent.name))
+    ]
+
+
+def _read(path: Path) -> bytes:
+    with contextlib.suppress(OSError):
+        return path.read_bytes()
+    return b""
+
+
+@contextlib.contextmanager
+def _torchrun_job(fault: str, data_dir, run, log_path, *extra: str):
+    """``fault_worker.py FAULT train ...`` on 2 gloo ranks under torchrun (DDP); every process of it is
+    SIGKILLed on the way out (a hung rank must not outlive the test)."""
+    argv = [*launch_command(2, WORKER), fault, *run_args(data_dir, run, *extra)]
+    with open(log_path, "w") as log:  # a file, not a pipe: a full pipe would stall the ranks
+        job = subprocess.Popen(argv, env=worker_env(), stdout=log, stderr=subprocess.STDOUT)
+        try:
+            yield job
+        finally:
+            for pid in [job.pid, *_processes_of(run)]:
+                with contextlib.suppress(OSError):
+                    os.kill(pid, signal.SIGKILL)
+            job.wait()
+
+
+def _ends(job: subprocess.Popen, run, timeout: float) -> None:
+    """Wait for torchrun and then for its ranks (which it may have left running) to exit."""
+    job.wait(timeout=timeout)
+    deadline = time.monotonic() + timeout
+    while _processes_of(run) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert not _processes_of(run), "a rank is still running (waiting in a collective?)"
+
+
+@pytest.mark.parametrize("to, times", [("torchrun", 1), ("every process", 1), ("every process", 2)])
 def test_sigterm_under_torchrun_checkpoints_at_a_step_boundary(to, times, data_dir, tmp_path):
     """A 2-rank DDP job under torchrun, SIGTERM sent to torchrun alone (it forwards it to each rank) or to every
     process of the job, as Slurm and Kubernetes do (each rank then gets it twice: directly and forwarded), once
     or twice in a row: the ranks agree on a step, checkpoint it and exit, before torchrun's 30 s SIGKILL."""
     from geomtrain.train import load_checkpoint
 
-    run = tmp_path / "run"
-    argv = [*launch_command(2, WORKER), "slow-after-step:3", *run_args(data_dir, run, "--max-iters", "60")]
-    log = open(tmp_path / "job.log", "w")  # a file, not a pipe: a full pipe would stall the ranks
-    job = subprocess.Popen(argv, env=worker_env(), stdout=log, stderr=subprocess.STDOUT)
-    ranks: list[int] = []
-    try:
+    run, log = tmp_path / "run", tmp_path / "job.log"
+    with _torchrun_job("slow-after-step:3", data_dir, run, log, "--max-iters", "60") as job:
         deadline = time.monotonic() + 180
         while not (run / ".reached-3").exists() and job.poll() is None and time.monotonic() < deadline:
             time.sleep(0.05)
-        ranks = _ranks_of(job.pid)
-        assert len(ranks) == 2, (tmp_path / "job.log").read_text()[-3000:]
+        ranks = [pid for pid in _processes_of(run) if pid != job.pid]
+        assert len(ranks) == 2, log.read_text()[-3000:]
         for _ in range(times):
             for pid in [job.pid, *(ranks if to == "every process" else [])]:
                 os.kill(pid, signal.SIGTERM)
             time.sleep(0.3)
-        job.wait(timeout=25)  # torchrun gives the ranks 30 s, then SIGKILLs them: a hung rank runs past this
-        deadline = time.monotonic() + 25  # a second SIGTERM makes torchrun leave without waiting for them
-        while any(map(_running, ranks)) and time.monotonic() < deadline:
-            time.sleep(0.1)
-        assert not any(map(_running, ranks)), "a rank is still running (hung in a collective?)"
-    finally:
-        for pid in [job.pid, *ranks]:
-            with contextlib.suppress(OSError):
-                os.kill(pid, signal.SIGKILL)
-        job.wait()
-        log.close()
-    text = (tmp_path / "job.log").read_text()
+        _ends(job, run, timeout=25)  # torchrun gives the ranks 30 s, then SIGKILLs them
+    text = log.read_text()
     assert "[rank0]: Traceback" not in text and "[rank1]: Traceback" not in text, text[-3000:]
     assert "forcefully exiting" not in text, text[-3000:]
     status = json.loads((run / "status.json").read_text())
@@ -163,3 +176,20 @@ def test_sigterm_under_torchrun_checkpoints_at_a_step_boundary(to, times, data_d
     assert 3 <= status["step"] < 60
     assert load_checkpoint(run / "ckpt.pt")["step"] == status["step"]  # the checkpoint of the step it stopped at
     assert [s for s, _ in losses(run)] == list(range(1, status["step"] + 1))
+
+
+def test_a_full_disk_under_torchrun_stops_every_rank_with_one_line(data_dir, tmp_path):
+    """A 2-rank DDP job whose second ``ckpt.pt`` write (rank 0's) fails with ENOSPC: every rank learns of it and
+    stops with one line (none waits in a collective); the status is ``failed``, the first checkpoint kept."""
+    from geomtrain.train import load_checkpoint
+
+    run, log = tmp_path / "run", tmp_path / "job.log"
+    with _torchrun_job("full-disk-at-checkpoint:2", data_dir, run, log) as job:
+        _ends(job, run, timeout=150)
+    text = log.read_text()
+    assert text.count("geomtrain train: error:") == 2, text[-3000:]  # one line per rank (they may interleave)
+    assert "[rank0]: Traceback" not in text and "[rank1]: Traceback" not in text, text[-3000:]
+    assert f"No space left on device: {run / 'ckpt.pt'}" in text
+    status = json.loads((run / "status.json").read_text())
+    assert status["status"] == "failed" and "No space left on device" in status["error"], status
+    assert load_checkpoint(run / "ckpt.pt")["step"] == 4

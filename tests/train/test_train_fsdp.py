@@ -2,6 +2,8 @@
 resharding 2 -> 1 -> 2, a rank killed mid-run), the DDP bucketed exchange on every preset, and the
 ``fsdp`` key's bad values. The runs are `fsdp_worker.worker_config`: 20 steps of ``tiny``."""
 
+import contextlib
+import errno
 import json
 import os
 import shutil
@@ -245,3 +247,65 @@ def test_fsdp_bad_values_are_one_line_errors(tmp_path, capsys):
     with pytest.raises(ValueError, match="fsdp must be a bool; got 'yes'"):
         make_config(toml_path=toml)
     assert make_config({"fsdp": True, "bucketed": False}).fsdp is True
+
+
+class _FullDisk:
+    """DCP's file system writer on a disk with ``free`` bytes left: a write beyond them writes what fits and
+    fails with ENOSPC, as the kernel does (no file name). Streams opened for reading are unaffected."""
+
+    def __init__(self, monkeypatch, free: int):
+        from torch.distributed.checkpoint.filesystem import FileSystem
+
+        self.free, real = free, FileSystem.create_stream
+
+        @contextlib.contextmanager
+        def create_stream(fs, path, mode):
+            with real(fs, path, mode) as stream:
+                yield stream if "w" not in mode else _QuotaStream(self, stream)
+
+        monkeypatch.setattr(FileSystem, "create_stream", create_stream)
+
+
+class _QuotaStream:
+    def __init__(self, disk: _FullDisk, stream):
+        self._disk, self._stream = disk, stream
+
+    def write(self, data):
+        data = bytes(memoryview(data).cast("B"))
+        fits = max(0, min(len(data), self._disk.free))
+        self._stream.write(data[:fits])
+        self._disk.free -= fits
+        if fits < len(data):
+            raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+        return len(data)
+
+    def __getattr__(self, name):
+        return getattr(self._stream, name)
+
+
+@pytest.mark.parametrize("free", [0, 100_000])  # nothing written; a shard cut in the middle
+def test_a_full_disk_during_a_dcp_save_is_one_line_and_keeps_the_committed_checkpoint(
+    free, data_dir, tmp_path, monkeypatch, capsys
+):
+    """ENOSPC inside DCP's writer (it arrives as a ``CheckpointException``): exit 2 and one line naming the
+    checkpoint folder, the partial folder removed, the status ``failed`` (not ``running``), the committed
+    checkpoint intact; the resume once there is space again continues from it."""
+    run = tmp_path / "run"
+    _dcp_run(data_dir, run, max_iters=14, stop_after=10)
+    committed = (run / "ckpt.dcp.json").read_bytes()
+    folder = json.loads(committed)["folder"]
+    disk = _FullDisk(monkeypatch, free)
+    code = cli_main(["train", "--out-dir", str(run), "--resume", "--no-progress"])
+    monkeypatch.undo()
+    err = capsys.readouterr().err
+    assert code == 2 and len(err.strip().splitlines()) == 1, err[-3000:]
+    assert "No space left on device" in err and str(run / "ckpt.dcp" / "step-00000014") in err
+    assert disk.free == 0
+    assert (run / "ckpt.dcp.json").read_bytes() == committed
+    assert [f"ckpt.dcp/{d}" for d in os.listdir(run / "ckpt.dcp")] == [folder] and not [p for p in os.listdir(run) if ".tmp." in p]
+    status = json.loads((run / "status.json").read_text())
+    assert status["status"] == "failed" and "No space left on device" in status["error"]
+    assert load_checkpoint(run)["step"] == 10
+    cfg = resume_config({"out_dir": str(run), "progress": False})
+    assert train(cfg, resume=True, print_fn=lambda *a: None)["status"] == "finished"
+    assert load_checkpoint(run)["step"] == 14
