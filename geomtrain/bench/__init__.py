@@ -5,6 +5,8 @@
   `geomtrain.bench.problems`.
 - ``train`` (`geomtrain.bench.training`): the full training step per preset, side by side.
 - ``dist`` (`geomtrain.bench.dist`): Manifold Muon's DDP exchange, bytes and collectives per step.
+- ``manifold`` (`geomtrain.bench.manifold`): a manifold defined by ``project_gram`` alone (the generic,
+  products-only maps) against the built-in DGram: ``projx``, ``proju``, ``retr`` and an optimizer step.
 
 Each benchmark module exposes ``add_parser(subparsers)``; its handler is ``handler(args) -> int``
 (``args.argv`` holds the command line, for the record) and reports bad input as a `ValueError`, which
@@ -14,7 +16,7 @@ never imports the CLI (``python -m geomtrain.bench`` is `geomtrain.bench.__main_
 
 from __future__ import annotations
 
-from . import dist, optimizer, training
+from . import dist, manifold, optimizer, training
 from .optimizer import GPT2_SHAPES, bench_optimizer, format_optimizer_table
 from .training import format_speed_table, measure_training_speed
 
@@ -27,4 +29,9 @@ __all__ = [
     "BENCHMARKS",
 ]
 
-BENCHMARKS = {"optimizer": optimizer.add_parser, "train": training.add_parser, "dist": dist.add_parser}
+BENCHMARKS = {
+    "optimizer": optimizer.add_parser,
+    "train": training.add_parser,
+    "dist": dist.add_parser,
+    "manifold": manifold.add_parser,
+}

@@ -3,6 +3,7 @@ r"""The synthetic problems of ``geomtrain bench optimizer``: its weights, its gr
 - `benchmark_point`: a weight on the manifold, ``random`` or GPT-2's initialisation (`POINTS`);
 - `synthetic_gradient`: a gradient of entries of RMS 1 with one of the spectra of `SPECTRA`;
 - `custom_mask_twin`: a manifold's twin that the solver treats as a user-defined mask;
+- `BlockMask`: a manifold defined by its mask alone, as a user writes one (columns orthogonal across blocks);
 - `reference_solve`: the float64 optimum of a problem and the relative objective gap
   $(\mathrm{OPT} - \langle G, A\rangle)/\mathrm{OPT}$ of candidate directions against it.
 
@@ -16,6 +17,8 @@ from typing import TYPE_CHECKING
 
 import torch
 
+from manifolds import GramManifold
+
 if TYPE_CHECKING:
     from ..optim import DirectionStats
 
@@ -27,6 +30,7 @@ __all__ = [
     "benchmark_point",
     "synthetic_gradient",
     "custom_mask_twin",
+    "BlockMask",
     "reference_solve",
 ]
 
@@ -81,6 +85,22 @@ def custom_mask_twin(manifold):
 
     CustomMask.__name__ = CustomMask.__qualname__ = f"Custom{base.__name__}"
     return CustomMask()
+
+
+class BlockMask(GramManifold):
+    """Columns orthogonal across consecutive blocks of ``block_size``, free inside a block: written as a user writes
+    a manifold, `project_gram` only (docs/custom-manifold.md's ``BlockGram``), so every map takes the generic path
+    and `geomtrain.optim.mask_kind` says ``generic``."""
+
+    name = "BlockMask"
+
+    def __init__(self, block_size: int = 16, **kwargs):
+        super().__init__(**kwargs)
+        self.block_size = block_size
+
+    def project_gram(self, M: torch.Tensor) -> torch.Tensor:
+        block = torch.arange(M.shape[-1], device=M.device) // self.block_size
+        return M * (block[:, None] != block[None, :]).to(M.dtype)
 
 
 def reference_solve(
