@@ -27,6 +27,7 @@ Guarantees (tested in ``tests/train/test_faults.py`` and ``tests/train/test_run_
 - **DCP checkpoints**: every rank writes a new ``ckpt.dcp/step-N``; then rank 0 writes its files'
   sha256 into ``ckpt.dcp.json`` (atomic: the commit) and deletes the previous folder. A folder it
   does not name is never loaded (deleted at the next open); a file that does not match is refused.
+  A damaged manifest, or a missing one beside a complete folder, is refused and deletes nothing.
 - **Never unverified**: ``ckpt.json`` is written *before* the checkpoint is renamed into place
   and names both the new checkpoint's sha256 and the previous one's, so a kill between the two
   renames leaves a checkpoint that still verifies; anything else that does not match is
@@ -61,7 +62,6 @@ from ._io import (
     atomic_write_text,
     read_json,
     read_jsonl,
-    sha256_file,
     truncate_jsonl,
 )
 from .config import INVOCATION_KEYS, RUN_DEFINING_KEYS, TrainConfig, load_toml, make_config, saved_config
@@ -80,6 +80,7 @@ __all__ = [
 
 CHECKPOINT_FORMAT = 2
 DCP_MANIFEST, DCP_DIR = "ckpt.dcp.json", "ckpt.dcp"  # an FSDP run's checkpoint: manifest and folder of folders
+DCP_SMALL_STATE = "trainer.pt"  # in a DCP checkpoint folder, beside the shards: the state that is not tensors
 _RUN_FILES = (
     "config.json",
     "env.json",
@@ -159,6 +160,10 @@ def flatten_numbers(record: Any, prefix: str) -> list[tuple[str, float]]:
     return out
 
 
+def _valid_dcp_manifest(manifest: Any) -> bool:
+    return isinstance(manifest, dict) and isinstance(manifest.get("files"), dict) and bool(manifest.get("folder"))
+
+
 def _sha256(data: bytes) -> str:
     return hashlib.sha256(data).hexdigest()
 
@@ -172,7 +177,7 @@ class RunFolder:
         self.master = master
         self.tensorboard = None  # a torch.utils.tensorboard.SummaryWriter once enabled
         self._pending_history: dict | None = None  # a change allowed by check_resume_config, recorded by write_run_info
-        self._in_place: dict | None = None  # {"sha256", "bytes", "step"} of the ckpt.pt known to be on disk
+        self.in_place: dict | None = None  # {"sha256", "bytes", "step"} of the checkpoint known to be on disk
         self.lock = FileLock(self.path / ".lock")  # held by the writer from `open` to `close`
         self.notes: list[str] = []  # things the caller should tell the user (a lock taken over, a rebuilt file)
 
@@ -193,9 +198,12 @@ class RunFolder:
         return self.checkpoint_format() is not None
 
     def checkpoint_format(self) -> str | None:
-        """``"pt"`` (``ckpt.pt``), ``"dcp"`` (``ckpt.dcp.json``: an FSDP run's) or None; when both are
-        there (a kill between a save and the removal of the other format), the later step's."""
+        """``"pt"`` (``ckpt.pt``), ``"dcp"`` (``ckpt.dcp.json``: an FSDP run's, also when it is damaged or missing
+        beside a complete folder, `dcp_in_doubt`: loading it is refused) or None; when both are there (a kill
+        between a save and the removal of the other format), the later step's."""
         pt, dcp = self.file("ckpt.pt").exists(), self.file(DCP_MANIFEST).exists()
+        if self.dcp_in_doubt():
+            return "dcp"
         if pt and dcp:
             steps = [float((read_json(self.file(n)) or {}).get("step") or 0) for n in ("ckpt.json", DCP_MANIFEST)]
             return "dcp" if steps[1] >= steps[0] else "pt"
@@ -315,16 +323,53 @@ class RunFolder:
             if name in _RUN_FILES and pid.isdigit() and pid_alive(int(pid)) is False:
                 tmp.unlink(missing_ok=True)
                 removed.append(tmp.name)
-        return removed + self._remove_uncommitted_dcp()
+        return removed + self.remove_uncommitted_dcp()
 
-    def _remove_uncommitted_dcp(self, keep: str | None = None) -> list[str]:
-        """Delete the ``ckpt.dcp/`` folders ``ckpt.dcp.json`` does not name (a save killed before its commit,
-        or the previous checkpoint once a new one is committed), but ``keep``. Returns their names."""
+    def remove_uncommitted_dcp(self) -> list[str]:
+        """Delete the ``ckpt.dcp/`` folders ``ckpt.dcp.json`` does not name (a save killed before its commit, or
+        the previous checkpoint once a new one is committed); none while the manifest is in doubt (`dcp_in_doubt`):
+        shards are never deleted on the word of a manifest that cannot be read. Returns their names."""
+        if self.dcp_in_doubt():
+            return []
         named = (read_json(self.file(DCP_MANIFEST)) or {}).get("folder")
-        stale = [d for d in sorted(self.file(DCP_DIR).glob("step-*")) if f"{DCP_DIR}/{d.name}" not in (named, keep)]
+        stale = [d for d in sorted(self.file(DCP_DIR).glob("step-*")) if f"{DCP_DIR}/{d.name}" != named]
         for d in stale:
             shutil.rmtree(d, ignore_errors=True)
         return [f"{DCP_DIR}/{d.name}" for d in stale]
+
+    def complete_dcp_folders(self) -> list[Path]:
+        """The ``ckpt.dcp/step-N`` folders whose writes all ended, oldest first: DCP's ``.metadata`` (written once
+        every rank's shards are) and ``trainer.pt`` (written last) are there. Committed or not."""
+        found = sorted(self.file(DCP_DIR).glob("step-*"))
+        return [d for d in found if (d / ".metadata").is_file() and (d / DCP_SMALL_STATE).is_file()]
+
+    def dcp_in_doubt(self) -> bool:
+        """Whether ``ckpt.dcp.json`` is damaged, or missing while ``ckpt.dcp/`` holds a complete folder and there is
+        no ``ckpt.pt`` (a missing manifest beside a ``ckpt.pt`` is a save killed before its first commit)."""
+        if self.file(DCP_MANIFEST).exists():
+            return not _valid_dcp_manifest(read_json(self.file(DCP_MANIFEST)))
+        return not self.file("ckpt.pt").exists() and bool(self.complete_dcp_folders())
+
+    def dcp_manifest(self) -> dict:
+        """``ckpt.dcp.json``; a `CheckpointError` naming it when it is missing or damaged (nothing is changed: the
+        advice keeps the shards, `geomtrain.sharding.rebuild_dcp_manifest`)."""
+        manifest = read_json(self.file(DCP_MANIFEST))
+        if _valid_dcp_manifest(manifest):
+            return manifest
+        what = "is damaged (unreadable, or names no checkpoint folder)"
+        if not self.file(DCP_MANIFEST).exists():
+            what = "is missing (deleted, or a save was killed before its first commit)"
+        complete = self.complete_dcp_folders()
+        way = "start over with --overwrite"
+        if complete:
+            way = (
+                f"rebuild it from {DCP_DIR}/{complete[-1].name} (its files then trusted unverified) with: python -c "
+                f"\"import geomtrain.sharding as s; s.rebuild_dcp_manifest('{self.path}')\""
+            )
+        raise CheckpointError(
+            f"{self.file(DCP_MANIFEST)} {what}, so the checkpoint in {self.file(DCP_DIR)} cannot be verified; "
+            f"nothing was changed or deleted: restore it, or {way}"
+        )
 
     def _remove_run_files(self) -> None:
         if self.master:
@@ -341,6 +386,8 @@ class RunFolder:
             manifest = read_json(self.file("ckpt.json" if self.checkpoint_format() == "pt" else DCP_MANIFEST))
             if isinstance(manifest, dict) and isinstance(manifest.get("config"), dict):
                 return saved_config(manifest["config"])
+            if self.checkpoint_format() == "dcp":
+                self.dcp_manifest()  # a damaged or missing manifest: refused naming it, not ckpt.pt
             return saved_config(self.load_checkpoint().get("config"))
         return self.read_config()
 
@@ -367,7 +414,7 @@ class RunFolder:
         if changes:
             # recorded by write_run_info, i.e. once the checkpoint loaded into the changed run
             self._pending_history = {
-                "step": (self._in_place or {}).get("step"),
+                "step": (self.in_place or {}).get("step"),
                 "time": time.time(),
                 "changes": {k: {"old": a, "new": b} for k, (a, b) in changes.items()},
             }
@@ -376,7 +423,7 @@ class RunFolder:
     def write_run_info(self, config: dict, environment: dict, assignment: list[dict], table: str) -> None:
         if self.master:
             if self._pending_history is not None:
-                loaded_step = (self._in_place or {}).get("step")  # the checkpoint the changed run continues
+                loaded_step = (self.in_place or {}).get("step")  # the checkpoint the changed run continues
                 append_jsonl(
                     self.file("config_history.jsonl"),
                     {**self._pending_history, **({"step": loaded_step} if loaded_step is not None else {})},
@@ -453,7 +500,7 @@ class RunFolder:
         data = buf.getvalue()
         # "previous" is the checkpoint actually on disk (known from the last load or save), not what
         # ckpt.json says: after a failed write (full disk) ckpt.json names a checkpoint that never landed
-        previous = self._in_place
+        previous = self.in_place
         if previous is None:
             manifest = read_json(self.file("ckpt.json"))
             previous = {k: manifest.get(k) for k in ("sha256", "bytes", "step")} if isinstance(manifest, dict) else None
@@ -461,68 +508,16 @@ class RunFolder:
         manifest = {"format": CHECKPOINT_FORMAT, **entry, "previous": previous, "config": state.get("config")}
         atomic_write_json(self.file("ckpt.json"), manifest)
         atomic_write_bytes(self.file("ckpt.pt"), data)
-        self._in_place = entry
+        self.in_place = entry
         self.file(DCP_MANIFEST).unlink(missing_ok=True)  # a DCP checkpoint of this run (--fsdp before) is older now
         shutil.rmtree(self.file(DCP_DIR), ignore_errors=True)
-
-    def new_dcp_folder(self, step: int) -> Path:
-        """Where the DCP checkpoint of ``step`` is written: ``ckpt.dcp/step-N``, or ``step-Nb`` when
-        ``step-N`` is the committed one (a second save at the same step must not overwrite it)."""
-        name = f"step-{step:08d}"
-        if (read_json(self.file(DCP_MANIFEST)) or {}).get("folder") == f"{DCP_DIR}/{name}":
-            name += "b"
-        return self.file(DCP_DIR) / name
-
-    def commit_dcp(self, folder: Path, step: int, config: dict | None, world_size: int) -> None:
-        """After every rank wrote ``folder``: its files' checksums into ``ckpt.dcp.json`` (atomic, the
-        commit), then the previous checkpoint (any other ``ckpt.dcp/`` folder, ``ckpt.pt``) is deleted."""
-        if not self.master:
-            return
-        files = {
-            str(f.relative_to(folder)): {"sha256": sha256_file(f), "bytes": f.stat().st_size}
-            for f in sorted(folder.rglob("*"))
-            if f.is_file()
-        }
-        manifest = {
-            "format": CHECKPOINT_FORMAT,
-            "kind": "dcp",
-            "folder": f"{DCP_DIR}/{folder.name}",
-            "step": step,
-            "world_size": world_size,
-            "files": files,
-            "config": config,
-        }
-        atomic_write_json(self.file(DCP_MANIFEST), manifest)
-        self._in_place = {"step": step}
-        self._remove_uncommitted_dcp()
-        self.file("ckpt.pt").unlink(missing_ok=True)
-        self.file("ckpt.json").unlink(missing_ok=True)
-
-    def verified_dcp_folder(self) -> Path:
-        """The committed DCP checkpoint folder, every file checked against ``ckpt.dcp.json``;
-        `CheckpointError` (one line, naming the file) otherwise."""
-        manifest = read_json(self.file(DCP_MANIFEST))
-        if not (isinstance(manifest, dict) and isinstance(manifest.get("files"), dict) and manifest.get("folder")):
-            raise CheckpointError(f"{self.file(DCP_MANIFEST)} is unreadable or names no checkpoint folder")
-        folder = self.file(manifest["folder"])
-        for name, entry in manifest["files"].items():
-            path = folder / name
-            if not path.is_file():
-                raise CheckpointError(f"checkpoint file {path} is missing; nothing was changed")
-            if path.stat().st_size != entry.get("bytes") or sha256_file(path) != entry.get("sha256"):
-                raise CheckpointError(
-                    f"checkpoint file {path} is corrupted (does not match {DCP_MANIFEST}); nothing was changed: "
-                    "restore it or start over with --overwrite"
-                )
-        self._in_place = {"step": manifest.get("step")}
-        return folder
 
     def load_checkpoint(self, map_location: Any = "cpu") -> dict:
         """The verified checkpoint; `CheckpointError` (one line, naming the file) when it does not verify."""
         data, digest = _verified_bytes(self.file("ckpt.pt"))
         state = _unpickle(self.file("ckpt.pt"), data, map_location)
         step = state.get("step") if isinstance(state, dict) else None
-        self._in_place = {"sha256": digest, "bytes": len(data), "step": step}
+        self.in_place = {"sha256": digest, "bytes": len(data), "step": step}
         return state
 
 

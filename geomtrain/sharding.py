@@ -31,8 +31,16 @@ import numpy as np
 import torch
 import torch.distributed as dist
 
-from ._io import atomic_write_bytes, naming_file, read_json
-from .runfolder import DCP_DIR, DCP_MANIFEST, CheckpointError, RunFolder, load_verified_checkpoint
+from ._io import atomic_write_bytes, atomic_write_json, naming_file, read_json, sha256_file
+from .runfolder import (
+    CHECKPOINT_FORMAT,
+    DCP_DIR,
+    DCP_MANIFEST,
+    DCP_SMALL_STATE,
+    CheckpointError,
+    RunFolder,
+    load_verified_checkpoint,
+)
 from .runtime import any_rank
 
 __all__ = [
@@ -42,6 +50,10 @@ __all__ = [
     "full_copy",
     "save_dcp",
     "load_dcp",
+    "new_dcp_folder",
+    "commit_dcp",
+    "verified_dcp_folder",
+    "rebuild_dcp_manifest",
     "load_run_checkpoint",
     "load_checkpoint",
     "rng_state",
@@ -49,7 +61,7 @@ __all__ = [
     "check_same_run",
 ]
 
-SMALL_STATE = "trainer.pt"  # the small state beside the DCP shards
+SMALL_STATE = DCP_SMALL_STATE  # the small state beside the DCP shards
 OPTIMIZERS = ("adamw", "muon")  # the optimizer entries of a trainer state
 
 
@@ -171,12 +183,15 @@ def check_same_run(ckpt: dict, model_cfg: dict, assignments) -> None:
 
 def load_checkpoint(path, map_location="cpu") -> dict:
     """A checkpoint written by `geomtrain.train.train` as one dict of whole tensors: a run folder (its
-    ``ckpt.pt`` or DCP checkpoint, verified) or a ``ckpt.pt`` file (verified against its ``ckpt.json``)."""
+    ``ckpt.pt`` or DCP checkpoint, verified) or a ``ckpt.pt`` file (verified against its ``ckpt.json``); a
+    ``ckpt.dcp.json`` stands for its run folder."""
     path = os.fspath(path)
+    if os.path.basename(path) == DCP_MANIFEST:
+        path = os.path.dirname(path) or "."
     if os.path.isdir(path):
         folder = RunFolder(path, master=False)
         if folder.checkpoint_format() == "dcp":
-            return load_dcp(folder.verified_dcp_folder(), no_dist=True, map_location=map_location)
+            return load_dcp(verified_dcp_folder(folder), no_dist=True, map_location=map_location)
         path = os.path.join(path, "ckpt.pt")
     return load_verified_checkpoint(path, map_location)
 
@@ -185,7 +200,7 @@ def load_run_checkpoint(folder: RunFolder, model: torch.nn.Module, optimizers: d
     """The checkpoint of ``folder`` (``.pt`` or DCP, verified), its tensors laid out as ``model``'s
     parameters (`load_dcp`; a ``.pt`` checkpoint's whole tensors sharded with `shard_like`)."""
     if folder.checkpoint_format() == "dcp":
-        return load_dcp(folder.verified_dcp_folder(), model, optimizers, map_location=device)
+        return load_dcp(verified_dcp_folder(folder), model, optimizers, map_location=device)
     ckpt = folder.load_checkpoint(map_location=device)
     if any(is_sharded(p) for p in model.parameters()):
         params = dict(model.named_parameters(remove_duplicate=False))
@@ -219,14 +234,14 @@ def _split(state: dict) -> tuple[dict[str, torch.Tensor], dict]:
 def save_dcp(folder: RunFolder, state: dict) -> None:
     """Write ``state`` (`geomtrain.train.Trainer.state_dict`) as a DCP checkpoint of ``folder``; every rank
     calls it. Rank 0 makes a new ``ckpt.dcp/step-N``, every rank writes its shards, rank 0 the small
-    state; once every rank's files are complete rank 0 commits it (`RunFolder.commit_dcp`).
+    state; once every rank's files are complete rank 0 commits it (`commit_dcp`).
 
     A write that fails on any rank (a full disk: an OSError, or DCP's ``CheckpointException`` around one) is
     agreed by every rank (`geomtrain.runtime.any_rank`, so none waits in a collective): the new folder is
     removed, the committed checkpoint stays as it was, and each rank raises an OSError naming the folder
     (a `CheckpointError` on a rank whose own writes succeeded), one line in the CLI."""
     distributed = dist.is_available() and dist.is_initialized()
-    target = folder.new_dcp_folder(state["step"])  # the same on every rank: read before any rank commits
+    target = new_dcp_folder(folder, state["step"])  # the same on every rank: read before any rank commits
     any_rank(False)  # a barrier: no rank reads the manifest after this
 
     def make_folder() -> None:
@@ -238,7 +253,7 @@ def save_dcp(folder: RunFolder, state: dict) -> None:
     stages = (  # each ends when every rank has ended it (the second: every rank's files are complete)
         make_folder,
         lambda: _write_dcp(target, state, folder.master, distributed),
-        lambda: folder.commit_dcp(target, state["step"], state.get("config"), world),
+        lambda: commit_dcp(folder, target, state["step"], state.get("config"), world),
     )
     for stage in stages:
         error = _disk_error(stage, target)
@@ -326,6 +341,91 @@ def _disk_error(write, target: Path) -> OSError | CheckpointError | None:
     except CheckpointError as exc:
         return exc
     return None
+
+
+def new_dcp_folder(folder: RunFolder, step: int) -> Path:
+    """Where the DCP checkpoint of ``step`` is written: ``ckpt.dcp/step-N``, or ``step-Nb`` when ``step-N`` is
+    the committed one (a second save at the same step must not overwrite it)."""
+    name = f"step-{step:08d}"
+    if (read_json(folder.file(DCP_MANIFEST)) or {}).get("folder") == f"{DCP_DIR}/{name}":
+        name += "b"
+    return folder.file(DCP_DIR) / name
+
+
+def commit_dcp(folder: RunFolder, target: Path, step: int, config: dict | None, world_size: int) -> None:
+    """After every rank wrote ``target``: its files' checksums into ``ckpt.dcp.json`` (atomic, the commit), then
+    the previous checkpoint (any other ``ckpt.dcp/`` folder, ``ckpt.pt``) is deleted. Rank 0 only."""
+    if not folder.master:
+        return
+    files = {
+        str(f.relative_to(target)): {"sha256": sha256_file(f), "bytes": f.stat().st_size}
+        for f in sorted(target.rglob("*"))
+        if f.is_file()
+    }
+    manifest = {
+        "format": CHECKPOINT_FORMAT,
+        "kind": "dcp",
+        "folder": f"{DCP_DIR}/{target.name}",
+        "step": step,
+        "world_size": world_size,
+        "files": files,
+        "config": config,
+    }
+    atomic_write_json(folder.file(DCP_MANIFEST), manifest)
+    folder.in_place = {"step": step}
+    folder.remove_uncommitted_dcp()
+    folder.file("ckpt.pt").unlink(missing_ok=True)
+    folder.file("ckpt.json").unlink(missing_ok=True)
+
+
+def verified_dcp_folder(folder: RunFolder) -> Path:
+    """The committed DCP checkpoint folder of ``folder``, every file checked against ``ckpt.dcp.json``;
+    `CheckpointError` (one line, naming the file) otherwise, also for a damaged or missing manifest."""
+    manifest = folder.dcp_manifest()
+    path = folder.file(manifest["folder"])
+    for name, entry in manifest["files"].items():
+        file = path / name
+        if not file.is_file():
+            raise CheckpointError(f"checkpoint file {file} is missing; nothing was changed")
+        if file.stat().st_size != entry.get("bytes") or sha256_file(file) != entry.get("sha256"):
+            raise CheckpointError(
+                f"checkpoint file {file} is corrupted (does not match {DCP_MANIFEST}); nothing was changed: "
+                "restore it or start over with --overwrite"
+            )
+    folder.in_place = {"step": manifest.get("step")}
+    return path
+
+
+def rebuild_dcp_manifest(run: str | os.PathLike) -> Path:
+    """Write a run folder's ``ckpt.dcp.json`` anew (it was damaged or deleted) for its newest complete
+    ``ckpt.dcp/step-N``, the way a save commits one (`commit_dcp`: the previous folders are then deleted), so
+    that ``--resume`` continues from it. The folder is checked first against DCP's own ``.metadata`` (every
+    shard there and long enough for the tensors it lists) and its ``trainer.pt`` must load; its bytes are
+    trusted as they are, since there is no earlier checksum to compare them with. Returns the folder."""
+    import torch.distributed.checkpoint as dcp
+
+    folder = RunFolder(run)
+    complete = folder.complete_dcp_folders()
+    if not complete:
+        raise CheckpointError(f"{folder.file(DCP_DIR)} holds no complete checkpoint folder to rebuild from")
+    target = complete[-1]
+    try:
+        storage = dcp.FileSystemReader(str(target)).read_metadata().storage_data
+        small = torch.load(target / SMALL_STATE, map_location="cpu", weights_only=False)
+        step, config = int(small["step"]), small.get("config")
+    except Exception as exc:
+        raise CheckpointError(f"{target} cannot be read ({type(exc).__name__}): cannot rebuild from it") from None
+    for info in storage.values():
+        shard = target / info.relative_path
+        if not shard.is_file() or shard.stat().st_size < info.offset + info.length:
+            raise CheckpointError(f"{shard} is missing or shorter than its .metadata says: cannot rebuild from it")
+    ranks = {info.relative_path.split("_")[2] for info in storage.values()}  # shards are __RANK_N.distcp
+    folder.take_lock()
+    try:
+        commit_dcp(folder, target, step, config, len(ranks))
+    finally:
+        folder.release_lock()
+    return target
 
 
 def load_dcp(path: Path, model=None, optimizers=None, no_dist: bool = False, map_location="cpu") -> dict:

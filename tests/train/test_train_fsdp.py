@@ -302,10 +302,85 @@ def test_a_full_disk_during_a_dcp_save_is_one_line_and_keeps_the_committed_check
     assert "No space left on device" in err and str(run / "ckpt.dcp" / "step-00000014") in err
     assert disk.free == 0
     assert (run / "ckpt.dcp.json").read_bytes() == committed
-    assert [f"ckpt.dcp/{d}" for d in os.listdir(run / "ckpt.dcp")] == [folder] and not [p for p in os.listdir(run) if ".tmp." in p]
+    assert [f"ckpt.dcp/{d}" for d in os.listdir(run / "ckpt.dcp")] == [folder]
+    assert not [p for p in os.listdir(run) if ".tmp." in p]
     status = json.loads((run / "status.json").read_text())
     assert status["status"] == "failed" and "No space left on device" in status["error"]
     assert load_checkpoint(run)["step"] == 10
     cfg = resume_config({"out_dir": str(run), "progress": False})
     assert train(cfg, resume=True, print_fn=lambda *a: None)["status"] == "finished"
     assert load_checkpoint(run)["step"] == 14
+
+
+@pytest.fixture(scope="module")
+def dcp_stopped(data_dir, tmp_path_factory) -> Path:
+    """A one-process ``fsdp`` run (DCP checkpoints) of 14 steps stopped at step 10: copy it to change it."""
+    run = tmp_path_factory.mktemp("dcp-stopped") / "run"
+    _dcp_run(data_dir, run, max_iters=14, stop_after=10)
+    return run
+
+
+def _tree(run: Path) -> dict[str, bytes]:
+    """Every file under ``run`` (shards included) by relative path."""
+    return {str(p.relative_to(run)): p.read_bytes() for p in sorted(run.rglob("*")) if p.is_file()}
+
+
+def _one_line(argv, capsys) -> str:
+    code = cli_main([str(a) for a in argv])
+    err = capsys.readouterr().err.strip()
+    assert code == 2 and len(err.splitlines()) == 1, err[-3000:]
+    return err
+
+
+@pytest.mark.parametrize("damage", ["torn", "deleted"])
+def test_a_damaged_or_missing_dcp_manifest_is_refused_and_no_shard_is_deleted(
+    damage, data_dir, dcp_stopped, tmp_path, capsys
+):
+    """``ckpt.dcp.json`` torn or deleted beside committed shards: ``--resume``, ``sample`` and ``eval`` (of the
+    folder or of the manifest itself) refuse in one line naming ``ckpt.dcp.json`` (not ``ckpt.pt``), with advice
+    that keeps the checkpoint (never "delete it"); the resume neither starts from step 0 nor deletes a shard.
+    Following the advice (`rebuild_dcp_manifest`) resumes from step 10."""
+    from geomtrain.sharding import rebuild_dcp_manifest
+
+    run = Path(shutil.copytree(dcp_stopped, tmp_path / "run"))
+    manifest = run / "ckpt.dcp.json"
+    if damage == "torn":
+        manifest.write_text(manifest.read_text()[:40])
+    else:
+        manifest.unlink()
+    before = _tree(run)
+    for argv in (
+        ["train", "--out-dir", run, "--resume", "--no-progress"],
+        ["sample", run, "--max-new-tokens", "2"],
+        ["eval", run, "--iters", "1"],
+        ["eval", manifest, "--iters", "1"],
+    ):
+        err = _one_line(argv, capsys)
+        assert str(manifest) in err and "ckpt.pt" not in err and "delete it" not in err, err
+        assert "rebuild_dcp_manifest" in err and "nothing was changed" in err, err
+        assert _tree(run) == before, argv  # no shard deleted, nothing written
+    with pytest.raises(CheckpointError, match="ckpt.dcp.json"):
+        resume_config({"out_dir": str(run)})
+    cfg = fsdp_worker.worker_config(data_dir, str(run), "hetero", fsdp=True, max_iters=14, eval_interval=5)
+    with pytest.raises(CheckpointError, match="ckpt.dcp.json"):  # the library's resume: open, then load
+        train(cfg, resume=True, print_fn=lambda *a: None)
+    assert {k: v for k, v in _tree(run).items() if k.startswith("ckpt.dcp/")} == {
+        k: v for k, v in before.items() if k.startswith("ckpt.dcp/")
+    }
+    assert rebuild_dcp_manifest(run).name == "step-00000010b"
+    printed = []
+    status = train(resume_config({"out_dir": str(run), "progress": False}), resume=True, print_fn=printed.append)
+    assert "resuming" in printed[0] and "from step 10" in printed[0] and status["step"] == 14
+
+
+def test_a_save_killed_before_its_first_dcp_commit_still_starts_clean(data_dir, dcp_stopped, tmp_path):
+    """No manifest and only an incomplete ``ckpt.dcp/`` folder (a first save killed while writing): nothing to
+    resume from, the folder is removed and the run starts from step 0, as before."""
+    run = Path(shutil.copytree(dcp_stopped, tmp_path / "run"))
+    (run / "ckpt.dcp.json").unlink()
+    for folder in (run / "ckpt.dcp").iterdir():
+        (folder / ".metadata").unlink()  # DCP writes it once every rank's shards are complete
+    printed = []
+    status = train(resume_config({"out_dir": str(run), "progress": False}), resume=True, print_fn=printed.append)
+    assert any("starting from step 0" in p for p in printed) and status["step"] == 14
+    assert json.loads((run / "ckpt.dcp.json").read_text())["step"] == 14
