@@ -59,6 +59,7 @@ __all__ = [
     "is_matrix",
     "is_gpt_matrix",
     "assign",
+    "assignment_label",
     "format_table",
 ]
 
@@ -281,6 +282,15 @@ def assign(
         optimizer = "adamw" if label == ADAMW else "muon"
         out.append(Assignment(name, tuple(p.shape), optimizer, None if optimizer == "adamw" else label, manifold))
     return out
+
+
+def assignment_label(preset: str | None, rules: Sequence[str] = ()) -> str:
+    """What a run's assignment is called in legends and tables: its preset (``"hetero"``) or, with manifold
+    rules, the rules first and the preset that takes the rest (``"*.attn.*=stiefel *.mlp.*=euclidean, rest
+    hetero"``): a rules run is not labelled as the preset it overrides."""
+    if not rules:
+        return preset or "-"
+    return " ".join(rules) + (f", rest {preset}" if preset else "")
 
 
 def format_table(assignments: Sequence[Assignment], notes: Mapping[str, str] | None = None) -> str:

@@ -8,8 +8,9 @@ One PNG with four panels, one line colour per run:
 3. attention ``max_abs_logit``, the largest over layers;
 4. attention ``mean_entropy``, the mean over layers (nats).
 
-Runs are read through `geomtrain.runfolder.RunFolder` (metrics.jsonl, diagnostics.jsonl);
-a run without diagnostics shows only its losses.
+Runs are read through `geomtrain.runfolder.RunFolder` (metrics.jsonl, diagnostics.jsonl, config.json);
+a run without diagnostics shows only its losses. A run is named by its folder and, where the folder name
+does not say it, its assignment (`geomtrain.assign.assignment_label`: manifold rules by the rules).
 """
 
 from __future__ import annotations
@@ -21,6 +22,7 @@ from pathlib import Path
 import numpy as np
 
 from ._io import atomic_write_bytes
+from .assign import assignment_label
 from .runfolder import RunFolder
 
 __all__ = ["read_curves", "plot_runs", "MODULE_KINDS"]
@@ -35,8 +37,9 @@ def read_curves(run_dir: str | Path) -> dict:
     if not folder.holds_run():
         raise ValueError(f"{run_dir} is not a run folder (no config.json, metrics.jsonl or ckpt.pt)")
     metrics = folder.read_metrics()
+    cfg = folder.read_config()
     curves: dict = {
-        "name": Path(run_dir).name,
+        "name": _legend_name(Path(run_dir).name, cfg),
         "train": [],
         "val": [],
         "sigma_max": {k: [] for k in MODULE_KINDS},
@@ -65,6 +68,15 @@ def read_curves(run_dir: str | Path) -> dict:
         if entropy:
             curves["mean_entropy"].append((d["step"], float(np.mean(entropy))))
     return curves
+
+
+def _legend_name(folder: str, cfg: dict | None) -> str:
+    """The run's folder name, and its assignment where the name does not say it (`assignment_label`: a
+    rules run by its rules, not by the preset it overrides)."""
+    if cfg is None:
+        return folder
+    label = assignment_label(cfg.get("preset"), cfg.get("rules") or ())
+    return folder if f"-{label}-" in f"-{folder}-" else f"{folder} ({label})"
 
 
 def _line(ax, points, **kw) -> None:

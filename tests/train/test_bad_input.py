@@ -31,11 +31,11 @@ def _short(data_dir, out, *extra):
 # ----------------------------------------------------------------------------- manifold rules
 def test_readme_rules_command_trains_with_vectors_left_to_adamw(data_dir, tmp_path, capsys):
     run = tmp_path / "run"
-    code, out, err = cli(_short(data_dir, run, "--rule", "*.attn.*=stiefel", "--rule", "*.mlp.*=dgram"), capsys)
+    code, out, err = cli(_short(data_dir, run, "--rule", "*.attn.*=stiefel", "--rule", "*.mlp.*=euclidean"), capsys)
     assert code == 0, err[-3000:]
     table = {a["name"]: a for a in json.loads((run / "assignment.json").read_text())}
     assert table["transformer.h.0.attn.c_attn.weight"]["manifold"] == "stiefel"
-    assert table["transformer.h.1.mlp.c_fc.weight"]["manifold"] == "dgram"
+    assert table["transformer.h.1.mlp.c_fc.weight"]["manifold"] == "euclidean"  # not hetero's DGram MLP
     biases = [a for name, a in table.items() if ".attn." in name and name.endswith(".bias")]
     assert biases and all(a["optimizer"] == "adamw" for a in biases)
     assert "transformer.h.0.attn.c_attn.bias" in out  # the printed table shows it

@@ -33,3 +33,24 @@ def test_a_series_of_one_point_is_drawn_with_a_marker(tmp_path, monkeypatch):
     assert len(lines) == 2 + len(MODULE_KINDS) + 2
     for line in lines:  # a line through one point draws nothing: each needs a marker to be seen
         assert len(line.get_xdata()) == 1 and line.get_marker() not in (None, "", " ", "None", "none"), line
+
+
+def test_a_rules_run_is_labelled_by_its_rules_not_by_the_preset_it_overrides(tmp_path):
+    # issue 53: the README's rules run was shown as `hetero`, the preset its rules fall back to
+    from geomtrain.assign import assignment_label
+    from geomtrain.plot import read_curves
+
+    assert assignment_label("hetero") == "hetero"
+    rules = ["*.attn.*=stiefel", "*.mlp.*=euclidean"]
+    assert assignment_label("hetero", rules) == "*.attn.*=stiefel *.mlp.*=euclidean, rest hetero"
+    names = {}
+    for folder, preset, run_rules in [("rules", "hetero", rules), ("mini-all-stiefel-s1", "all-stiefel", [])]:
+        run = tmp_path / folder
+        run.mkdir()
+        (run / "metrics.jsonl").write_text(json.dumps({"kind": "eval", "step": 1, "val_loss": 5.0}) + "\n")
+        (run / "config.json").write_text(json.dumps({"preset": preset, "rules": run_rules}))
+        names[folder] = read_curves(run)["name"]
+    assert names == {
+        "rules": "rules (*.attn.*=stiefel *.mlp.*=euclidean, rest hetero)",
+        "mini-all-stiefel-s1": "mini-all-stiefel-s1",  # the folder name already says it
+    }
