@@ -3,16 +3,18 @@
 setup:
 	bash scripts/setup_env.sh
 
-# Everything, as CI runs it (~10 min on 2 cores): before a push.
+# Everything, as CI runs it (creates .venv if missing; two pytest workers): before a push.
 test:
 	bash scripts/test.sh
 
 # The quick tier (lint, format, tests without the slow ones, Hypothesis profile `quick`): before every commit.
+# Needs .venv: it says to run `make setup` first when it is missing.
 check:
 	bash scripts/check.sh
 
+# NO_MKDOCS_2_WARNING: silences mkdocs-material's end-of-life banner (raw ANSI colour codes in a log)
 docs: setup
-	.venv/bin/mkdocs build --strict
+	NO_MKDOCS_2_WARNING=1 .venv/bin/mkdocs build --strict
 
 # Torch threads per process: 1 on small CPUs (on 2 busy cores 2 threads ran 3.3x slower than 1),
 # half the cores on bigger machines. Override with `make demo THREADS=4`.

@@ -4,6 +4,12 @@
 # (scripts/test.sh, what CI runs) runs everything under the `ci` profile.
 set -euo pipefail
 cd "$(dirname "$0")/.."
+for tool in python ruff; do  # a fresh clone has no environment yet: say so, not make's "Error 127"
+    if [ ! -x ".venv/bin/$tool" ]; then
+        echo "make check: .venv/bin/$tool is missing: run \`make setup\` first (it builds .venv with the test tools)" >&2
+        exit 2
+    fi
+done
 export OMP_NUM_THREADS=${OMP_NUM_THREADS:-1}
 export HYPOTHESIS_PROFILE=${HYPOTHESIS_PROFILE:-quick}
 .venv/bin/ruff check .
