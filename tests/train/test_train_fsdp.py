@@ -340,8 +340,6 @@ def test_a_damaged_or_missing_dcp_manifest_is_refused_and_no_shard_is_deleted(
     folder or of the manifest itself) refuse in one line naming ``ckpt.dcp.json`` (not ``ckpt.pt``), with advice
     that keeps the checkpoint (never "delete it"); the resume neither starts from step 0 nor deletes a shard.
     Following the advice (`rebuild_dcp_manifest`) resumes from step 10."""
-    from geomtrain.sharding import rebuild_dcp_manifest
-
     run = Path(shutil.copytree(dcp_stopped, tmp_path / "run"))
     manifest = run / "ckpt.dcp.json"
     if damage == "torn":
@@ -367,6 +365,8 @@ def test_a_damaged_or_missing_dcp_manifest_is_refused_and_no_shard_is_deleted(
     assert {k: v for k, v in _tree(run).items() if k.startswith("ckpt.dcp/")} == {
         k: v for k, v in before.items() if k.startswith("ckpt.dcp/")
     }
+    from geomtrain.sharding import rebuild_dcp_manifest
+
     assert rebuild_dcp_manifest(run).name == "step-00000010b"
     printed = []
     status = train(resume_config({"out_dir": str(run), "progress": False}), resume=True, print_fn=printed.append)
