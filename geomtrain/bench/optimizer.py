@@ -62,8 +62,8 @@ __all__ = [
 GPT2_SHAPES = (("c_attn", (2304, 768)), ("attn.c_proj", (768, 768)), ("c_fc", (3072, 768)), ("mlp.c_proj", (768, 3072)))
 # Cost of each entry in units of one plain-Muon msign of the same matrix, for the up-front estimate
 # (measured on this CPU in float32; the reference solve is float64 to residual 1e-6; square DGram
-# duals are degenerate and cost several times more; the products-only solvers: lab/2026-12-05-products-only,
-# lab/2026-12-06-gram-space for split_tangent and filled_split, 2.3-3.0 msign-equivalents at m = 3n-4n).
+# duals are degenerate and cost several times more; the products-only solvers cost a few
+# msign-equivalents at m = 3n-4n). Only the estimate printed before the run uses these.
 _COST = {"muon": 1.0, "published": 20.0, "tangent": 1.3, "cold": 2.5, "warm": 1.5, "reference": 8.0}
 _COST.update(projected_tangent=1.8, split_tangent=2.4, filled_split=2.8, dual_ascent=3.5, admm=4.5)
 _UNMEASURED_COST = 5.0  # a solver registered later, never timed here: a few msigns' worth

@@ -52,7 +52,7 @@ def _off(M: torch.Tensor) -> torch.Tensor:
 class SquareFrame:
     r"""The square problem in the frame $Q$: $K = Q^\top\hat G$, the column norms $s$ and the two
     projections, for a batch ``(B, n, n)`` or one ``(n, n)`` problem (``T`` the point, ``Gh`` the
-    normalised gradient); ``lab/2026-12-05-square-dgram-face-newton/square_dgram_face_newton.py`` builds on it."""
+    normalised gradient)."""
 
     def __init__(self, T: torch.Tensor, Gh: torch.Tensor, res_scale: torch.Tensor | None = None):
         s = T.norm(dim=-2)

@@ -61,7 +61,7 @@ def cumulative_muon_step(base_config: dict, overrides: dict | None = None) -> fl
 
 @functools.cache  # a constant of the gpt2 defaults: a 50,000-step sum, computed once
 def paper_cumulative_step() -> float:
-    """The cumulative Muon step of the published schedule: the ``gpt2`` defaults (DESIGN.md section 4:
+    """The cumulative Muon step of the published schedule: the ``gpt2`` defaults (the paper's:
     50,000 steps, 1,000 warmup, cosine to 0.1 of the peak, ``muon_lr`` 0.02), about 549."""
     return cumulative_muon_step({"model": "gpt2"})
 
