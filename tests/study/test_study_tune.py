@@ -4,8 +4,8 @@ import json
 import math
 
 import pytest
-
 from conftest import tiny_study
+
 from geomtrain._io import atomic_write_json, read_json
 from geomtrain.study import StudyError, plan
 from geomtrain.study.runner import save_record
