@@ -4,7 +4,7 @@
 # boundary with a checkpoint, as Ctrl-C does. Rerun the same line to continue where it stopped;
 # a suite that is complete only rewrites its report. `compare` rebuilds the side-by-side tables.
 # A suite longer than a machine is kept moves with `save SUITE` (its study folder and runs, less the
-# checkpoints of finished runs, into study-state/SUITE.tar.xz: commit that, not docs/results/SUITE)
+# checkpoints of finished runs, into lab/2026-12-01-study-suites/state/SUITE.tar.xz: commit that, not docs/results/SUITE)
 # and `restore SUITE` on the next machine. With SAVE=1 a SUITE line that stops unfinished saves by
 # itself, and any SUITE line restores a saved study that the checkout does not hold yet.
 #
@@ -23,8 +23,8 @@ suite=${1:?$usage}
 hours=${2:-2}
 GEOMTRAIN=${GEOMTRAIN:-geomtrain}
 case "$suite" in  # every suite's study folder is docs/results/SUITE; its runs folder is in its study.json
-    save) mkdir -p study-state; exec "$GEOMTRAIN" study pack "docs/results/${2:?$usage}" "study-state/$2.tar.xz" ;;
-    restore) exec "$GEOMTRAIN" study unpack "study-state/${2:?$usage}.tar.xz" "docs/results/$2" ;;
+    save) mkdir -p lab/2026-12-01-study-suites/state; exec "$GEOMTRAIN" study pack "docs/results/${2:?$usage}" "lab/2026-12-01-study-suites/state/$2.tar.xz" ;;
+    restore) exec "$GEOMTRAIN" study unpack "lab/2026-12-01-study-suites/state/${2:?$usage}.tar.xz" "docs/results/$2" ;;
 esac
 # The committed study's shared settings (docs/results.md): mini, context 64, 16 x 64 tokens per step.
 common=(--model mini --set block_size=64 --jobs 2)
@@ -52,7 +52,7 @@ case "$suite" in
         args=(--presets "$presets5" --seeds 1 --iters "$n" --data-dir data/classics+austen-bpe4k
               --set checkpoint_interval=50 --out "docs/results/length-$n" --runs-dir "runs/study-length-$n") ;;
     length-8000-seed1)  # the pair that decides the 8,000-step ordering, with a second seed; run it at the commit of
-        # length-8000 (f96e7a6, one solver for both seeds: see study-state/README.md)
+        # length-8000 (f96e7a6, one solver for both seeds: see lab/2026-12-01-study-suites/state/README.md)
         "$GEOMTRAIN" prepare --dataset classics+austen --tokenizer bpe4k
         args=(--presets unconstrained,all-dgram --seeds 1, --iters 8000 --data-dir data/classics+austen-bpe4k
               --set checkpoint_interval=50 --out docs/results/length-8000-seed1 --runs-dir runs/study-length-8000-seed1) ;;
@@ -70,7 +70,7 @@ case "$suite" in
         exit 0 ;;
     *) echo "$usage" >&2; exit 2 ;;
 esac
-state="study-state/$suite.tar.xz"
+state="lab/2026-12-01-study-suites/state/$suite.tar.xz"
 if [ -f "$state" ] && [ ! -f "docs/results/$suite/study.json" ]; then  # a fresh checkout: continue the saved study
     "$GEOMTRAIN" study unpack "$state" "docs/results/$suite"
 fi
@@ -84,7 +84,7 @@ wait "$pid" || code=$?
 kill "$watcher" 2>/dev/null || true
 echo "study_suites: $suite: exit $code after $(( $(date +%s) - start )) s" >&2
 if [ "$code" = 130 ] && [ -n "${SAVE:-}" ]; then  # stopped unfinished: keep it for the next machine
-    mkdir -p study-state && "$GEOMTRAIN" study pack "docs/results/$suite" "$state" \
+    mkdir -p lab/2026-12-01-study-suites/state && "$GEOMTRAIN" study pack "docs/results/$suite" "$state" \
         && echo "study_suites: saved $state: commit it (not docs/results/$suite) to continue elsewhere" >&2
 elif [ "$code" = 0 ] && [ -f "$state" ]; then
     echo "study_suites: $suite is complete: $state is no longer needed (git rm it)" >&2
