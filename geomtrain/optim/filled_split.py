@@ -34,9 +34,10 @@ fill again. On a trained DGram MLP (512x128) the certified gap is 0.026 (cold), 
 ``carry=True`` (the default) amortises that solve over training: each step's joint msign starts from
 $N(\hat G) + C$, $C$ the correction its previous step left (state ``correction``, $n \times n$ per tall matrix),
 and the solve ends with one dual step toward that msign's tangency (`carried_correction`), at no product more. In
-training the DGram MLP's gap is then ``refine=1``'s (0.018), and every preset trains better than with the exact
-solver (lab/2026-12-06-carried-multiplier). A call without a ``correction`` is the cold start: ``carry=False``'s
-direction.
+training the DGram MLP's gap is then ``refine=1``'s (0.018); at the main study's shared learning rate it trains
+better than the exact solver on three constrained presets and unresolved on ``hetero`` (95% intervals;
+lab/2026-12-06-carried-multiplier, docs/results.md *Findings*). A call without a ``correction`` is the cold start:
+``carry=False``'s direction.
 
 ``space="gram"`` (the default, `gram_filled_split_direction`) runs every $m \times n$ msign from $n \times n$ Gram
 matrices (`geomtrain.optim.products.gram_msign_factor`): four $mn^2$ products before and three after, the rest
@@ -91,8 +92,9 @@ __all__ = [
 # Degree 8: on a DGram MLP (512x128) the square part's share is 0.7-0.9, where degree 8 interpolates
 # sqrt(1 - a^2 (x+1)/2) on [-1, 1] to 1e-7-7e-6 (at share 1 to 0.06); degrees 6, 10 and 16 give the same certified
 # gaps there (to 1e-3); the final bound absorbs the interpolation error
-# carry=True: on hetero (3 seeds, 500 steps) the carried correction trains -0.0022 against exact, the cold start +0.0040
-# (lab/2026-12-06-carried-multiplier); carrying the multiplier itself, not its correction to N(G), +0.0041
+# carry=True: on hetero (3 seeds, 500 steps) the carried correction trains -0.0022 against exact (95% interval
+# [-0.0079, +0.0036]: unresolved), the cold start +0.0040 (lab/2026-12-06-carried-multiplier); carrying the
+# multiplier itself, not its correction to N(G), +0.0041
 OPTIONS = {**SPLIT_OPTIONS, "degree": 8, "square": "joint", "refine": 0, "carry": True, "carry_step": 0.5}
 # The damping of a refinement step: 0.5 and 0.7 take the certified gap of a trained DGram MLP's joint direction from
 # 0.022 to 0.011-0.012 in one step, 0.3 to 0.015; two steps at 0.5 reach 0.009, at 0.7 0.011 (exact msigns)
