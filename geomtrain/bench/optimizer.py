@@ -164,7 +164,7 @@ def bench_optimizer(
 ) -> dict:
     """Run the optimizer benchmark; returns ``{"matrices": [...], "layers": [...], "config": {...}}``.
 
-    (Its 14-argument signature takes a quarter of its length; the body is one loop over shapes.)
+    (Long because its 14-argument signature takes a quarter of it; the body is one loop over shapes.)
 
     ``solvers``: arms of `solver_arms` (default: all of them; with ``custom_mask`` those that take a custom
     mask). ``shapes`` is a sequence of ``(name, (out, in))`` (default: one GPT-2-small layer).

@@ -138,57 +138,7 @@ def add_study_parser(subparsers) -> argparse.ArgumentParser:
         help=f"comma-separated presets (default: the suite's); valid: {', '.join(PRESETS)}",
     )
     _add(p, rec, "--sweep", default=None, metavar="KEY=V1,V2", help="run every preset at every value of a config key")
-    _add(
-        p,
-        rec,
-        "--solvers",
-        default=None,
-        help="comma-separated Muon solvers, one arm each for the constrained presets ('default' is the "
-        "optimizer's default; another S makes arm PRESET+S), e.g. default,exact",
-    )
-    _add(
-        p,
-        rec,
-        "--tune",
-        action="append",
-        default=[],
-        metavar="[PRESET:]KEY=V1,V2,V3",
-        help="tune every arm on its own: a grid on the selection seeds at --tune-fraction of the horizon "
-        "(grown at an edge until the best is interior), then each arm at its best value on --seeds "
-        "(repeatable; PRESET: for one preset's arms, e.g. adamw:lr=3e-4,6e-4,1.2e-3)",
-    )
-    _add(
-        p,
-        rec,
-        "--select-seeds",
-        default="1",
-        help="--tune: selection seeds, a count (2 -> 1000,1001) or a list; disjoint from --seeds (default: 1)",
-    )
-    _add(p, rec, "--tune-fraction", type=float, default=0.5, help="--tune: selection horizon / --iters (default: 0.5)")
-    _add(
-        p,
-        rec,
-        "--tune-max-extend",
-        type=int,
-        default=2,
-        help="--tune: points a grid may grow by at its edges (default: 2)",
-    )
-    _add(
-        p,
-        rec,
-        "--reference",
-        default="unconstrained",
-        help="paired comparisons: each arm against this arm, or +SOLVER (each PRESET against PRESET+SOLVER), "
-        "comma-separated for several (default: unconstrained)",
-    )
-    _add(
-        p,
-        rec,
-        "--delta",
-        type=float,
-        default=0.005,
-        help="paired comparisons: 'level' when the 95%% interval lies within ±DELTA (default: 0.005)",
-    )
+    _add_comparison_options(p, rec)
     _add(p, rec, "--bounds", default=None, help="bounded suite: comma-separated column-norm bounds (default: 1,2)")
     _add(p, rec, "--seeds", default="1", help="number of seeds (3 -> 0,1,2) or a list (0,5,7); default 1")
     _add(p, rec, "--iters", type=int, default=None, help="training iterations per run (default: the model's max_iters)")
@@ -243,6 +193,19 @@ def add_study_parser(subparsers) -> argparse.ArgumentParser:
     _add_compare_parser(modes)
     _add_pack_parsers(modes)
     return p
+
+
+def _add_comparison_options(p: argparse.ArgumentParser, rec: list) -> None:
+    """Arms, tuning and the paired statistics (docs/studies.md has the whole protocol)."""
+    g = p.add_argument_group("fair comparisons (docs/studies.md)")
+    _add(g, rec, "--solvers", default=None, help="Muon solvers, one arm each (default,exact -> hetero, hetero+exact)")
+    tune_help = "tune each arm on its own grid on --select-seeds, then confirm on --seeds (repeatable)"
+    _add(g, rec, "--tune", action="append", default=[], metavar="[PRESET:]KEY=V1,V2,V3", help=tune_help)
+    _add(g, rec, "--select-seeds", default="1", help="--tune: a count (2 -> 1000,1001) or a list (default: 1)")
+    _add(g, rec, "--tune-fraction", type=float, default=0.5, help="--tune: selection horizon / --iters (default: 0.5)")
+    _add(g, rec, "--tune-max-extend", type=int, default=2, help="--tune: points a grid may grow by (default: 2)")
+    _add(g, rec, "--reference", default="unconstrained", help="an arm, or +SOLVER, or both: what arms pair with")
+    _add(g, rec, "--delta", type=float, default=0.005, help="'level' within ±DELTA (default: 0.005)")
 
 
 def _check_study_args(args) -> None:
