@@ -58,6 +58,7 @@ from .sharding import (
     set_rng_state,
     shard_model,
 )
+from .slow_paths import slow_path_notes
 
 __all__ = [
     "Trainer",
@@ -436,8 +437,8 @@ def train(
             print_fn(f"no checkpoint in {folder.path} yet: starting from step 0")
         if cfg.fsdp and not trainer.ddp:
             folder.notes.append("fsdp runs under torchrun; in one process it only keeps the checkpoints DCP")
-        if master:
-            for note in folder.notes:
+        if master:  # the folder's notes, then one line per slow path of a custom mask (geomtrain.slow_paths)
+            for note in [*folder.notes, *slow_path_notes(trainer.assignments, dict(trainer.model.named_parameters()))]:
                 print_fn(f"note: {note}")
         status = _start_and_loop(trainer, folder, resume, print_fn)
     finally:
