@@ -1,13 +1,16 @@
-"""The README's "By hand" block and the guides' `geomtrain` lines run as written, in order.
+"""The README's "By hand" block and every guide's `geomtrain` lines run as written, in order.
 
-Each document is walked top to bottom in its own scratch folder: a git repository holding only the
-project's `.gitignore`, with `.venv` linked to this interpreter's environment (as after
-`make setup`) and the `data/` folders of the previous walk (a reader of the guides has followed the
-README). Every command line runs in bash exactly as written, with smaller sizes appended
-(`SMALL_FLAGS`), and must exit with 0, or with the code its comment documents (`... (exit 2)`).
-The README walk sees PATH without the environment (it is not activated); the guides, which write
-bare `geomtrain`, see it first on PATH. After each walk, `git status` may show no new untracked
-file: everything a command writes must land under a git-ignored folder.
+The guides are every page of docs/ with a ```bash block that invokes geomtrain (`guides`), each walked
+top to bottom (one test each) in its own scratch folder: a git repository holding only the project's
+`.gitignore`, with `.venv` linked to this interpreter's environment (as after `make setup`), the files of
+the checkout a page's commands name (`CHECKOUT_FILES`), and, for a guide, the `data/` folders that the
+README and the training guide prepare (`make demo`'s data/classics-bpe8k and data/classics: a reader of
+the guides has followed the README). The README walk starts without data. Every command line runs in
+bash exactly as written, with smaller sizes appended (`SMALL_FLAGS`), and must exit with 0, or with the
+code its comment documents (`... (exit 2)`). The README walk sees PATH without the environment (it is not
+activated); the guides, which write bare `geomtrain`, see it first on PATH. After each walk, `git status`
+may show no new untracked file: everything a command writes must land under a git-ignored folder, or
+under docs/results/ where a reproduction command rebuilds a committed study (`COMMITTED_OUTPUTS`).
 """
 
 from __future__ import annotations
@@ -34,6 +37,10 @@ SMALL_FLAGS = {
     "sample": "--max-new-tokens 4",
     "bench optimizer": "--shapes 32x16 --repeats 1 --quiet",
     "bench train": "--steps 1 --warmup 0 --batch-size 2 --presets adamw,hetero --quiet",
+    "study": "--model tiny --seeds 1 --iters 2 --jobs 1 --probe-iters 1 --quiet --set block_size=16 "
+    "--set batch_size=2 --set eval_iters=1 --set eval_interval=1 --set diag_batch_size=2",
+    "study overhead": "--model tiny --steps 1 --warmup 0 --set block_size=16 --set batch_size=2",
+    "study compare": "",  # reads study folders: nothing to make smaller
 }
 
 # Lines that cannot run here, each with its reason; an entry that matches no line fails the test.
@@ -45,23 +52,36 @@ SKIPPED = {
     "geomtrain study pack": "needs a study's runs folder (hours of training); tests/test_study_pack.py",
     "geomtrain study unpack": "needs the archive of the skipped `study pack` line; tests/test_study_pack.py",
     "geomtrain study ...": "stands for the study's own command",
+    "exact=docs/results/main-exact": "compares with docs/results/main-exact, which no walked line makes "
+    "(lab/2026-12-01-study-suites main-exact: hours)",
 }
 
 # Files the guides assume the reader wrote (docs/training.md shows this example of my.toml).
 READER_FILES = {"docs/training.md": {"my.toml": 'preset = "all-stiefel"\n'}}
+# Files of the checkout a page's commands use, copied into its scratch folder.
+CHECKOUT_FILES = {"docs/custom-manifold.md": ("docs/examples",)}
+# Where a page's command may write files that git does not ignore: the committed studies it rebuilds.
+COMMITTED_OUTPUTS = ("docs/results/",)
+# The guides walked first, in a reader's order (the training guide prepares data/classics); the rest follow
+# alphabetically.
+READING_ORDER = ("docs/training.md", "docs/runs.md")
+# What the guides assume prepared: `make demo`'s data (the README's first line) and the training guide's.
+PREPARED = ("prepare --tokenizer bpe8k", "prepare")
 
 INVOCATION = re.compile(r"^(\S+=\S+\s+)*(\.venv/bin/)?(geomtrain|torchrun|python3? -m geomtrain)\b")
 
 
-def code_blocks(text: str) -> list[list[tuple[int, str]]]:
-    """The fenced code blocks of a Markdown text, as lists of (line number, line)."""
-    blocks, current = [], None
+def code_blocks(text: str, language: str | None = None) -> list[list[tuple[int, str]]]:
+    """The fenced code blocks of a Markdown text (those opened with ``` + ``language`` where given), as lists
+    of (line number, line)."""
+    blocks, current, wanted = [], None, True
     for number, line in enumerate(text.splitlines(), 1):
         if line.startswith("```"):
             if current is None:
-                current = []
+                current, wanted = [], language is None or line[3:].strip() == language
             else:
-                blocks.append(current)
+                if wanted:
+                    blocks.append(current)
                 current = None
         elif current is not None:
             current.append((number, line))
@@ -106,15 +126,23 @@ def readme_commands() -> list[tuple[int, str]]:
 
 
 def guide_commands(name: str) -> list[tuple[int, str]]:
-    """The lines of a guide's code blocks that invoke geomtrain (directly or under torchrun)."""
+    """The lines of a guide's ```bash blocks that invoke geomtrain (directly or under torchrun)."""
     text = (REPO / name).read_text()
-    return [(n, line) for block in code_blocks(text) for n, line in joined_lines(block) if INVOCATION.match(line)]
+    blocks = code_blocks(text, "bash")
+    return [(n, line) for block in blocks for n, line in joined_lines(block) if INVOCATION.match(line)]
+
+
+def guides() -> list[str]:
+    """Every page of docs/ with a runnable geomtrain line: `READING_ORDER` first, then alphabetically."""
+    pages = sorted(str(p.relative_to(REPO)) for p in (REPO / "docs").rglob("*.md") if guide_commands(p))
+    return [page for page in READING_ORDER if page in pages] + [page for page in pages if page not in READING_ORDER]
 
 
 def subcommand(words: list[str]) -> str:
-    """`train`, `eval`, `bench train`, ...: the words after the geomtrain invocation."""
+    """`train`, `eval`, `bench train`, `study`, `study overhead`, ...: the words after the geomtrain invocation."""
     i = next(i for i, w in enumerate(words) if w == "geomtrain" or w.endswith("/geomtrain"))
-    return " ".join(words[i + 1 : i + 3]) if words[i + 1] == "bench" else words[i + 1]
+    two = " ".join(words[i + 1 : i + 3])
+    return two if words[i + 1] == "bench" or two in SMALL_FLAGS else words[i + 1]
 
 
 def shrunk(command: str) -> str:
@@ -138,12 +166,17 @@ def untracked(folder: Path) -> set[str]:
     return {line[3:] for line in out.stdout.splitlines() if line.startswith("??")}
 
 
-def scratch_clone(folder: Path, data_from: Path | None) -> Path:
-    """A git repository with the project's .gitignore, `.venv` (linked) and a copy of data/."""
+def scratch_clone(folder: Path, doc: str, data_from: Path | None) -> Path:
+    """A git repository with the project's .gitignore, `.venv` (linked), the checkout's files ``doc`` uses
+    (`CHECKOUT_FILES`) and a copy of data/."""
     folder.mkdir()
     subprocess.run(["git", "init", "-q"], cwd=folder, check=True)
     shutil.copy(REPO / ".gitignore", folder / ".gitignore")
-    (folder / ".git" / "info" / "exclude").write_text("/.venv\n/.gitignore\n")  # the checkout's own files
+    own = ["/.venv", "/.gitignore"]  # the checkout's own files
+    for name in CHECKOUT_FILES.get(doc, ()):
+        shutil.copytree(REPO / name, folder / name)
+        own.append(f"/{name}")
+    (folder / ".git" / "info" / "exclude").write_text("".join(f"{name}\n" for name in own))
     (folder / ".venv").symlink_to(sys.prefix)
     if data_from is not None and (data_from / "data").is_dir():
         shutil.copytree(data_from / "data", folder / "data", copy_function=os.link)
@@ -174,29 +207,90 @@ def walk(doc: str, commands: list[tuple[int, str]], folder: Path, path_env: str,
         if result.returncode != expected:
             tail = "\n    ".join((result.stdout + result.stderr).strip().splitlines()[-8:])
             failures.append(f"{doc}:{number}: `{run}` exited {result.returncode}, expected {expected}:\n    {tail}")
-    left = sorted(untracked(folder) - before)
+    left = sorted(f for f in untracked(folder) - before if not f.startswith(COMMITTED_OUTPUTS))
     if left:
         failures.append(f"{doc}: the walk left files that git does not ignore: {', '.join(left)}")
     return failures
 
 
-@pytest.mark.slow
-@pytest.mark.skipif(shutil.which("git") is None, reason="needs git for the untracked-file check")
-def test_documented_commands_run_as_written(tmp_path):
+def paths() -> tuple[str, str]:
+    """PATH without this environment's bin (the README: not activated) and with it first (the guides)."""
     without_venv = os.pathsep.join(p for p in os.environ["PATH"].split(os.pathsep) if Path(p) != VENV_BIN)
-    activated = os.pathsep.join([str(VENV_BIN), without_venv])
-    walks = [
-        ("README.md", readme_commands(), without_venv),
-        ("docs/training.md", guide_commands("docs/training.md"), activated),
-        ("docs/runs.md", guide_commands("docs/runs.md"), activated),
-    ]
-    all_lines = [line for _, commands, _ in walks for _, line in commands]
-    assert not [key for key in SKIPPED if not any(key in line for line in all_lines)], "stale SKIPPED entries"
-    failures, skipped, previous = [], [], None
-    for doc, commands, path_env in walks:
-        assert commands, f"no commands found in {doc}"
-        folder = scratch_clone(tmp_path / Path(doc).stem, previous)
-        failures += walk(doc, commands, folder, path_env, skipped)
-        previous = folder
+    return without_venv, os.pathsep.join([str(VENV_BIN), without_venv])
+
+
+@pytest.fixture(scope="module")
+def prepared(tmp_path_factory) -> Path:
+    """A folder whose data/ holds what the guides assume prepared (`PREPARED`), made by the CLI."""
+    folder = tmp_path_factory.mktemp("prepared")
+    env = {**os.environ, "PATH": paths()[1], "OMP_NUM_THREADS": "1"}
+    for command in PREPARED:
+        subprocess.run(["bash", "-c", f"geomtrain {command}"], cwd=folder, env=env, check=True, capture_output=True)
+    return folder
+
+
+def run_walk(doc: str, commands: list[tuple[int, str]], folder: Path, path_env: str) -> None:
+    """Walk ``doc`` in ``folder``; print the skipped lines and fail on any failure."""
+    assert commands, f"no commands found in {doc}"
+    skipped: list[str] = []
+    failures = walk(doc, commands, folder, path_env, skipped)
     print("\n".join(skipped))
     assert not failures, "\n".join(failures)
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(shutil.which("git") is None, reason="needs git for the untracked-file check")
+def test_readme_commands_run_as_written(tmp_path):
+    run_walk("README.md", readme_commands(), scratch_clone(tmp_path / "README", "README.md", None), paths()[0])
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(shutil.which("git") is None, reason="needs git for the untracked-file check")
+@pytest.mark.parametrize("doc", guides())
+def test_guide_commands_run_as_written(doc, prepared, tmp_path):
+    folder = scratch_clone(tmp_path / Path(doc).stem, doc, prepared)
+    run_walk(doc, guide_commands(doc), folder, paths()[1])
+
+
+def test_every_skipped_line_is_still_in_a_walked_page():
+    lines = [line for _, line in readme_commands()] + [line for doc in guides() for _, line in guide_commands(doc)]
+    assert not [key for key in SKIPPED if not any(key in line for line in lines)], "stale SKIPPED entries"
+
+
+def test_every_page_with_runnable_commands_is_walked():
+    # issue 53: the walk covered the README and two guides, not docs/custom-manifold.md (whose line failed)
+    walked = guides()
+    assert {"docs/training.md", "docs/runs.md", "docs/custom-manifold.md", "docs/manifold-muon.md"} <= set(walked)
+    assert walked[: len(READING_ORDER)] == list(READING_ORDER)
+    assert "docs/contributing.md" not in walked  # its diagrams name geomtrain in plain blocks, not ```bash ones
+
+
+def test_custom_manifold_command_runs_after_make_demo():
+    # issue 53: it used the default data folder, which `make demo` does not prepare, and the default out-dir,
+    # which the README's first train line takes
+    demo = (REPO / "Makefile").read_text().split("\ndemo:")[1].split("\n\n")[0]
+    assert "prepare --tokenizer bpe8k" in demo and PREPARED[0] == "prepare --tokenizer bpe8k"
+    (line,) = [line for _, line in guide_commands("docs/custom-manifold.md") if "block_gram" in line]
+    words = shlex.split(line)
+    assert words[words.index("--data-dir") + 1] == "data/classics-bpe8k"
+    out = words[words.index("--out-dir") + 1]
+    others = [line for _, line in readme_commands()] + [
+        line for doc in READING_ORDER for _, line in guide_commands(doc)
+    ]
+    assert out not in demo and not any(f"--out-dir {out}" in other for other in others)
+
+
+def test_the_readme_rules_example_is_no_preset():
+    # issue 53: `--rule '*.attn.*=stiefel' --rule '*.mlp.*=dgram'` was exactly `hetero`: one curve hid the other
+    from geomtrain.assign import PRESETS, assign, is_gpt_matrix
+    from geomtrain.model import GPT, model_config
+
+    (line,) = [line for _, line in readme_commands() if "--rule" in line and "runs/rules" in line]
+    words = shlex.split(split_comment(line)[0])
+    rules = [words[i + 1] for i, w in enumerate(words) if w == "--rule"]
+    named = list(GPT(model_config("tiny")).named_parameters())
+
+    def table(preset, rules=()):
+        return [(a.name, a.optimizer, a.manifold_name) for a in assign(named, preset, rules, eligible=is_gpt_matrix)]
+
+    assert all(table("hetero", rules) != table(preset) for preset in PRESETS)
