@@ -17,7 +17,9 @@ MAX_FUNCTION_LINES = 60
 # a stated reason, a phrase that introduces one: "Long because <reason>", "<reason>: longer than 60 lines
 # on purpose", "<reason>, hence the length", "just over 60 lines"; a docstring that merely contains
 # "long" or "length" is not a reason
-REASON = re.compile(r"(?i)\blong(?:er)?(?:\s+only)?\s+because\s+\w+|\w+[^.]*\bon purpose\b|\w+[^.]*, hence the length|just over 60 lines")
+REASON = re.compile(
+    r"(?i)\blong(?:er)?(?:\s+only)?\s+because\s+\w+|\w+[^.]*\bon purpose\b|\w+[^.]*, hence the length|just over 60 lines"
+)
 
 
 def _modules() -> dict[str, Path]:
