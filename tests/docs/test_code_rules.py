@@ -18,7 +18,8 @@ MAX_FUNCTION_LINES = 60
 # on purpose", "<reason>, hence the length", "just over 60 lines"; a docstring that merely contains
 # "long" or "length" is not a reason
 REASON = re.compile(
-    r"(?i)\blong(?:er)?(?:\s+only)?\s+because\s+\w+|\w+[^.]*\bon purpose\b|\w+[^.]*, hence the length|just over 60 lines"
+    r"(?i)\blong(?:er)?(?:\s+only)?\s+because\s+\w+"
+    r"|\w+[^.]*\bon purpose\b|\w+[^.]*, hence the length|just over 60 lines"
 )
 
 
