@@ -17,9 +17,10 @@ Each property draws a case (shape, dtype, seed) with Hypothesis, builds a point 
 
 **Tolerances** (`TOLERANCE`): float64 ``1e-9``, float32 ``2e-4``, relative to the scale
 of the quantities compared (``max(1, |x|)``). Justification: every property composes at most a
-few Gram products, one thin SVD or one small dense solve on matrices with $n \le 16$ columns
-whose condition number stays below $e^{3} \approx 20$ (column norms are drawn log-normal), so
-the rounding error is about $n \kappa\, \varepsilon$: $16 \cdot 20 \cdot 2.2\times10^{-16}
+few Gram products, one thin SVD or one conjugate-gradient solve (to a relative residual of
+$10^{-6}$ in float32, $10^{-12}$ in float64: `manifolds.gram_solve.CG_RTOL`) on matrices with
+$n \le 16$ columns whose condition number stays below $e^{3} \approx 20$ (column norms are drawn
+log-normal), so the rounding error is about $n \kappa\, \varepsilon$: $16 \cdot 20 \cdot 2.2\times10^{-16}
 \approx 7\times10^{-14}$ in float64 and $16 \cdot 20 \cdot 1.2\times10^{-7} \approx
 4\times10^{-5}$ in float32; the tolerances leave a margin of about $10^4$ and $5$. A real bug
 (a wrong projection, a retraction that moves points) produces errors of order $10^{-2}$ to $1$.
@@ -236,7 +237,7 @@ def tangent_space_is_kernel(case: Case) -> None:
 
 
 def proju_matches_generic_solve(case: Case) -> None:
-    """A closed-form proju equals the base class's generic solve of P(GS + SG) = L(U)."""
+    """A closed-form proju equals the base class's generic solve of P(GS + SG) = L(U) (conjugate gradients)."""
     M = case.manifold
     generic = GramManifold.proju(M, case.x, case.z)
     _close(M.proju(case.x, case.z), generic, case.tol, "closed-form vs generic proju", case)
