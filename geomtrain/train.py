@@ -2,25 +2,24 @@
 
 Two layers:
 
-- `Trainer` holds model, data, optimizers and the step counter. ``trainer.step()`` runs one
-  training step in named phases (schedule, forward/backward, non-finite check, clip, optimizers)
-  and returns a `StepResult`; ``evaluate()``, ``diagnostics()``, ``state_dict()`` /
-  ``load_state_dict()`` complete it. It writes no files: benchmarks drive it directly.
-- `train(config)` is the loop over a `Trainer` and a `geomtrain.runfolder.RunFolder` (all files):
-  log, evaluate, checkpoint, detect divergence, stop on SIGINT/SIGTERM at a step boundary.
+- `Trainer` holds model, data, optimizers and the step counter. ``trainer.step()`` runs one training step in
+  named phases (schedule, forward/backward, non-finite check, clip, optimizers) and returns a `StepResult`;
+  ``evaluate()``, ``diagnostics()``, ``state_dict()`` / ``load_state_dict()`` complete it. It writes no files:
+  benchmarks drive it directly.
+- `train(config)` is the loop over a `Trainer` and a `geomtrain.runfolder.RunFolder` (all files): log,
+  evaluate, checkpoint, detect divergence, stop on SIGINT/SIGTERM at a step boundary.
 
-**Non-finite policy.** A non-finite loss or gradient (anywhere, after the DDP all-reduce) is
-detected *before* clipping and before any optimizer: the whole step is skipped (no weight, no
-momentum, no Adam moment changes), counted (``skipped`` in the train record, ``n_skipped`` in
-the status) and the step counter moves on, so the batches stay a function of the step.
-``nonfinite_patience`` skipped steps in a row mark the run diverged.
+**Non-finite policy.** A non-finite loss or gradient (anywhere, after the DDP all-reduce) is detected
+*before* clipping and before any optimizer: the whole step is skipped (no weight, no momentum, no Adam
+moment changes), counted (``skipped`` in the train record, ``n_skipped`` in the status) and the step counter
+moves on, so the batches stay a function of the step. ``nonfinite_patience`` skipped steps in a row mark the
+run diverged.
 
-Batches are a pure function of ``(seed, step, rank)`` (`geomtrain.data.get_batch`), so a resumed
-run sees exactly the batches the uninterrupted run would have seen and continues bit-exactly.
-Under ``torchrun`` the run is DDP (gloo on CPU, nccl on GPU), or with ``fsdp`` FSDP2
-(`geomtrain.sharding`: parameters, gradients and optimizer state sharded; DCP checkpoints);
-rank 0 writes the outputs. Every collective (the non-finite check, clipping, evaluation, the
-diagnostics' gathers) runs on every rank.
+Batches are a pure function of ``(seed, step, rank)`` (`geomtrain.data.get_batch`), so a resumed run sees
+exactly the batches the uninterrupted run would have seen and continues bit-exactly. Under ``torchrun`` the
+run is DDP (gloo on CPU, nccl on GPU), or with ``fsdp`` FSDP2 (`geomtrain.sharding`: parameters, gradients
+and optimizer state sharded; DCP checkpoints); rank 0 writes the outputs. Every collective (the non-finite
+check, clipping, evaluation, the diagnostics' gathers) runs on every rank.
 """
 
 from __future__ import annotations
@@ -29,6 +28,7 @@ import contextlib
 import math
 import os
 import time
+import warnings
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
@@ -393,9 +393,7 @@ class Trainer:
         except OSError as exc:
             error = exc
         if any_rank(error is not None):
-            raise error or CheckpointError(
-                f"rank 0 could not write {folder.file('ckpt.pt')}; the last checkpoint is kept"
-            )
+            raise error or CheckpointError(f"rank 0 could not write {folder.file('ckpt.pt')}; the last one is kept")
 
 
 # ----------------------------------------------------------------------------- the loop
@@ -429,7 +427,10 @@ def train(
                 folder, trainer.model, {"adamw": trainer.adamw, "muon": trainer.muon}, trainer.device
             )
             folder.check_resume_config(cfg.to_dict(), ckpt.get("config"), allow_config_change)
-            trainer.load_state_dict(ckpt)
+            with warnings.catch_warnings(record=True) as caught:  # e.g. a matrix whose warm start is damaged
+                warnings.simplefilter("always", RuntimeWarning)
+                trainer.load_state_dict(ckpt)
+            folder.notes += [str(w.message) for w in caught]  # each a one-line note
             del ckpt
             folder.truncate_logs(trainer.steps_done)
             print_fn(f"resuming {folder.path} from step {trainer.steps_done}")

@@ -113,6 +113,7 @@ from .muon_dist import CommCount, owners, reduce_stats, share, share_bucketed
 from .muon_fsdp import (
     agree,
     check_sharded,
+    cold_slot,
     drop_placeholders,
     local_grad,
     placeholder_slots,
@@ -475,7 +476,8 @@ class ManifoldMuon(torch.optim.Optimizer):
         """Restore momentum, dual variables and hyperparameters; manifolds stay those of this optimizer
         (a saved group whose manifold class differs is refused). Under FSDP2 (a collective: every rank calls it)
         whole plain tensors are sharded and placeholders dropped (`geomtrain.optim.muon_fsdp.settle_loaded`); an
-        unsharded optimizer drops the placeholders of a state an FSDP2 run saved (`drop_placeholders`)."""
+        unsharded optimizer drops the placeholders of a state an FSDP2 run saved (`drop_placeholders`). A warm-start
+        slot holding a NaN or Inf (damaged) is dropped too: that matrix starts cold, with a RuntimeWarning naming it."""
         state_dict = dict(state_dict)
         first = state_dict["param_groups"][0] if state_dict["param_groups"] else {}
         total = state_dict.pop("n_skipped_nonfinite_total", first.get("n_skipped_nonfinite_total", 0))
@@ -500,10 +502,17 @@ class ManifoldMuon(torch.optim.Optimizer):
             groups.append(saved)
         state_dict["param_groups"] = groups
         super().load_state_dict(state_dict)
+        named = [
+            (_param_name(g, gi, pi), p, g)
+            for gi, g in enumerate(self.param_groups)
+            for pi, p in enumerate(g["params"])
+            if p in self.state
+        ]
         if self.mesh is not None:
-            params = [(p, g) for g in self.param_groups for p in g["params"]]
-            settle_loaded([(p, g, self._manifold_of[id(p)], self.state[p]) for p, g in params if p in self.state])
+            cold = settle_loaded([(p, g, self._manifold_of[id(p)], self.state[p]) for _, p, g in named])
         else:  # an FSDP2 run's state loaded whole: its placeholders for missing warm-start slots go
-            drop_placeholders(list(self.state.values()))
+            cold = drop_placeholders([self.state[p] for _, p, _ in named])
+        for i, slot in cold:  # a damaged warm-start slot: that matrix starts cold, said in one line
+            warnings.warn(cold_slot(named[i][0], slot), RuntimeWarning, stacklevel=2)
         self.n_skipped_nonfinite_total = int(total)
         self.step_count = int(steps)

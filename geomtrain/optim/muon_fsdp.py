@@ -65,6 +65,7 @@ __all__ = [
     "placeholder_slots",
     "settle_loaded",
     "drop_placeholders",
+    "cold_slot",
 ]
 
 SUPPORTED = (
@@ -339,12 +340,14 @@ def placeholder_slots(p: DTensor, group: dict, manifold, entry: dict) -> dict:
     return out
 
 
-def settle_loaded(entries: list[tuple]) -> None:
+def settle_loaded(entries: list[tuple]) -> list[tuple[int, str]]:
     """Loaded state entries ``(p, group, manifold, state)`` as this optimizer keeps them, in place (every rank
     calls it): a momentum or warm-start matrix given whole as a plain tensor (a loader of whole tensors, a
     ``.pt`` checkpoint) becomes this rank's rows as a DTensor; flags go back to uint8 (``Optimizer.load_state_dict``
-    casts them to the parameter's dtype); `placeholder_slots`' placeholders are dropped: a matrix slot with a
-    NaN on any rank (ONE all-reduce), a flag holding `PLACEHOLDER_FLAG`."""
+    casts them to the parameter's dtype); a matrix slot that is not finite on some rank is dropped (ONE
+    all-reduce): `placeholder_slots`' placeholders (NaN throughout) and damaged slots (a NaN or Inf among finite
+    entries: that matrix starts cold); a flag holding `PLACEHOLDER_FLAG` too. Returns ``(entry index, slot)``
+    of the damaged ones (`cold_slot`)."""
     rank, world = dist.get_rank(), dist.get_world_size()
 
     def rows(t: torch.Tensor, shape: tuple, what: str) -> torch.Tensor:
@@ -353,7 +356,7 @@ def settle_loaded(entries: list[tuple]) -> None:
         return _rows(t, rank, world)
 
     matrix = []
-    for p, group, manifold, st in entries:
+    for i, (p, group, manifold, st) in enumerate(entries):
         buf = st.get("momentum_buffer")
         if buf is not None and not is_dtensor(buf):
             st["momentum_buffer"] = sharded_like(p, rows(buf.to(p.device, p.dtype), p.shape, "momentum_buffer"))
@@ -362,26 +365,40 @@ def settle_loaded(entries: list[tuple]) -> None:
             if k in st and not is_dtensor(st[k]):
                 st[k] = _sharded(rows(st[k].to(p.device, d), s, k), p.device_mesh, s)
             if k in st:
-                matrix.append((st, k))
+                matrix.append((i, st, k))
         for k, _, d in flags:
             if k in st and bool((st[k] == PLACEHOLDER_FLAG).any()):
                 st.pop(k)
             elif k in st:
                 st[k] = st[k].to(d)
-    finite = agree([~torch.isnan(st[k].to_local()).any() for st, k in matrix], CommCount())
-    for (st, k), ok in zip(matrix, finite):
-        if not ok:
+    local = [st[k].to_local() for _, st, k in matrix]
+    checks = agree([torch.isfinite(t).all() for t in local] + [torch.isnan(t).all() for t in local], CommCount())
+    damaged = []
+    for (i, st, k), finite, placeholder in zip(matrix, checks, checks[len(matrix) :]):
+        if not finite:
             st.pop(k)
+            damaged += [] if placeholder else [(i, k)]
+    return damaged
 
 
-def drop_placeholders(entries: list[dict]) -> None:
-    """Drop, in place, `placeholder_slots`' placeholders from state entries loaded into an unsharded optimizer
-    (one process, DDP: a checkpoint an FSDP2 run wrote, loaded whole): a warm-start slot holding a NaN or
-    `PLACEHOLDER_FLAG` (a flag slot is one value per matrix, a vector, in whatever dtype
-    ``Optimizer.load_state_dict`` cast it to). The momentum buffer is never a placeholder."""
-    for entry in entries:
+def drop_placeholders(entries: list[dict]) -> list[tuple[int, str]]:
+    """Drop, in place, the warm-start slots an unsharded optimizer cannot start from, from loaded state entries
+    (one process, DDP; a checkpoint an FSDP2 run wrote is loaded whole): `placeholder_slots`' placeholders (a
+    matrix slot NaN throughout; a flag slot, one value per matrix in whatever dtype ``Optimizer.load_state_dict``
+    cast it to, holding `PLACEHOLDER_FLAG`) and damaged matrix slots (a NaN or Inf among finite entries: that
+    matrix starts cold). The momentum buffer is never dropped. Returns ``(entry index, slot)`` of the damaged
+    ones (`cold_slot`)."""
+    damaged = []
+    for i, entry in enumerate(entries):
         for key in [k for k, v in entry.items() if isinstance(v, torch.Tensor) and k != "momentum_buffer"]:
             v = entry[key]
             flag = v.dim() == 1 and bool((v == PLACEHOLDER_FLAG).any())
-            if flag or (v.is_floating_point() and bool(torch.isnan(v).any())):
+            if flag or (v.is_floating_point() and not bool(torch.isfinite(v).all())):
                 entry.pop(key)
+                damaged += [] if flag or bool(torch.isnan(v).all()) else [(i, key)]
+    return damaged
+
+
+def cold_slot(name: str, slot: str) -> str:
+    """The notice of a damaged warm-start slot dropped at load (`settle_loaded`, `drop_placeholders`)."""
+    return f"ManifoldMuon: the saved warm-start state {slot!r} of {name} is not finite; that matrix starts cold"

@@ -10,6 +10,8 @@ batch 4, 12 steps, a checkpoint (and an evaluation) every 4 steps.
 from __future__ import annotations
 
 import errno
+import hashlib
+import io
 import json
 import math
 import os
@@ -180,6 +182,21 @@ def snapshot(run) -> dict[str, bytes]:
 
 def temp_files(run) -> list[str]:
     return sorted(p.name for p in Path(run).iterdir() if ".tmp." in p.name)
+
+
+def rewrite_checkpoint(run, change) -> None:
+    """``change(state)`` applied to ``run/ckpt.pt``, saved back with ``ckpt.json``'s sha256 to match: a checkpoint
+    that verifies (as if saved so), not a corrupted file."""
+    run = Path(run)
+    state = torch.load(run / "ckpt.pt", weights_only=False)
+    change(state)
+    buf = io.BytesIO()
+    torch.save(state, buf)
+    data = buf.getvalue()
+    (run / "ckpt.pt").write_bytes(data)
+    manifest = json.loads((run / "ckpt.json").read_text())
+    manifest.update(sha256=hashlib.sha256(data).hexdigest(), bytes=len(data))
+    (run / "ckpt.json").write_text(json.dumps(manifest))
 
 
 # ----------------------------------------------------------------------------- session fixtures

@@ -3,7 +3,9 @@ rank, the repository on ``PYTHONPATH``: the one launcher of the distributed test
 
 from __future__ import annotations
 
+import contextlib
 import os
+import signal
 import subprocess
 import sys
 from pathlib import Path
@@ -29,3 +31,33 @@ def run_ranks(ranks: int, script, *args, timeout: float = 300) -> subprocess.Com
     proc = subprocess.run(cmd, env=worker_env(), capture_output=True, text=True, timeout=timeout)
     assert proc.returncode == 0, proc.stderr[-4000:]
     return proc
+
+
+def processes_of(marker) -> list[int]:
+    """The running processes whose command line names ``marker`` (a job's run folder: torchrun and its ranks;
+    each rank runs in a session of its own and outlives torchrun when torchrun gives up on it)."""
+    return [
+        int(cmdline.parent.name)
+        for cmdline in Path("/proc").glob("[0-9]*/cmdline")
+        if str(marker).encode() in _read(cmdline) and _running(int(cmdline.parent.name))
+    ]
+
+
+def kill_processes_of(marker) -> None:
+    """SIGKILL `processes_of` ``marker``: a hung rank must not outlive its test."""
+    for pid in processes_of(marker):
+        with contextlib.suppress(OSError):
+            os.kill(pid, signal.SIGKILL)
+
+
+def _running(pid: int) -> bool:
+    """Whether ``pid`` still runs (a zombie waiting for its parent does not)."""
+    with contextlib.suppress(OSError, IndexError):
+        return Path(f"/proc/{pid}/stat").read_text().rpartition(")")[2].split()[0] != "Z"
+    return False
+
+
+def _read(path: Path) -> bytes:
+    with contextlib.suppress(OSError):
+        return path.read_bytes()
+    return b""

@@ -386,6 +386,45 @@ def test_a_non_finite_warm_start_state_is_never_kept(monkeypatch):
     assert opt.last_stats["n_unconverged"] == 0 and bool(torch.isfinite(opt.state[a]["dual"]).all())
 
 
+def test_a_damaged_warm_start_slot_loaded_starts_that_matrix_cold():
+    # A NaN or an Inf among the finite entries of a saved warm-start slot (filled_split's carried correction): the
+    # load drops it with one RuntimeWarning naming the matrix, which starts cold (before, an Inf reached the
+    # solver, which refused it at every step); an FSDP placeholder (NaN throughout) goes silently; the other
+    # matrices keep theirs and the next step runs.
+    from geomtrain.optim.muon_fsdp import cold_slot
+
+    gen = seeded(41)
+    start = [Stiefel().random(24, 8, generator=gen) for _ in range(4)]
+    names = ["has_inf", "has_nan", "placeholder", "kept"]
+
+    def make():
+        params = [torch.nn.Parameter(w.clone()) for w in start]
+        group = {"params": params, "param_names": names, "manifold": Stiefel()}
+        return params, ManifoldMuon([group], lr=0.02, solver="filled_split")
+
+    def step(params, opt):
+        for p in params:
+            p.grad = torch.randn(p.shape, generator=gen)
+        opt.step()
+
+    params, opt = make()
+    step(params, opt)
+    sd = opt.state_dict()
+    sd["state"][0]["correction"][1, 2] = math.inf
+    sd["state"][1]["correction"][0, 0] = math.nan
+    sd["state"][2]["correction"] = torch.full_like(sd["state"][2]["correction"], math.nan)
+    kept = sd["state"][3]["correction"].clone()
+    params, opt = make()
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        opt.load_state_dict(sd)
+    assert [str(w.message) for w in caught] == [cold_slot("has_inf", "correction"), cold_slot("has_nan", "correction")]
+    assert [("correction" in opt.state[p]) for p in params] == [False, False, False, True]
+    assert torch.equal(opt.state[params[3]]["correction"], kept)
+    step(params, opt)
+    assert all(bool(torch.isfinite(opt.state[p]["correction"]).all()) for p in params)
+
+
 def test_last_stats_are_json_ready_and_lr_schedulers_work():
     model = _make_model()
     opt = _make_opt(model)

@@ -24,6 +24,7 @@ from fault_helpers import (
     cli,
     losses,
     records,
+    rewrite_checkpoint,
     run_args,
     snapshot,
     temp_files,
@@ -323,6 +324,28 @@ def test_a_skipped_matrix_update_is_logged_by_name_and_the_run_finishes(data_dir
     assert "skipped" not in logged[6]  # the step itself went on
     ckpt = load_checkpoint(run / "ckpt.pt")
     assert assert_all_finite(ckpt["model"], ckpt["adamw"], ckpt["muon"]) > 30
+
+
+# ----------------------------------------------------------------------------- a damaged warm start
+@pytest.mark.parametrize("bad", [float("inf"), float("nan")])
+@pytest.mark.slow
+def test_a_non_finite_carried_correction_starts_that_matrix_cold_with_one_note(bad, data_dir, stopped_run, capsys):
+    """An Inf or a NaN in one matrix's saved ``correction`` (filled_split's carried state): ``--resume`` drops it
+    and says so in one note naming the matrix, which starts cold; before, an Inf stopped every resume."""
+    from geomtrain.train import load_checkpoint
+
+    def poison(state):  # muon state 0: MUON_MATRIX, the first of the Stiefel group
+        state["muon"]["state"][0]["correction"][3, 5] = bad
+
+    rewrite_checkpoint(stopped_run, poison)
+    code, out, err = cli(run_args(data_dir, stopped_run, "--resume"), capsys)
+    assert code == 0 and "Warning" not in err, err[-3000:]
+    assert f"from step {CHECKPOINT_EVERY}" in out
+    assert [line for line in out.splitlines() if "cold" in line] == [
+        f"note: ManifoldMuon: the saved warm-start state 'correction' of {MUON_MATRIX} is not finite; "
+        "that matrix starts cold"
+    ]
+    assert assert_all_finite(load_checkpoint(stopped_run / "ckpt.pt")["muon"]) > 10
 
 
 # ----------------------------------------------------------------------------- exceptions

@@ -13,7 +13,6 @@ import signal
 import subprocess
 import sys
 import time
-from pathlib import Path
 
 import pytest
 from fault_helpers import (
@@ -28,7 +27,7 @@ from fault_helpers import (
     worker,
     worker_env,
 )
-from ranks import launch_command
+from ranks import kill_processes_of, launch_command, processes_of
 
 pytest_plugins = ["fault_helpers"]
 pytestmark = pytest.mark.slow  # subprocess runs killed and resumed, 20 s each: only in `make test`
@@ -101,29 +100,6 @@ def test_signal_checkpoints_at_the_step_boundary_and_resumes_exactly(sig, code, 
     assert records(run, "train")[-1]["step"] == MAX_ITERS
 
 
-def _running(pid: int) -> bool:
-    """Whether ``pid`` still runs (a zombie waiting for its parent does not)."""
-    with contextlib.suppress(OSError, IndexError):
-        return Path(f"/proc/{pid}/stat").read_text().rpartition(")")[2].split()[0] != "Z"
-    return False
-
-
-def _processes_of(run) -> list[int]:
-    """The running processes of the job writing ``run`` (torchrun and its ranks: their command lines name it;
-    each rank runs in its own session, and outlives torchrun when torchrun gives up on it)."""
-    return [
-        int(c.parent.name)
-        for c in Path("/proc").glob("[0-9]*/cmdline")
-        if _read(c).find(str(run).encode()) >= 0 and _running(int(c.parent.name))
-    ]
-
-
-def _read(path: Path) -> bytes:
-    with contextlib.suppress(OSError):
-        return path.read_bytes()
-    return b""
-
-
 @contextlib.contextmanager
 def _torchrun_job(fault: str, data_dir, run, log_path, *extra: str):
     """``fault_worker.py FAULT train ...`` on 2 gloo ranks under torchrun (DDP); every process of it is
@@ -134,9 +110,8 @@ def _torchrun_job(fault: str, data_dir, run, log_path, *extra: str):
         try:
             yield job
         finally:
-            for pid in [job.pid, *_processes_of(run)]:
-                with contextlib.suppress(OSError):
-                    os.kill(pid, signal.SIGKILL)
+            job.kill()
+            kill_processes_of(run)
             job.wait()
 
 
@@ -144,9 +119,9 @@ def _ends(job: subprocess.Popen, run, timeout: float) -> None:
     """Wait for torchrun and then for its ranks (which it may have left running) to exit."""
     job.wait(timeout=timeout)
     deadline = time.monotonic() + timeout
-    while _processes_of(run) and time.monotonic() < deadline:
+    while processes_of(run) and time.monotonic() < deadline:
         time.sleep(0.1)
-    assert not _processes_of(run), "a rank is still running (waiting in a collective?)"
+    assert not processes_of(run), "a rank is still running (waiting in a collective?)"
 
 
 @pytest.mark.parametrize("to, times", [("torchrun", 1), ("every process", 1), ("every process", 2)])
@@ -161,7 +136,7 @@ def test_sigterm_under_torchrun_checkpoints_at_a_step_boundary(to, times, data_d
         deadline = time.monotonic() + 180
         while not (run / ".reached-3").exists() and job.poll() is None and time.monotonic() < deadline:
             time.sleep(0.05)
-        ranks = [pid for pid in _processes_of(run) if pid != job.pid]
+        ranks = [pid for pid in processes_of(run) if pid != job.pid]
         assert len(ranks) == 2, log.read_text()[-3000:]
         for _ in range(times):
             for pid in [job.pid, *(ranks if to == "every process" else [])]:

@@ -15,7 +15,7 @@ from pathlib import Path
 import fsdp_worker
 import pytest
 import torch
-from ranks import launch_command, run_ranks, worker_env
+from ranks import kill_processes_of, launch_command, run_ranks, worker_env
 
 from geomtrain.cli import main as cli_main
 from geomtrain.config import make_config
@@ -384,3 +384,31 @@ def test_a_save_killed_before_its_first_dcp_commit_still_starts_clean(data_dir, 
     status = train(resume_config({"out_dir": str(run), "progress": False}), resume=True, print_fn=printed.append)
     assert any("starting from step 0" in p for p in printed) and status["step"] == 14
     assert json.loads((run / "ckpt.dcp.json").read_text())["step"] == 14
+
+
+def test_a_non_finite_correction_resumed_under_fsdp_starts_that_matrix_cold(data_dir, tmp_path):
+    """A one-process run's ``ckpt.pt`` with an Inf in one matrix's carried ``correction``, resumed on 2 ranks with
+    ``fsdp``: the sharded load (`settle_loaded`, agreed by both ranks) drops it, one note (rank 0) names the
+    matrix, and the run trains to its end."""
+    from fault_helpers import WORKER, rewrite_checkpoint
+
+    run = tmp_path / "run"
+    cfg = fsdp_worker.worker_config(data_dir, str(run), "hetero", max_iters=14, eval_interval=5, stop_after=10)
+    train(cfg, print_fn=lambda *a: None)
+
+    def poison(state):
+        state["muon"]["state"][0]["correction"][3, 5] = float("inf")
+
+    rewrite_checkpoint(run, poison)
+    argv = [*launch_command(2, WORKER), "none", "train", "--out-dir", str(run), "--resume", "--fsdp", "--no-progress"]
+    try:
+        proc = subprocess.run(argv, env=worker_env(), capture_output=True, text=True, timeout=240)
+    finally:
+        kill_processes_of(run)  # a rank hung in a collective outlives torchrun
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    notes = [line for line in proc.stdout.splitlines() if "starts cold" in line]
+    assert notes == [
+        "note: ManifoldMuon: the saved warm-start state 'correction' of transformer.h.0.attn.c_attn.weight is not "
+        "finite; that matrix starts cold"
+    ], proc.stdout[-3000:]
+    assert "from step 10" in proc.stdout and load_checkpoint(run)["step"] == 14
