@@ -149,14 +149,15 @@ def _step_rows(shape, block: int, steps: int, warmup: int, solvers, gen: torch.G
 
 def format_manifold_table(rows: list[dict], block: int) -> str:
     """The rows as a table: ms per call, generic and DGram, their ratio and where the generic result lands."""
-    head = f"{'shape':>9}  {'op':<13} {'generic ms':>10} {'DGram ms':>9} {'ratio':>6}  off-block  solvers"
+    width = max([len("op"), *(len(r["op"]) for r in rows)])
+    head = f"{'shape':>9}  {'op':<{width}} {'generic ms':>10} {'DGram ms':>9} {'ratio':>6}  off-block  solvers"
     lines = [f"project_gram-only block mask (blocks of {block}) against DGram, float32, side by side", head]
     for r in rows:
         off = "-" if r["off_block"] is None else f"{r['off_block']:.1e}"
         solvers = f"{r['solver']}, {r['dgram_solver']}" if "solver" in r else ""
         shape = "x".join(map(str, r["shape"]))
         times = f"{r['generic_ms']:10.1f} {r['dgram_ms']:9.1f} {r['ratio']:6.2f}"
-        lines.append(f"{shape:>9}  {r['op']:<13} {times}  {off:>9}  {solvers}")
+        lines.append(f"{shape:>9}  {r['op']:<{width}} {times}  {off:>9}  {solvers}".rstrip())
     return "\n".join(lines)
 
 

@@ -37,6 +37,7 @@ SMALL_FLAGS = {
     "sample": "--max-new-tokens 4",
     "bench optimizer": "--shapes 32x16 --repeats 1 --quiet",
     "bench train": "--steps 1 --warmup 0 --batch-size 2 --presets adamw,hetero --quiet",
+    "bench manifold": "--shapes 48x16 --block 4 --repeats 1 --steps 1 --warmup 1",
     "study": "--model tiny --seeds 1 --iters 2 --jobs 1 --probe-iters 1 --quiet --set block_size=16 "
     "--set batch_size=2 --set eval_iters=1 --set eval_interval=1 --set diag_batch_size=2",
     "study overhead": "--model tiny --steps 1 --warmup 0 --set block_size=16 --set batch_size=2",
