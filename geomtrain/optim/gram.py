@@ -217,7 +217,10 @@ class GramDual:
         # Known diagonal Gamma: M = Z^T Gamma^{-1} Z + N with N = C - K^T Gamma^{-1} K, one n^3 product per
         # evaluation instead of two (N is formed once; both forms round at ~eps * lambda_max(M)).
         self.N = None if self.Gw is not None else sym(self.C - (self.K / self.d.unsqueeze(-1)).mT @ self.K)
-        self.P = manifold.project_gram
+        # a custom mask is applied as the entrywise product with its 0/1 mask (what check_mask verified it is), not
+        # by calling the user's project_gram at every operator application (which may rebuild the mask each time)
+        mask = manifold.gram_mask(self.n, self.C) if self.kind == "generic" else None
+        self.P = manifold.project_gram if mask is None else (lambda X: X * mask)
         self.count = constraint_count(manifold, self.n, self.C)
         self.tau2 = float(smoothing) ** 2 / self.n  # tau = smoothing * sigma_rms(G_hat), sigma_rms^2 = 1/n
         self.floor = ROUNDING_FLOOR * torch.finfo(dtype).eps
