@@ -161,7 +161,7 @@ def _add_train(sub) -> None:
         default=None,
         metavar="GLOB=SOLVER",
         help="direction solver of the Muon matrices GLOB matches (first match wins; the rest: --muon-solver); "
-        "SOLVER is a registered solver (exact, tangent, projected_tangent, ...) (repeatable)",
+        "SOLVER is a registered solver (exact, filled_split, tangent, published) (repeatable)",
     )
     p.add_argument(
         "--manifolds",

@@ -132,12 +132,12 @@ class TrainConfig:
         for text in self.rules:
             validate_rule(text, custom_names)
         if self.muon_solver is not None:
-            from .optim import SOLVERS  # the registry, live: a registered solver or an alias ("gram_newton")
+            from .optim import SOLVERS, retired_note  # the registry, live: a solver or an alias ("gram_newton")
 
             if self.muon_solver not in SOLVERS:
                 raise ValueError(
                     f"unknown muon_solver {self.muon_solver!r}{did_you_mean(self.muon_solver, SOLVERS)}; "
-                    f"valid: {', '.join(SOLVERS)} (or none: the default)"
+                    f"valid: {', '.join(SOLVERS)} (or none: the default){retired_note(self.muon_solver)}"
                 )
         self.solver_options()
         from .groups import parse_solver_rule
@@ -349,7 +349,7 @@ def parse_solver_options(entries: Sequence[str], solver: str | None = None, what
     (`geomtrain.optim.check_solver_options`) is a one-line ``ValueError`` naming the valid keys or values."""
     import torch
 
-    from .optim import SOLVER_OPTIONS, check_solver_options, describe_default, get_solver
+    from .optim import SOLVER_OPTIONS, check_solver_options, describe_default, get_solver, retired_note
 
     if solver is None:
         if not entries:
@@ -365,6 +365,7 @@ def parse_solver_options(entries: Sequence[str], solver: str | None = None, what
         key, sep, text = (part.strip() for part in entry.partition("="))
         if key not in valid or not sep:
             why = f": {key!r} is the solver's warm-start state, kept by the optimizer, not an option" * (key in state)
+            why = why or retired_note(f"{get_solver(solver).name}.{key}")
             raise ValueError(
                 f"bad {what} entry {entry!r} for solver {solver!r}{why or did_you_mean(key, list(valid))}; "
                 f"give KEY=VALUE with KEY one of {', '.join(valid)}"

@@ -269,7 +269,7 @@ def reserved_for_adamw(
 
 
 def parse_solver_rule(text: str) -> tuple[str, str]:
-    """``"GLOB=SOLVER"`` (e.g. ``"*.mlp.*=projected_tangent"``) -> ``(glob, canonical solver name)``;
+    """``"GLOB=SOLVER"`` (e.g. ``"*.mlp.*=exact"``) -> ``(glob, canonical solver name)``;
     a one-line ``ValueError`` for a malformed entry or an unknown solver (the registry's message)."""
     pattern, sep, name = (part.strip() for part in str(text).partition("="))
     if not sep or not pattern or not name:

@@ -8,7 +8,7 @@ matrix it times, side by side in one process:
   of every ratio;
 - every other registered solver (`solver_arms`, from `geomtrain.optim.solver_names`: ``tangent``, one msign
   of the tangent-projected gradient; ``published``, the paper's dual ascent, 20 msign calls; the products-only
-  ``projected_tangent``, ``split_tangent``, ``filled_split``, ``dual_ascent``, ``admm``), one cold solve each;
+  ``filled_split``, training's default), one cold solve each;
 - ``cold``: the reference solver (``exact``) from a cold start;
 - ``warm``: the reference solver on the *next* step of a simulated run (weights moved by
   ``lr = 0.02`` along the cold direction, momentum blended with a fresh gradient of the same
@@ -65,7 +65,7 @@ GPT2_SHAPES = (("c_attn", (2304, 768)), ("attn.c_proj", (768, 768)), ("c_fc", (3
 # duals are degenerate and cost several times more; the products-only solvers cost a few
 # msign-equivalents at m = 3n-4n). Only the estimate printed before the run uses these.
 _COST = {"muon": 1.0, "published": 20.0, "tangent": 1.3, "cold": 2.5, "warm": 1.5, "reference": 8.0}
-_COST.update(projected_tangent=1.8, split_tangent=2.4, filled_split=2.8, dual_ascent=3.5, admm=4.5)
+_COST.update(filled_split=2.8)
 _UNMEASURED_COST = 5.0  # a solver registered later, never timed here: a few msigns' worth
 _SQUARE_DGRAM_COST = {"cold": 12.0, "warm": 12.0, "reference": 60.0}
 # A custom mask's solve (CG for the normal coordinates and the step) against the built-in one, measured at
@@ -295,7 +295,7 @@ def _bench_matrix(man, W, G, fresh, solvers, muon_dtype, repeats, device, option
 
     from ..optim import get_solver, spectral_direction, tangent_residual
 
-    mopts = {"msign": "polar_express", "msign_dtype": muon_dtype}  # steps: each solver's own (5; split_tangent 6)
+    mopts = {"msign": "polar_express", "msign_dtype": muon_dtype}  # steps: each solver's own (5; filled_split 6)
     msign_opts = lambda name: {k: v for k, v in mopts.items() if k in get_solver(name).options}  # noqa: E731
     opts = dict(options or {})
     out: dict = {"reference": None, "solvers": {}}

@@ -7,9 +7,8 @@
 
 Modules: `direction` (entry point), `solver` (the `Solver` record), `registry` (the registry),
 `gram` (the Gram-space dual), `gram_newton` (the ``exact`` solver, the reference),
-`filled_split` (training's default on Stiefel and DGram matrices), `split_tangent`, `projected_tangent`,
-`dual_ascent`, `admm`,
-`douglas_rachford` (degenerate duals), `baselines` (``tangent``, ``published``),
+`filled_split` (training's default: products only), `column_split` (its split of a tall matrix),
+`products` (its kernels), `douglas_rachford` (degenerate duals), `baselines` (``tangent``, ``published``),
 `numerics` (kernels), `muon` (the optimizer; `muon_step` its pieces, `muon_dist` the DDP exchange,
 `muon_fsdp` the FSDP2 one).
 """
@@ -31,7 +30,7 @@ from .direction import (
     tangent_residual,
 )
 from .muon import SHAPE_SCALES, SKIP_REASONS, ManifoldMuon
-from .registry import unregister_solver
+from .registry import RETIRED_SOLVERS, retired_note, unregister_solver
 from .solver import Solver, StateSlot
 
 __all__ = [
@@ -55,4 +54,6 @@ __all__ = [
     "unregister_solver",
     "get_solver",
     "solver_names",
+    "RETIRED_SOLVERS",
+    "retired_note",
 ]

@@ -1,10 +1,9 @@
-r"""Solver ``"filled_split"``: `split_tangent` with the complement filling the spectral budget the square part leaves.
+r"""Solver ``"filled_split"``: training's default on Stiefel, DGram and any other mask; products only.
 
-`geomtrain.optim.split_tangent` writes $A = UK + B$ with $U^\top B = 0$, so $A^\top A = K^\top K + B^\top B$ and the
-tangent constraint falls on the square part $K$ alone, and shares the budget between the parts by one angle. Where
-$K$'s singular values are spread (DGram's square part: its tangent space at a diagonal $D$ is $D^{-1}(\text{skew} +
-\text{diag})$), that angle leaves budget unused: $A$'s singular values fall between $f/r$ and 1 (0.92 of the exact
-direction's length on a DGram MLP). Here the complement takes all of what the square part $\alpha K$ leaves:
+Split a tall $W$ as $W = U H_0$ (`geomtrain.optim.column_split.ColumnSplit`: $U$ orthonormal, $H_0$ square) and a
+direction as $A = UK + B$ with $U^\top B = 0$: then $A^\top A = K^\top K + B^\top B$ and the tangent constraint
+falls on the square part $K$ alone. The complement takes all of the spectral budget the square part $\alpha K$
+leaves:
 
 $$A = \alpha\,UK + Q P_\alpha,\qquad Q = \operatorname{msign}(R),\quad P_\alpha = (I - \alpha^2 K^\top K)^{1/2},$$
 
@@ -23,21 +22,13 @@ msign's rounding. Tangent to rounding (the constraint sees only $K$); on a squar
 $A = UK$, `split_tangent`'s direction; on Oblique it is ``projected_tangent``'s. Cost: `split_tangent`'s msigns,
 $2\,$``degree`` $n \times n$ products, two $mn^2$ ones more. No certificate; the state is ``carry``'s (below).
 
-The square part: ``square="joint"`` (the default) takes $K$ from the joint msign of the tangent part,
-$P_{T_D}(U^\top \operatorname{msign}(P_T \hat G))$ (`joint_square_part`); ``square="split"`` solves the square
-problem apart, as `split_tangent` (an $n \times n$ msign instead of an $m \times n$ one). ``refine`` $= k$ (default
-0): $k$ damped fixed-point steps on the multiplier $\Lambda$ of the optimum
-$A^\star = \operatorname{msign}(\hat G - W\Lambda^\star)$ (`filled_split_direction`), each one joint msign and the
-fill again. On a trained DGram MLP (512x128) the certified gap is 0.026 (cold), 0.042 (``square="split"``),
-0.015 (``refine=1``), 0.011 (``refine=2``).
-
-``carry=True`` (the default) amortises that solve over training: each step's joint msign starts from
-$N(\hat G) + C$, $C$ the correction its previous step left (state ``correction``, $n \times n$ per tall matrix),
-and the solve ends with one dual step toward that msign's tangency (`carried_correction`), at no product more. In
-training the DGram MLP's gap is then ``refine=1``'s (0.018); at the main study's shared learning rate it trains
-better than the exact solver on three constrained presets and unresolved on ``hetero`` (95% intervals;
-lab/2026-12-06-carried-multiplier, docs/results.md *Findings*). A call without a ``correction`` is the cold start:
-``carry=False``'s direction.
+The square part $K$ comes from the joint msign of the tangent part, $P_{T_D}(U^\top \operatorname{msign}(\hat G -
+W\Lambda))$ (`joint_square_part`), $\Lambda$ a multiplier of the optimum $A^\star = \operatorname{msign}(\hat G -
+W\Lambda^\star)$: $\Lambda = N(\hat G)$ (`normal_multiplier`) cold. ``carry=True`` (the default) amortises the
+search for $\Lambda^\star$ over training: each step's joint msign starts from $\Lambda = N(\hat G) + C$, $C$ the
+correction its previous step left (state ``correction``, $n \times n$ per tall matrix), and the solve ends with one
+dual step toward that msign's tangency (`carried_correction`), at no product more. A call without a
+``correction`` is the cold start, ``carry=False``'s direction.
 
 ``space="gram"`` (the default, `gram_filled_split_direction`) runs every $m \times n$ msign from $n \times n$ Gram
 matrices (`geomtrain.optim.products.gram_msign_factor`): four $mn^2$ products before and three after, the rest
@@ -53,24 +44,23 @@ import torch
 
 from manifolds import GramManifold
 
-from .baselines import msign_with
+from .baselines import MSIGN_OPTIONS, msign_with
 from .column_split import ColumnSplit, tangent_fix
 from .gram import mask_kind
-from .numerics import sym
+from .numerics import normalise, sym
 from .products import (
+    GRAM_MSIGNS,
     ball_factor,
     carried_multiplier,
+    feasible_direction,
     feasible_stats,
     gram_msign_factor,
     mean_singular_value,
     normal_multiplier,
     scale_to_ball,
+    tangent_part,
 )
-from .projected_tangent import projected_tangent_direction
-from .solver import Solver, StateSlot, is_int, is_real
-from .split_tangent import OPTIONS as SPLIT_OPTIONS
-from .split_tangent import SOLVER as SPLIT
-from .split_tangent import in_gram_space, square_msigns, square_part
+from .solver import Solver, StateSlot, is_int
 
 __all__ = [
     "OPTIONS",
@@ -83,6 +73,8 @@ __all__ = [
     "best_share",
     "fill",
     "filled_split_direction",
+    "in_gram_space",
+    "unsplit_direction",
     "carried_correction",
     "gram_joint_square_part",
     "gram_filled_split_direction",
@@ -90,16 +82,11 @@ __all__ = [
 ]
 
 # Degree 8: on a DGram MLP (512x128) the square part's share is 0.7-0.9, where degree 8 interpolates
-# sqrt(1 - a^2 (x+1)/2) on [-1, 1] to 1e-7-7e-6 (at share 1 to 0.06); degrees 6, 10 and 16 give the same certified
-# gaps there (to 1e-3); the final bound absorbs the interpolation error
-# carry=True: on hetero (3 seeds, 500 steps) the carried correction trains -0.0022 against exact (95% interval
-# [-0.0079, +0.0036]: unresolved), the cold start +0.0040 (lab/2026-12-06-carried-multiplier); carrying the
-# multiplier itself, not its correction to N(G), +0.0041
-OPTIONS = {**SPLIT_OPTIONS, "degree": 8, "square": "joint", "refine": 0, "carry": True, "carry_step": 0.5}
-# The damping of a refinement step: 0.5 and 0.7 take the certified gap of a trained DGram MLP's joint direction from
-# 0.022 to 0.011-0.012 in one step, 0.3 to 0.015; two steps at 0.5 reach 0.009, at 0.7 0.011 (exact msigns)
-REFINE_DAMPING = 0.5
-SQUARE = ("split", "joint")  # where the square part comes from: split_tangent's, or a joint msign's (joint_square_part)
+# sqrt(1 - a^2 (x+1)/2) on [-1, 1] to 1e-7-7e-6 (at share 1 to 0.06); the final bound absorbs the interpolation
+# error. 6 Polar Express steps: 5 leave singular values up to 1.1 and down to 0.7, which the bounds then cut.
+OPTIONS = {**MSIGN_OPTIONS, "msign_steps": 6, "space": "gram", "degree": 8, "carry": True}
+SPACES = ("gram", "tall")  # where the m x n msigns run: from the n x n Gram matrices, or on the m x n matrices
+CARRY_STEP = 0.5  # the carried dual step eta: 1 oscillates between steps; 0.5 reaches the optimum's condition
 GRID = 41  # shares alpha = 0, 0.025, ..., 1: the objective is flat near its maximum (+-0.05 moves the gap by < 0.003)
 
 
@@ -180,25 +167,18 @@ def fill(U: torch.Tensor, H: torch.Tensor, K: torch.Tensor, Q: torch.Tensor, S: 
 def filled_split_direction(
     manifold: GramManifold, W: torch.Tensor, G: torch.Tensor, opts: dict, correction: torch.Tensor | None = None
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
-    r"""``(A, alpha, correction)`` above for tall ``(..., m, n)`` on Stiefel or DGram, ``alpha`` the square part's share
-    ``(...)`` (1 on a square matrix). ``opts["refine"]`` damped fixed-point steps on the multiplier follow:
-    $Z = \operatorname{sym}(A^\top(\hat G - W\Lambda))$,
-    $\Lambda \leftarrow (1 - w)\Lambda + w\,(N(\hat G) - N(AZ))$ ($N$ = `normal_multiplier`, $w$ = ``REFINE_DAMPING``;
-    the optimum has $\hat G - W\Lambda^\star = A^\star Z^\star$, whose normal part is this equation), then $K$ from
-    the joint msign of $\hat G - W\Lambda$ and the fill again: one $m \times n$ msign each. ``opts["carry"]``: the
-    first joint msign starts from $\Lambda = N(\hat G) + C$, $C$ = ``correction`` carried from the previous step
-    (None: 0), and the returned ``correction`` is $\Lambda + \eta\,\bar\sigma N(J) - N(\hat G)$ for the last joint
-    msign $J$ (`carried_correction`); None without it and on a square matrix."""
+    r"""``(A, alpha, correction)`` above for tall ``(..., m, n)``, ``alpha`` the square part's share ``(...)`` (1 on a
+    square matrix). ``opts["carry"]``: the joint msign starts from $\Lambda = N(\hat G) + C$, $C$ = ``correction``
+    carried from the previous step (None: 0), and the returned ``correction`` is
+    $\Lambda + \eta\,\bar\sigma N(J) - N(\hat G)$ for its msign $J$ (`carried_correction`); None without it and on a
+    square matrix."""
     split = ColumnSplit(manifold, W)
     Gn, U, H = split.basis(G)
     square = W.shape[-2] == W.shape[-1]  # no complement (R is rounding): K is the direction, its bound the tight one
     base = normal_multiplier(manifold, W, Gn)  # Lambda where A = msign(P_T G)
     carry = bool(opts["carry"]) and not square
     lam = base + correction.to(W.dtype) if carry and correction is not None else base
-    if opts["square"] == "joint" or carry:
-        K, step = joint_square_part(split, W, Gn - W @ lam, opts, "both" if square else "schatten", carry)
-    else:
-        K = square_part(manifold, W, H, opts, split.point())
+    K, step = joint_square_part(split, W, Gn - W @ lam, opts, "both" if square else "schatten", carry)
     if square:
         A = U @ K if not split.generic else scale_to_ball(tangent_fix(manifold, W, U @ K), bound="both")
         return A, torch.ones(W.shape[:-2], dtype=W.dtype, device=W.device), None
@@ -207,27 +187,20 @@ def filled_split_direction(
     Q = Q - U @ (U.mT @ Q)
     S = sym(Q.mT @ R)
     A, alpha = fill(U, H, K, Q, S, int(opts["degree"]))
-    refine = int(opts["refine"])
-    for k in range(refine):
-        Z = A.mT @ (Gn - W @ lam)
-        target = base - normal_multiplier(manifold, W, A @ sym(Z))
-        lam = (1 - REFINE_DAMPING) * lam + REFINE_DAMPING * target
-        K, step = joint_square_part(split, W, Gn - W @ lam, opts, with_step=carry and k == refine - 1)
-        A, alpha = fill(U, H, K, Q, S, int(opts["degree"]))
     A = tangent_fix(manifold, W, A) if split.generic else A
     # the fill makes A's singular values 1: the tight bound
-    return scale_to_ball(A, bound="near_unit"), alpha, carried_correction(lam, step, base, opts) if carry else None
+    return scale_to_ball(A, bound="near_unit"), alpha, carried_correction(lam, step, base) if carry else None
 
 
-def carried_correction(lam: torch.Tensor, step: torch.Tensor, base: torch.Tensor, opts: dict) -> torch.Tensor:
+def carried_correction(lam: torch.Tensor, step: torch.Tensor, base: torch.Tensor) -> torch.Tensor:
     r"""The state ``carry`` keeps: $C = \Lambda + \eta\,\bar\sigma(Y)\,N(J) - N(\hat G)$, $\eta$ =
-    ``opts["carry_step"]``, for the last joint msign $J = \operatorname{msign}(Y)$, $Y = \hat G - W\Lambda$, and
+    ``CARRY_STEP``, for the last joint msign $J = \operatorname{msign}(Y)$, $Y = \hat G - W\Lambda$, and
     ``base`` $= N(\hat G)$, the start without it. A dual-ascent step: where $Y \approx \bar\sigma J$, $\eta = 1$
     removes the normal part $W\,\bar\sigma N(J)$ of $Y$; its fixed point $N(J) = 0$ is the optimum's condition,
-    $J$ tangent (the fixed-point step of ``refine`` has the fill's bias, not this). Carried as the correction to
+    $J$ tangent. Carried as the correction to
     $N(\hat G)$, which the next step recomputes for its own $W$ and $G$; no product more (the joint msign's $N(J)$
     is $K$'s own)."""
-    return lam + float(opts["carry_step"]) * step - base
+    return lam + CARRY_STEP * step - base
 
 
 def gram_joint_square_part(split: ColumnSplit, E: torch.Tensor, MR: torch.Tensor, opts: dict):
@@ -255,8 +228,7 @@ def gram_filled_split_direction(
     $A = U(\alpha K - U^\top R\,N) + RN$ (the complement's rounding in the span of $U$ removed, as the tall path's
     $Q - UU^\top Q$) costs two more, the final bound one. $Q = R\,F(R^\top R)$ and
     $S = \operatorname{sym}(F(R^\top R)\,R^\top R)$; the joint msign of $\hat G - W\Lambda = UE + R$,
-    $E = H - D\Lambda$, is `gram_joint_square_part`; a refinement step has
-    $Z = \operatorname{sym}(\alpha K^\top E + N^\top R^\top R)$ and $W^\top AZ = D\alpha KZ$. The same direction
+    $E = H - D\Lambda$, is `gram_joint_square_part`. The same direction
     as the tall path to rounding (tested), at 35-60% of its products; $A$'s final bound is
     ``"near_unit"`` (the fill makes its singular values 1). ``correction`` and ``opts["carry"]`` as there (no product
     more: $W^\top J = DEF$). Works in float32 at least; a square matrix (no complement) takes the tall path."""
@@ -272,45 +244,48 @@ def gram_filled_split_direction(
     S = sym(FR @ MR)
     eye = torch.eye(W.shape[-1], dtype=work, device=W.device)
     base = split.normal(split.left_t(H))  # W^T G = H0^T H: A = msign(P_T G)'s
-    refine, carry = int(opts["refine"]), bool(opts["carry"])
+    carry = bool(opts["carry"])
     lam = base + correction.to(work) if carry and correction is not None else base
-    for step in range(refine + 1):
-        E = H - split.left(lam)  # U^T (G - W Lambda)
-        if step == 0 and opts["square"] == "split" and not carry:
-            K = square_part(manifold, Wf, H, opts, split.point())
-            PK = K.mT @ K
-        else:
-            K, PK, tangency = gram_joint_square_part(split, E, MR, opts)
-        X = 2 * PK - eye
-        alpha, a = best_share(H, K, S, X, degree)
-        aK, N = alpha[..., None, None] * K, FR @ chebyshev_matrix(X, a)
-        if step < refine:
-            Z = sym(aK.mT @ E + N.mT @ MR)
-            target = base - split.normal(split.left_t(aK @ Z))
-            lam = (1 - REFINE_DAMPING) * lam + REFINE_DAMPING * target
+    E = H - split.left(lam)  # U^T (G - W Lambda)
+    K, PK, tangency = gram_joint_square_part(split, E, MR, opts)
+    X = 2 * PK - eye
+    alpha, a = best_share(H, K, S, X, degree)
+    aK, N = alpha[..., None, None] * K, FR @ chebyshev_matrix(X, a)
     A = U @ (aK - UR @ N) + R @ N  # (I - UU^T) R N: the complement's part in the complement, as the tall Q's
     A = tangent_fix(manifold, Wf, A) if split.generic else A
-    correction = carried_correction(lam, tangency, base, opts).to(W.dtype) if carry else None
+    correction = carried_correction(lam, tangency, base).to(W.dtype) if carry else None
     return scale_to_ball(A, bound="near_unit").to(W.dtype), alpha.to(W.dtype), correction
+
+
+def in_gram_space(opts: dict) -> bool:
+    """Whether the $m \times n$ msigns run in Gram space: ``space="gram"`` with a polynomial msign (`GRAM_MSIGNS`;
+    ``"svd"`` has no Gram form and takes the tall path)."""
+    return opts["space"] == "gram" and opts["msign"] in GRAM_MSIGNS
+
+
+def unsplit_direction(manifold: GramManifold, W: torch.Tensor, G: torch.Tensor, opts: dict) -> torch.Tensor:
+    r"""$P_T(\operatorname{msign}(P_T\hat G))$ scaled into the unit spectral ball (`feasible_direction`), for masks
+    whose columns need not be orthogonal (Oblique), where no split exists; $G = 0$ gives $A = 0$ exactly."""
+    Gn, _ = normalise(G)
+    return feasible_direction(manifold, W, msign_with(tangent_part(manifold, W, Gn), opts))
 
 
 def solve_filled_split(
     manifold: GramManifold, T: torch.Tensor, G: torch.Tensor, state: dict | None, opts: dict
 ) -> tuple[torch.Tensor, dict, dict | None]:
-    """The solver's entry (``(B, m, n)`` tall batches): the direction, its statistics (`split_tangent`'s msign
-    count) and, with ``carry`` on a tall matrix, the new state ``{"correction": C}``; on Oblique (and Euclidean)
-    matrices ``projected_tangent``'s, no state."""
+    """The solver's entry (``(B, m, n)`` tall batches): the direction, its statistics (one joint $m \times n$ msign,
+    one more for the complement of a tall matrix) and, with ``carry`` on a tall matrix, the new state
+    ``{"correction": C}``; on Oblique (and Euclidean) matrices `unsplit_direction`, no state."""
     kind = mask_kind(manifold)
     if kind in ("oblique", "euclidean"):  # columns not orthogonal: no split (not selected by training)
-        A = projected_tangent_direction(manifold, T, G, opts)
-        return A, feasible_stats(manifold, T, G, A, opts["rounds"], opts), None
+        A = unsplit_direction(manifold, T, G, opts)
+        return A, feasible_stats(manifold, T, G, A, 1, opts), None
     direction = gram_filled_split_direction if in_gram_space(opts) else filled_split_direction
     A, _, correction = direction(
         manifold, T, G, opts, carried_multiplier(state, T, "correction") if opts["carry"] else None
     )
-    square = 1 if opts["square"] == "joint" else square_msigns(kind, opts)  # joint: one m x n msign
-    tall = T.shape[-2] > T.shape[-1]  # a square matrix has no complement to fill nor refine: its square part alone
-    stats = feasible_stats(manifold, T, G, A, square + (1 + int(opts["refine"])) * int(tall), opts)
+    tall = T.shape[-2] > T.shape[-1]  # a square matrix has no complement to fill: its square part alone
+    stats = feasible_stats(manifold, T, G, A, 1 + int(tall), opts)
     return A, stats, None if correction is None else {"correction": correction}
 
 
@@ -319,15 +294,12 @@ SOLVER = Solver(
     solve=solve_filled_split,
     options=OPTIONS,
     rules={
-        **SPLIT.rules,
+        "space": (lambda v: v in SPACES, f"one of {', '.join(SPACES)}"),
         "degree": (lambda v: is_int(v) and v >= 2, "an integer >= 2 (the Chebyshev degree of the fill)"),
-        "square": (lambda v: v in SQUARE, f"one of {', '.join(SQUARE)}"),
-        "refine": (lambda v: is_int(v) and v >= 0, "an integer >= 0 (damped fixed-point steps on the multiplier)"),
         "carry": (lambda v: isinstance(v, bool), "True or False (carry the multiplier from step to step)"),
-        "carry_step": (lambda v: is_real(v) and 0 < v <= 1, "a number in (0, 1] (the carried dual step)"),
     },
     state=(StateSlot("correction", "correction", "matrix"),),
     warm_starts=True,
     carries=lambda options: options["carry"],  # otherwise it returns no state and ignores the one passed in
-    summary="products only: split_tangent's square part at its best share; the complement fills the rest",
+    summary="products only: the square part from a joint msign at its best share; the complement fills the rest",
 )

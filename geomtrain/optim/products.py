@@ -1,4 +1,4 @@
-r"""Products-only kernels shared by the solvers ``projected_tangent``, ``dual_ascent`` and ``admm``.
+r"""Products-only kernels of the ``filled_split`` solver (and of `geomtrain.optim.column_split`).
 
 Nothing here decomposes a matrix: every step is a matrix product, an entrywise operation or a norm, so it
 runs in bf16/fp32 on an accelerator at the speed of its products. For the built-in masks (Stiefel,
@@ -34,7 +34,6 @@ __all__ = [
     "PRODUCT_KINDS",
     "BOUND_SQUARINGS",
     "NEAR_UNIT_SQUARINGS",
-    "check_products_kind",
     "normal_multiplier",
     "tangent_part",
     "op_norm_upper_bound",
@@ -60,17 +59,6 @@ BOUND_SQUARINGS = 7
 NEAR_UNIT_SQUARINGS = BOUND_SQUARINGS + 1
 # The msign methods `gram_msign_factor` runs: each a polynomial step X <- X q(X^T X); "svd" is none
 GRAM_MSIGNS = ("polar_express", "newton_schulz", "keller_jordan")
-
-
-def check_products_kind(manifold: GramManifold, solver: str) -> str:
-    """The mask kind of ``manifold``; a one-line ``ValueError`` for a custom mask (no products-only multiplier)."""
-    kind = mask_kind(manifold)
-    if kind not in PRODUCT_KINDS:
-        raise ValueError(
-            f"solver {solver!r} needs a built-in mask (Stiefel, DGram, Oblique, Euclidean or subclasses keeping "
-            f"their project_gram); {type(manifold).__name__} has a custom one: use solver 'exact'"
-        )
-    return kind
 
 
 def normal_multiplier(manifold: GramManifold, W: torch.Tensor, U: torch.Tensor) -> torch.Tensor:

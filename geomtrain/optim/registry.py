@@ -39,6 +39,9 @@ __all__ = [
     "TRAINING_DEFAULTS",
     "default_solver",
     "describe_default",
+    "RETIRED_SOLVERS",
+    "RETIRED_OPTIONS",
+    "retired_note",
 ]
 
 REFERENCE_SOLVER = "exact"  # the certified optimum: `spectral_direction`'s default, and training's where
@@ -81,7 +84,7 @@ def describe_default() -> str:
 def _unknown(name: object) -> str:
     close = difflib.get_close_matches(str(name), [*_SOLVERS, *_ALIASES], n=1)
     hint = f" (did you mean {close[0]!r}?)" if close else ""
-    return f"unknown solver {name!r}{hint}; valid: {', '.join(_SOLVERS)}"
+    return f"unknown solver {name!r}{hint}; valid: {', '.join(_SOLVERS)}{retired_note(str(name))}"
 
 
 def get_solver(name: str | Solver) -> Solver:
@@ -144,8 +147,10 @@ def check_solver_options(solver: str | Solver, options: Mapping) -> None:
     valid = [*spec.options, *spec.state_options()]
     unknown = set(options) - set(valid)
     if unknown:
+        retired = next((note for k in sorted(unknown) if (note := retired_note(f"{spec.name}.{k}"))), "")
         raise ValueError(
             f"unknown option(s) {', '.join(sorted(unknown))} for solver {spec.name!r}; valid: {', '.join(valid)}"
+            f"{retired}"
         )
     for name, value in options.items():
         must = option_rule(spec, name, value)
@@ -204,12 +209,24 @@ _BUILTINS = (
     ("gram_newton", "SOLVER"),
     ("baselines", "TANGENT"),
     ("baselines", "PUBLISHED"),
-    ("projected_tangent", "SOLVER"),
-    ("split_tangent", "SOLVER"),
     ("filled_split", "SOLVER"),
-    ("dual_ascent", "SOLVER"),
-    ("admm", "SOLVER"),
 )
+# Solvers and options the product no longer has, and the last commit that registered them: a config or run folder
+# that names one is refused in one line that says which checkout runs it.
+RETIRED_AT = "64b2e8a"
+RETIRED_SOLVERS = ("split_tangent", "projected_tangent", "dual_ascent", "admm")
+RETIRED_OPTIONS = {"filled_split": ("square", "refine", "rounds", "sub_steps", "carry_step")}
+
+
+def retired_note(what: str) -> str:
+    """``" (... retired ...)"`` for a retired solver name or ``"solver.option"``, else ``""``."""
+    solver, _, option = what.partition(".")
+    if (not option and solver in RETIRED_SOLVERS) or option in RETIRED_OPTIONS.get(solver, ()):
+        return (
+            f"; {what} was retired from the product: run what names it from a checkout of {RETIRED_AT} "
+            f"(git worktree add ../geomtrain-{RETIRED_AT} {RETIRED_AT})"
+        )
+    return ""
 
 
 def _register_builtins() -> None:

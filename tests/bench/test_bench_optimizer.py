@@ -47,10 +47,9 @@ def test_bench_optimizer_cli_writes_tables_and_json(tmp_path, capsys):
         assert abs(rows[m, "cold"]["gap"]) < 1e-3
         assert rows[m, "cold"]["dual_gap"] >= rows[m, "cold"]["gap"] - 1e-6  # the certificate bounds the gap
         assert rows[m, "published"]["evaluations"] >= 2
-        # the products-only solvers are arms too, feasible by construction: float32 rounding of L_W(A) and of
-        # the spectral-norm bound (the tolerances of tests/optim/test_admm.py)
-        for s in ("projected_tangent", "dual_ascent", "admm"):
-            assert rows[m, s]["residual"] <= 1e-5 and rows[m, s]["opnorm"] <= 1 + 1e-6
+        # the products-only default is an arm too, feasible by construction: float32 rounding of L_W(A) and of
+        # the spectral-norm bound (the tolerances of tests/optim/test_filled_split.py)
+        assert rows[m, "filled_split"]["residual"] <= 1e-5 and rows[m, "filled_split"]["opnorm"] <= 1 + 1e-6
     assert len(result["matrices"]) == 4 and "cpu" in result["machine"]
     for r in result["matrices"]:
         assert r["solvers"]["muon"]["x_muon"] == 1.0 and r["reference"]["residual"] <= 1e-6
@@ -155,14 +154,9 @@ def test_custom_mask_twin_takes_the_generic_path_and_solves_the_same_problem(tmp
     assert result["config"]["custom_mask"] is True
     rows = {r["solver"]: r for r in result["layers"]}
     assert rows["cold"]["residual"] <= 1e-4 and abs(rows["cold"]["gap"]) < 1e-3
-    # the products-only solvers need a built-in mask (filled_split excepted: its split holds for any mask, through
-    # the products-only normal equation): left out of the default arms, refused when asked for
-    products_only = {"projected_tangent", "split_tangent", "dual_ascent", "admm"}
-    assert set(rows) == set(solver_arms()) - products_only
-    capsys.readouterr()
-    assert run_bench([*argv, "--custom-mask", "--solvers", "muon", "admm"]) == 2
-    err = capsys.readouterr().err
-    assert err.count("\n") == 1 and "--custom-mask: solver 'admm' needs a built-in mask" in err
+    # every product solver takes a custom mask (filled_split's split holds for any mask, through the products-only
+    # normal equation)
+    assert set(rows) == set(solver_arms())
     args = (["dgram"], [1e-3], 1, solver_arms(), (("a", (2304, 768)),))
     plain, _ = estimate_seconds(*args, reference=False, repeats=1, gflops=50.0)
     custom, _ = estimate_seconds(*args, reference=False, repeats=1, gflops=50.0, custom_mask=True)

@@ -1,4 +1,4 @@
-"""Shared checks of the products-only solvers (projected_tangent, dual_ascent, admm): not collected (no test_)."""
+"""Shared checks of the products-only directions (filled_split and its kernels): not collected (no test_)."""
 
 from __future__ import annotations
 

@@ -48,7 +48,7 @@ def test_the_split_of_a_custom_mask_is_orthonormal_and_exact(dtype):
 
 # tangent to float32 rounding of L_W(A) (< 1e-6 at these sizes, as test_filled_split.py) and ||A||_op <= 1 up to
 # the float32 SVD's own error; the objective: 0.86-0.98 of the float64 exact optimum on these problems (measured;
-# the square 64x64 is split_tangent's square direction, 0.86), so 0.8 catches a broken split or fill
+# the square 64x64 is the square part alone, 0.86), so 0.8 catches a broken split or fill
 TANGENT_TOL, OP_TOL = 1e-5, 1e-6
 
 
@@ -98,13 +98,13 @@ def test_a_custom_twin_gets_the_built_in_direction(kind, dtype):
         assert float((A - B).norm() / A.norm()) <= TWIN_TOL[dtype], direction.__name__
 
 
-@pytest.mark.parametrize("refine", [0, 1])
+@pytest.mark.parametrize("carry", [False, True])
 @pytest.mark.parametrize("shape", [(96, 24), (40, 24)], ids=str)
-def test_the_gram_path_is_the_tall_reference_on_a_custom_mask(shape, refine):
+def test_the_gram_path_is_the_tall_reference_on_a_custom_mask(shape, carry):
     # float64, as for the built-in masks (test_filled_split.py: 1.0-1.3e-12 apart); here measured up to 3.4e-11 (the
     # CG solves add their 1e-12 tolerance); 1e-9 leaves a factor 30
     M, W, G = block_problem(shape, seed=12, dtype=torch.float64)
-    opts = {**OPTIONS, "refine": refine}
+    opts = {**OPTIONS, "carry": carry}
     A, alpha, _ = filled_split_direction(M, W, G, opts)
     B, beta, _ = gram_filled_split_direction(M, W, G, opts)
     assert torch.equal(alpha, beta) and float((A - B).norm() / A.norm()) < 1e-9

@@ -1,4 +1,4 @@
-"""Solver ``filled_split``: feasible by construction, at least split_tangent's objective, the whole spectral budget."""
+"""Solver ``filled_split``: feasible by construction, near the exact optimum, the whole spectral budget."""
 
 from __future__ import annotations
 
@@ -26,20 +26,15 @@ from geomtrain.optim.filled_split import (
     filled_split_direction,
     gram_filled_split_direction,
     sqrt_coefficients,
+    unsplit_direction,
 )
-from geomtrain.optim.split_tangent import split_tangent_direction
 
-# as for split_tangent (test_split_tangent.py): float32 rounding of L_W(A) is < 1e-6 at these sizes, so 1e-5
-# leaves a factor 10; ||A||_op <= 1 up to float32 SVD's own error
+# float32 rounding of L_W(A) is < 1e-6 at these sizes, so 1e-5 leaves a factor 10; ||A||_op <= 1 up to float32
+# SVD's own error
 TANGENT_TOL, OP_TOL = 1e-5, 1e-6
 SPLIT = ("stiefel", "dgram")
 EXACT_MSIGN = {**OPTIONS, "msign": "svd"}
-SPLIT_FILL = {
-    **OPTIONS,
-    "square": "split",
-    "refine": 0,
-    "carry": False,
-}  # split_tangent's square part, then the fill alone
+COLD = {**OPTIONS, "carry": False}  # the joint square part from N(G), then the fill
 
 
 def symmetric_spectrum(n: int, low: float, high: float, seed: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
@@ -94,17 +89,17 @@ def test_coefficients_are_batched_per_alpha():
 
 @pytest.mark.parametrize("kind", SPLIT)
 @pytest.mark.parametrize("shape", SHAPES)
-def test_feasible_and_at_least_split_tangent(kind, shape):
+def test_feasible_and_at_least_the_unsplit_direction(kind, shape):
+    # P_T(msign(P_T G)) scaled into the ball spends its budget on one msign of the whole tangent part; the split
+    # fills what the square part leaves, so it reaches at least that objective up to the grid's spacing and the
+    # fill's interpolation (2e-3); measured 0.89-1.00 of OPT here
     W, G = problem(kind, *shape, seed=sum(shape))
-    A, alpha, _ = filled_split_direction(MANIFOLDS[kind](), W, G, SPLIT_FILL)
+    A, alpha, _ = filled_split_direction(MANIFOLDS[kind](), W, G, COLD)
     residual, op = feasibility(kind, W, A)
     assert residual < TANGENT_TOL and op <= 1 + OP_TOL, (residual, op)
     opt, gap = exact_optimum(kind, W, G)
-    split = objective_ratio(G, split_tangent_direction(MANIFOLDS[kind](), W, G, dict(OPTIONS)), opt)
-    # the split's angle is one point of the search (its K scaled by c/r, its complement scaled by f/r, is
-    # below the fill at that share), so the filled direction is at least as good, up to the grid's spacing
-    # and the fill's interpolation (measured: 0.89-1.00 of OPT here, against split_tangent's 0.83-1.00)
-    assert split - 2e-3 <= objective_ratio(G, A, opt) <= 1 + gap + 1e-5
+    unsplit = objective_ratio(G, unsplit_direction(MANIFOLDS[kind](), W, G, dict(OPTIONS)), opt)
+    assert unsplit - 2e-3 <= objective_ratio(G, A, opt) <= 1 + gap + 1e-5
     assert 0.0 <= float(alpha) <= 1.0
 
 
@@ -112,26 +107,23 @@ def test_feasible_and_at_least_split_tangent(kind, shape):
 def test_every_singular_value_near_one_on_tall_matrices(kind):
     # A^T A = a^2 K^T K + P Q^T Q P = I where the complement has full column rank (m - n >= n here): with exact
     # msigns the only shortfall is the fill's interpolation (< 1e-3 at degree 8 for a <= 0.9) and the bound's
-    # slack (~1e-3), so every singular value is within 1% of 1, where split_tangent's DGram ones spread (its
-    # shared angle: 0.94-1.00 on this problem, 0.85-1.00 on a trained DGram MLP)
+    # slack (~1e-3), so every singular value is within 1% of 1
     W, G = problem(kind, 96, 24, seed=6)
     W, G = W.double(), G.double()
     A, alpha, _ = filled_split_direction(MANIFOLDS[kind](), W, G, EXACT_MSIGN)
     s = torch.linalg.svdvals(A)
     assert float(alpha) < 0.95 and s.min() > 0.99 and s.max() <= 1 + 1e-12, (float(alpha), s.min(), s.max())
-    if kind == "dgram":
-        assert torch.linalg.svdvals(split_tangent_direction(MANIFOLDS[kind](), W, G, EXACT_MSIGN)).min() < 0.95
 
 
 @pytest.mark.parametrize("kind", SPLIT)
-def test_square_is_split_tangent(kind):
-    # no complement: the whole budget is the square part's, split_tangent's direction
+def test_square_is_the_square_part_alone(kind):
+    # no complement: the whole budget is the square part's, one msign, feasible by the tight bound
     W, G = problem(kind, 32, 32, seed=7)
     A, alpha, _ = filled_split_direction(MANIFOLDS[kind](), W, G, dict(OPTIONS))
     assert float(alpha) == 1.0
-    assert torch.allclose(A, split_tangent_direction(MANIFOLDS[kind](), W, G, dict(OPTIONS)), atol=1e-6)
-    for solver in ("filled_split", "split_tangent"):  # the square part's one msign, counted as such
-        assert int(spectral_direction(MANIFOLDS[kind](), W, G, solver=solver)[1].evaluations) == 1, solver
+    residual, op = feasibility(kind, W, A)
+    assert residual < TANGENT_TOL and op <= 1 + OP_TOL, (residual, op)
+    assert int(spectral_direction(MANIFOLDS[kind](), W, G, solver="filled_split")[1].evaluations) == 1
 
 
 @pytest.mark.parametrize("kind", SPLIT)
@@ -158,35 +150,36 @@ def test_products_only(kind):
         _, stats = spectral_direction(MANIFOLDS[kind](), W, G, solver="filled_split")
     assert not set(counts) & set(FORBIDDEN), counts
     assert counts["bmm"] + counts["mm"] > 0  # the counter sees the solve
-    # msigns: the joint one (the square part's) and the complement's; Oblique: projected_tangent's one
+    # msigns: the joint one (the square part's) and the complement's; Oblique: the unsplit direction's one
     assert int(stats.evaluations) == (1 if kind == "oblique" else 2)
 
 
-def test_oblique_is_projected_tangent():
+def test_oblique_is_the_unsplit_direction():
     W, G = problem("oblique", 40, 10, seed=8)
     A, _ = spectral_direction(MANIFOLDS["oblique"](), W, G, solver="filled_split", msign_steps=6)
-    B, _ = spectral_direction(MANIFOLDS["oblique"](), W, G, solver="projected_tangent", msign_steps=6)
+    B = unsplit_direction(MANIFOLDS["oblique"](), W, G, {**OPTIONS, "msign_steps": 6})
     assert torch.equal(A, B)
+    residual, op = feasibility("oblique", W, A)
+    assert residual < TANGENT_TOL and op <= 1 + OP_TOL, (residual, op)
 
 
-def test_options_are_validated():
+def test_options_are_validated_and_retired_ones_name_their_commit():
     W, G = problem("dgram", 24, 8, seed=9)
     with pytest.raises(ValueError, match="degree"):
         spectral_direction(MANIFOLDS["dgram"](), W, G, solver="filled_split", degree=1)
-    with pytest.raises(ValueError, match="one of split, joint"):
-        spectral_direction(MANIFOLDS["dgram"](), W, G, solver="filled_split", square="both")
-    with pytest.raises(ValueError, match="refine"):
-        spectral_direction(MANIFOLDS["dgram"](), W, G, solver="filled_split", refine=-1)
+    for retired in ({"square": "split"}, {"refine": 1}, {"carry_step": 0.25}, {"rounds": 2}, {"sub_steps": 1}):
+        with pytest.raises(ValueError, match=r"retired from the product: run what names it from a checkout of \w+"):
+            spectral_direction(MANIFOLDS["dgram"](), W, G, solver="filled_split", **retired)
 
 
 @pytest.mark.parametrize("kind", SPLIT)
 @pytest.mark.parametrize("shape", SHAPES)
 def test_joint_square_part_is_feasible_and_near_optimum(kind, shape):
-    # square=joint: K is the tangent projection of the joint msign's span part, scaled into the ball, so the
-    # direction stays feasible by construction; measured 0.89-1.00 of OPT on these problems (0.8 catches a
-    # broken projection or fill)
+    # K is the tangent projection of the joint msign's span part, scaled into the ball, so the direction stays
+    # feasible by construction; measured 0.89-1.00 of OPT on these problems (0.8 catches a broken projection or
+    # fill)
     W, G = problem(kind, *shape, seed=sum(shape))
-    A, _, _ = filled_split_direction(MANIFOLDS[kind](), W, G, {**OPTIONS, "square": "joint"})
+    A, _, _ = filled_split_direction(MANIFOLDS[kind](), W, G, dict(OPTIONS))
     residual, op = feasibility(kind, W, A)
     assert residual < TANGENT_TOL and op <= 1 + OP_TOL, (residual, op)
     opt, gap = exact_optimum(kind, W, G)
@@ -197,34 +190,9 @@ def test_joint_square_part_is_feasible_and_near_optimum(kind, shape):
 def test_joint_is_products_only_and_counts_its_msigns(kind):
     W, G = problem(kind, 96, 32, seed=5)
     with count_operators() as counts:
-        _, stats = spectral_direction(MANIFOLDS[kind](), W, G, solver="filled_split", square="joint", refine=0)
+        _, stats = spectral_direction(MANIFOLDS[kind](), W, G, solver="filled_split")
     assert not set(counts) & set(FORBIDDEN), counts
     assert int(stats.evaluations) == 2  # the joint msign and the complement's
-
-
-@pytest.mark.parametrize("kind", SPLIT)
-@pytest.mark.parametrize("shape", [(96, 32), (40, 24)])
-def test_refinement_steps_stay_feasible_and_gain(kind, shape):
-    # each damped fixed-point step moves the multiplier towards N(G) - N(A Z), the normal part of the optimum's
-    # G - W Lambda = A Z; on these tall problems one step took 0.93-0.98 of OPT to 0.97-0.99 and a second one
-    # added 0.002-0.004 (measured): it must gain at least 0.005 in one step and not lose in the second
-    W, G = problem(kind, *shape, seed=sum(shape))
-    opt, gap = exact_optimum(kind, W, G)
-    ratios = []
-    for refine in (0, 1, 2):
-        A, _, _ = filled_split_direction(MANIFOLDS[kind](), W, G, {**SPLIT_FILL, "refine": refine})
-        residual, op = feasibility(kind, W, A)
-        assert residual < TANGENT_TOL and op <= 1 + OP_TOL, (refine, residual, op)
-        ratios.append(objective_ratio(G, A, opt))
-    assert ratios[1] >= ratios[0] + 0.005 and ratios[2] >= ratios[1] - 1e-4 and ratios[2] <= 1 + gap + 1e-5, ratios
-
-
-def test_refinement_is_products_only_and_counts_its_msigns():
-    W, G = problem("dgram", 96, 32, seed=5)
-    with count_operators() as counts:
-        _, stats = spectral_direction(MANIFOLDS["dgram"](), W, G, solver="filled_split", refine=2)
-    assert not set(counts) & set(FORBIDDEN), counts
-    assert int(stats.evaluations) == 4  # the square part's, the complement's, one per refinement step
 
 
 # The Gram-space path against the tall reference: in float64 the same computation reordered (the msigns from the
@@ -233,11 +201,10 @@ GRAM_TOL = 1e-10
 
 
 @pytest.mark.parametrize("kind", SPLIT)
-@pytest.mark.parametrize("square", ["joint", "split"])
-@pytest.mark.parametrize("refine", [0, 1, 2])
-def test_gram_path_is_the_tall_reference(kind, square, refine):
+@pytest.mark.parametrize("carry", [False, True])
+def test_gram_path_is_the_tall_reference(kind, carry):
     W, G = problem(kind, 96, 24, seed=11, dtype=torch.float64)
-    opts = {**OPTIONS, "square": square, "refine": refine}
+    opts = {**OPTIONS, "carry": carry}
     A, alpha, _ = filled_split_direction(MANIFOLDS[kind](), W, G, opts)
     B, beta, _ = gram_filled_split_direction(MANIFOLDS[kind](), W, G, opts)
     assert torch.equal(alpha, beta)
@@ -397,9 +364,8 @@ def test_carry_costs_no_product_more():
 
 def test_carry_options_are_validated():
     W, G = problem("dgram", 24, 8, seed=26)
-    for bad in ({"carry": "yes"}, {"carry_step": 0.0}, {"carry_step": 1.5}, {"carry_step": float("nan")}):
-        with pytest.raises(ValueError, match="carry"):
-            spectral_direction(MANIFOLDS["dgram"](), W, G, solver="filled_split", **bad)
+    with pytest.raises(ValueError, match="carry"):
+        spectral_direction(MANIFOLDS["dgram"](), W, G, solver="filled_split", carry="yes")
 
 
 def test_a_non_finite_correction_is_refused_by_its_name():

@@ -33,7 +33,7 @@ def _decompositions_of_a_step(solver: str | None, kinds=(Stiefel, DGram)) -> tup
 
 
 @pytest.mark.slow  # about 1.3 s: three steps of four model-sized matrices
-@pytest.mark.parametrize("solver", ["projected_tangent", "split_tangent", "filled_split"])
+@pytest.mark.parametrize("solver", ["tangent", "filled_split"])
 def test_a_products_only_step_calls_no_decomposition(solver):
     decompositions, fallbacks = _decompositions_of_a_step(solver)
     assert decompositions == {} and fallbacks == 0, (decompositions, fallbacks)

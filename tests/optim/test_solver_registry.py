@@ -138,7 +138,7 @@ def test_a_registered_solver_works_everywhere(counting_solver):
 
 
 def test_the_optimizer_keeps_a_solvers_own_msign_steps_unless_it_names_them():
-    # ManifoldMuon(msign_steps=None), the default, leaves each solver its own msign iterations (split_tangent's 6);
+    # ManifoldMuon(msign_steps=None), the default, leaves each solver its own msign iterations (filled_split's 6);
     # a number replaces them (and a checkpoint's saved number comes back with it)
     seen = []
 
@@ -155,7 +155,7 @@ def test_the_optimizer_keeps_a_solvers_own_msign_steps_unless_it_names_them():
             assert seen[-1] == want, (steps, seen)
     finally:
         unregister_solver("spy")
-    assert get_solver("split_tangent").options["msign_steps"] == 6
+    assert get_solver("filled_split").options["msign_steps"] == 6
 
 
 def test_old_configs_and_checkpoints_that_say_gram_newton_still_load():

@@ -6,7 +6,7 @@ import torch
 
 from geomtrain.optim import ManifoldMuon, spectral_direction
 from geomtrain.optim.muon_step import direction_length
-from manifolds import DGram, Stiefel
+from manifolds import DGram, Oblique, Stiefel
 from manifolds.base import to_tall
 
 
@@ -36,10 +36,10 @@ def test_exact_directions_use_the_whole_spectral_budget():
         assert abs(stats["length_mean"] - 1) < 1e-3 and abs(stats["length_min"] - 1) < 1e-3, stats
 
 
-def test_projected_tangent_lengths_are_those_of_its_directions():
+def test_unsplit_lengths_are_those_of_its_directions():
     # the statistic is the mean and the minimum over the matrices of ||A||_F / sqrt(n) of the directions the
     # solver returns (the same solves repeated outside the optimizer, float64: equal to rounding)
-    stats, directions = _step("projected_tangent", DGram())
+    stats, directions = _step("filled_split", Oblique())  # Oblique: the projected, rescaled unsplit direction
     lengths = [float(direction_length(to_tall(a)[None])[0]) for a in directions]
     assert abs(stats["length_mean"] - sum(lengths) / len(lengths)) < 1e-9
     assert abs(stats["length_min"] - min(lengths)) < 1e-9

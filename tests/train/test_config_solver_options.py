@@ -27,7 +27,7 @@ def test_a_state_slot_option_makes_no_run_folder(data_dir, tmp_path, capsys):
     run = tmp_path / "run"
     argv = run_args(data_dir, run, "--max-iters", "1", "--muon-solver", "filled_split")
     code, _, err = cli([*argv, "--muon-solver-options", "correction=1"], capsys)
-    assert_one_line_error(code, err, "correction=1", "warm-start state", "carry, carry_step")
+    assert_one_line_error(code, err, "correction=1", "warm-start state", "degree, carry")
     assert not run.exists()
 
 

@@ -1,6 +1,6 @@
 """A direction solver per module (issue 42's hetero question): ``--solver-rule GLOB=SOLVER`` /
 ``muon_solver_rules``. Bad rules are one line (exit 2, nothing written); ``hetero`` with an MLP rule
-gets the default's attention (``filled_split``, per manifold kind) and ``projected_tangent`` MLP param
+gets the default's attention (``filled_split``, per manifold kind) and ``tangent`` MLP param
 groups; a tiny run trains with them, names
 them in its assignment files and checkpoint, and resumes with them."""
 
@@ -18,7 +18,7 @@ from geomtrain.groups import param_groups, pick_solvers, project_onto_manifolds
 from geomtrain.model import GPT, model_config
 from geomtrain.train import build_optimizers, load_checkpoint
 
-MLP_RULE = "*.mlp.*=projected_tangent"
+MLP_RULE = "*.mlp.*=tangent"
 
 
 def _short(data_dir, out, *extra):
@@ -34,8 +34,9 @@ def _solver_of(groups) -> dict[str, str]:
 @pytest.mark.parametrize(
     "rule, needles",
     [
-        ("*.mlp.*=projected_tangnet", ["projected_tangnet", "did you mean 'projected_tangent'", "valid: exact"]),
-        ("*.mlp.*", ["'*.mlp.*'", "GLOB=SOLVER", "projected_tangent"]),
+        ("*.mlp.*=exakt", ["exakt", "did you mean 'exact'", "valid: exact"]),
+        ("*.mlp.*=projected_tangent", ["projected_tangent", "retired from the product", "git worktree add"]),
+        ("*.mlp.*", ["'*.mlp.*'", "GLOB=SOLVER", "filled_split"]),
         ("*.nothing.*=tangent", ["'*.nothing.*=tangent'", "matches no Muon matrix", "transformer.h."]),
         ("*.ln_1.*=tangent", ["'*.ln_1.*=tangent'", "matches no Muon matrix"]),  # AdamW parameters only
     ],
@@ -65,16 +66,16 @@ def _hetero(data_dir, **overrides):
     return assignments, muon
 
 
-def test_hetero_with_an_mlp_rule_gets_default_attention_and_projected_tangent_mlp(data_dir):
+def test_hetero_with_an_mlp_rule_gets_default_attention_and_tangent_mlp(data_dir):
     assignments, muon = _hetero(data_dir, muon_solver_rules=[MLP_RULE])
     solvers = _solver_of(muon.param_groups)
     muon_names = [a.name for a in assignments if a.optimizer == "muon"]
     assert sorted(solvers) == sorted(muon_names) and len(muon_names) == 8  # 2 layers x (2 attention + 2 MLP)
     for name in muon_names:
-        assert solvers[name] == ("projected_tangent" if ".mlp." in name else "filled_split"), name
+        assert solvers[name] == ("tangent" if ".mlp." in name else "filled_split"), name
     assert {(g["manifold_name"], g["solver"]) for g in muon.param_groups} == {
         ("stiefel", "filled_split"),  # the default on Stiefel
-        ("dgram", "projected_tangent"),
+        ("dgram", "tangent"),
     }
     assert {a.name: a.solver for a in assignments if a.optimizer == "muon"} == solvers  # what the table shows
     assert all(a.solver is None for a in assignments if a.optimizer == "adamw")
@@ -95,10 +96,10 @@ def test_one_manifold_splits_into_a_group_per_solver_and_options_stay_with_muon_
 
 def test_first_matching_rule_wins_and_param_groups_takes_solver_rules():
     model = GPT(model_config("tiny", block_size=16))
-    groups = param_groups(model, "hetero", solver_rules=["*.h.0.mlp.*=tangent", "*.mlp.*=projected_tangent"])
+    groups = param_groups(model, "hetero", solver_rules=["*.h.0.mlp.*=tangent", "*.mlp.*=exact"])
     by_name = {name: g.get("solver") for g in groups.muon for name in g["param_names"]}
     assert by_name["transformer.h.0.mlp.c_fc.weight"] == "tangent"
-    assert by_name["transformer.h.1.mlp.c_fc.weight"] == "projected_tangent"
+    assert by_name["transformer.h.1.mlp.c_fc.weight"] == "exact"
     assert by_name["transformer.h.0.attn.c_attn.weight"] is None  # no rule: the optimizer's default solver
     assert "solver" in groups.table().splitlines()[0].split()
 
@@ -117,11 +118,11 @@ def _check_solvers_on_file(run) -> None:
     """assignment.json / .txt name each Muon matrix's solver; the checkpoint's Muon groups carry them."""
     table = json.loads((run / "assignment.json").read_text())
     matrices = {a["name"]: a["solver"] for a in table if a["optimizer"] == "muon"}
-    expected = {n: "projected_tangent" if ".mlp." in n else "filled_split" for n in matrices}
+    expected = {n: "tangent" if ".mlp." in n else "filled_split" for n in matrices}
     assert matrices and matrices == expected
     assert all("solver" not in a for a in table if a["optimizer"] == "adamw")
     text = (run / "assignment.txt").read_text()
-    assert "solver" in text.splitlines()[0] and "projected_tangent" in text
+    assert "solver" in text.splitlines()[0] and "tangent" in text
     assert _solver_of(load_checkpoint(run)["muon"]["param_groups"]) == matrices
 
 
@@ -131,7 +132,7 @@ def test_tiny_run_with_solver_rules_logs_finite_losses_and_names_the_solvers(dat
     assert code == 0, err[-3000:]
     losses = [(r["step"], r["loss"]) for r in records(run, "train")]
     assert [s for s, _ in losses] == [1, 2, 3] and all(math.isfinite(v) for _, v in losses), losses
-    assert "projected_tangent" in out  # the printed table
+    assert "tangent" in out  # the printed table
     assert json.loads((run / "config.json").read_text())["muon_solver_rules"] == [MLP_RULE]
     _check_solvers_on_file(run)
 
@@ -161,7 +162,7 @@ def test_resume_that_changes_a_solver_is_refused_even_when_config_changes_are_al
     argv = run_args(data_dir, run, "--max-iters", "4", "--eval-interval", "2", "--no-diagnostics")
     assert cli([*argv, "--solver-rule", MLP_RULE, "--stop-after", "2"], capsys)[0] == 130
     before = (run / "ckpt.pt").read_bytes()
-    for change in (["--solver-rule", "*.mlp.*=tangent"], ["--muon-solver", "tangent", "--solver-rule", MLP_RULE]):
+    for change in (["--solver-rule", "*.mlp.*=exact"], ["--muon-solver", "tangent", "--solver-rule", MLP_RULE]):
         code, _, err = cli([*argv, "--resume", *change, "--allow-config-change"], capsys)
         assert_one_line_error(code, err, "Muon solver", "muon_solver_rules")
     assert (run / "ckpt.pt").read_bytes() == before
