@@ -102,6 +102,8 @@ def solve_normal_equation(
     `GramManifold.gram_mask`): Jacobi-preconditioned conjugate gradients from ``x0`` (default 0), per matrix until
     its relative residual is at most ``rtol`` (default `CG_RTOL` of the dtype), at most ``max_iter`` products.
     One host read per iteration (whether every matrix is done)."""
+    if A.dtype not in CG_RTOL:
+        raise TypeError(f"the normal equation is solved in float32 or float64; got {A.dtype} (cast the point first)")
     rtol = CG_RTOL[A.dtype] if rtol is None else float(rtol)
     mask = mask.to(A)
     op, inv = normal_operator(mask, A), jacobi(mask, A)

@@ -92,6 +92,8 @@ def test_a_warm_start_at_the_solution_takes_no_product_and_batches_stop_per_matr
         assert float((alone - cold.solution[b]).norm() / alone.norm()) <= 1e-10
     zero = solve_normal_equation(mask, A, torch.zeros_like(R))
     assert zero.iterations == 0 and not bool(zero.solution.any()) and not bool(zero.residual.any())
+    with pytest.raises(TypeError, match=r"^the normal equation is solved in float32 or float64; got torch.bfloat16"):
+        solve_normal_equation(mask, A.bfloat16(), R.bfloat16())
 
 
 # Generic against closed forms: proju is the same orthogonal projection, so they agree to the CG tolerance times
