@@ -565,9 +565,12 @@ def _unpickle(path: Path, data: bytes, map_location: Any) -> dict:
 
 
 def runs_table(paths) -> str:
-    """Markdown table of plain run folders: preset, status (a dead ``running`` is ``stale``), step,
-    best and last val loss, skipped steps, median ms per step (``geomtrain report RUN [RUN ...]``)."""
-    head = "| run | preset | status | step | best val | last val | skipped | ms/step |"
+    """Markdown table of plain run folders: assignment (the preset, or the rules and the preset they apply
+    before), status (a dead ``running`` is ``stale``), step, best and last val loss, skipped steps, median ms per
+    step (``geomtrain report RUN [RUN ...]``)."""
+    from .assign import assignment_label
+
+    head = "| run | assignment | status | step | best val | last val | skipped | ms/step |"
     lines = [head, "|" + "---|" * 8]
     fmt = lambda v, f: "-" if v is None else format(v, f)  # noqa: E731
     for path in paths:
@@ -581,7 +584,7 @@ def runs_table(paths) -> str:
         )
         cells = [
             folder.path.name,
-            cfg.get("preset", "-"),
+            assignment_label(cfg.get("preset"), cfg.get("rules") or ()) if cfg.get("preset") else "-",
             status,
             step,
             fmt(st.get("best_val_loss"), ".4f"),

@@ -39,7 +39,7 @@ import torch.distributed as dist
 
 from . import data as gdata
 from ._io import environment_record, to_jsonable
-from .assign import assign, format_table, is_gpt_matrix
+from .assign import assign, assignment_label, format_table, is_gpt_matrix
 from .config import TrainConfig, import_manifold_modules
 from .diagnostics import collect_diagnostics, gradient_norms
 from .groups import optimizer_groups, pick_solvers, project_onto_manifolds
@@ -597,4 +597,9 @@ def _progress_bar(cfg: TrainConfig, trainer: Trainer):
         return None
     from tqdm.auto import tqdm
 
-    return tqdm(total=cfg.max_iters, initial=trainer.steps_done, desc=f"{cfg.preset}", dynamic_ncols=True)
+    return tqdm(
+        total=cfg.max_iters,
+        initial=trainer.steps_done,
+        desc=assignment_label(cfg.preset, cfg.rules),
+        dynamic_ncols=True,
+    )
