@@ -66,6 +66,7 @@ __all__ = [
     "INCLUDE_CHOICES",
     "LM_HEAD_GLOBS",
     "optimizer_groups",
+    "build_optimizers",
     "parse_solver_rule",
     "pick_solvers",
     "logical_parameters",
@@ -351,3 +352,36 @@ def project_onto_manifolds(params: Mapping[str, torch.Tensor], assignments: Sequ
 
 def _fmt(shape: Sequence[int]) -> str:
     return "x".join(map(str, shape))
+
+
+def build_optimizers(model: torch.nn.Module, assignments, cfg):
+    """AdamW for the ``adamw`` parameters (weight decay on 2-D ones only) and ManifoldMuon for
+    the ``muon`` parameters of a `geomtrain.config.TrainConfig` ``cfg``, one param group per manifold and solver
+    (`optimizer_groups`;
+    ``muon_solver_rules`` pick a Muon matrix's solver, `pick_solvers`, which sets each assignment's
+    ``solver``: a rule's, else ``muon_solver``, else the default for its manifold kind,
+    `geomtrain.optim.default_solver`). ``muon_solver_options`` are ``muon_solver``'s: a rule's other solver
+    runs with its defaults. Returns ``(adamw, muon_or_None)``."""
+    from .optim import ManifoldMuon, get_solver
+
+    run_solver = get_solver(cfg.muon_solver).name if cfg.muon_solver is not None else None
+    pick_solvers(assignments, cfg.muon_solver_rules, run_solver, by_kind=True)
+    muon_groups, adam_groups = optimizer_groups(assignments, dict(model.named_parameters()), cfg.weight_decay)
+    for group in muon_groups:
+        if group["solver"] != run_solver:
+            group["solver_options"] = {}
+    adamw = torch.optim.AdamW(adam_groups, lr=cfg.lr, betas=(cfg.beta1, cfg.beta2))
+    if not muon_groups:
+        return adamw, None
+    kwargs = dict(
+        lr=cfg.muon_lr,
+        momentum=cfg.muon_momentum,
+        nesterov=cfg.muon_nesterov,
+        weight_decay=cfg.muon_weight_decay,
+        bucketed=cfg.bucketed,
+    )
+    if cfg.muon_solver is not None:
+        kwargs["solver"] = cfg.muon_solver
+    if cfg.muon_solver_options:
+        kwargs["solver_options"] = cfg.solver_options()
+    return adamw, ManifoldMuon(muon_groups, certify_every=cfg.muon_certify_every, **kwargs)

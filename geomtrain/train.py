@@ -42,7 +42,7 @@ from ._io import environment_record, to_jsonable
 from .assign import assign, assignment_label, format_table, is_gpt_matrix
 from .config import TrainConfig, import_manifold_modules
 from .diagnostics import collect_diagnostics, gradient_norms
-from .groups import optimizer_groups, pick_solvers, project_onto_manifolds
+from .groups import build_optimizers, project_onto_manifolds
 from .hardware import matmul_precision, mfu, model_flops_per_token, model_matmul_precision, peak_bf16_flops
 from .model import GPT, load_hf_gpt2_folder, match_qkv_layout, model_config
 from .runfolder import CheckpointError, RunFolder, RunFolderError
@@ -66,7 +66,6 @@ __all__ = [
     "StopSignals",
     "train",
     "lr_at",
-    "build_optimizers",
     "resolve_device",
     "load_checkpoint",
     "distributed_from_env",
@@ -86,38 +85,6 @@ def lr_at(step: int, cfg: TrainConfig) -> float:
         return cfg.min_lr
     progress = (step - cfg.warmup_iters) / max(1, cfg.max_iters - cfg.warmup_iters)
     return cfg.min_lr + 0.5 * (1.0 + math.cos(math.pi * progress)) * (cfg.lr - cfg.min_lr)
-
-
-def build_optimizers(model: torch.nn.Module, assignments, cfg: TrainConfig):
-    """AdamW for the ``adamw`` parameters (weight decay on 2-D ones only) and ManifoldMuon for
-    the ``muon`` parameters, one param group per manifold and solver (`geomtrain.groups.optimizer_groups`;
-    ``muon_solver_rules`` pick a Muon matrix's solver, `pick_solvers`, which sets each assignment's
-    ``solver``: a rule's, else ``muon_solver``, else the default for its manifold kind,
-    `geomtrain.optim.default_solver`). ``muon_solver_options`` are ``muon_solver``'s: a rule's other solver
-    runs with its defaults. Returns ``(adamw, muon_or_None)``."""
-    from .optim import ManifoldMuon, get_solver
-
-    run_solver = get_solver(cfg.muon_solver).name if cfg.muon_solver is not None else None
-    pick_solvers(assignments, cfg.muon_solver_rules, run_solver, by_kind=True)
-    muon_groups, adam_groups = optimizer_groups(assignments, dict(model.named_parameters()), cfg.weight_decay)
-    for group in muon_groups:
-        if group["solver"] != run_solver:
-            group["solver_options"] = {}
-    adamw = torch.optim.AdamW(adam_groups, lr=cfg.lr, betas=(cfg.beta1, cfg.beta2))
-    if not muon_groups:
-        return adamw, None
-    kwargs = dict(
-        lr=cfg.muon_lr,
-        momentum=cfg.muon_momentum,
-        nesterov=cfg.muon_nesterov,
-        weight_decay=cfg.muon_weight_decay,
-        bucketed=cfg.bucketed,
-    )
-    if cfg.muon_solver is not None:
-        kwargs["solver"] = cfg.muon_solver
-    if cfg.muon_solver_options:
-        kwargs["solver_options"] = cfg.solver_options()
-    return adamw, ManifoldMuon(muon_groups, certify_every=cfg.muon_certify_every, **kwargs)
 
 
 @dataclass

@@ -12,7 +12,7 @@ three ways to take the same optimizer steps on the same gradients:
   rank and the new rows back, two all-to-alls per step (`geomtrain.optim.muon_fsdp`).
 
 Per step and rank: the collectives and the bytes sent (``last_stats["comm"]``: the ring algorithms' bytes,
-computed from the buffers, `geomtrain.optim.muon_dist.CommCount`), and the median time of
+computed from the buffers, `geomtrain.optim.exchange.CommCount`), and the median time of
 ``ManifoldMuon.step`` over the timed steps (per step, the slowest rank). The ranks are processes spawned by
 ``torch.multiprocessing`` with a ``file://`` rendezvous, one CPU thread each (``--threads``); the distributed
 modes run in the same processes, stepped alternately so a shared machine's drift hits them alike. FSDP2's

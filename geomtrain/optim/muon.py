@@ -78,7 +78,7 @@ directions the solver returned, made feasible first, `geomtrain.optim.certificat
 RMS singular value $\|A\|_F/\sqrt{n}$ of the directions applied this step (1: the whole spectral budget, as
 exact and msign directions; a products-only direction is shorter: a smaller step at the same ``lr``;
 ``None`` when none was applied); ``comm``: this step's collectives and
-bytes sent by this rank (`geomtrain.optim.muon_dist.CommCount`; zeros in one process). ``step_stats`` holds
+bytes sent by this rank (`geomtrain.optim.exchange.CommCount`; zeros in one process). ``step_stats`` holds
 the same as a `StepStats`.
 
 The step has the shape of ``torch.optim.Muon``: gather (`_init_group`), the batched direction kernel
@@ -109,7 +109,8 @@ from .direction import (
     mask_kind,
     solver_option_rule,
 )
-from .muon_dist import CommCount, owners, reduce_stats, share, share_bucketed
+from .exchange import CommCount, reduce_stats
+from .muon_dist import owners, share, share_bucketed
 from .muon_fsdp import (
     agree,
     check_sharded,

@@ -1,6 +1,6 @@
 r"""The distributed exchange of a `ManifoldMuon` step: which rank solves each matrix (`owners`), how its new
 weights and warm-start state reach the other ranks (`share_bucketed`: one gather per bucket; `share`: the
-per-matrix broadcasts, kept for comparison), the statistics all-reduce, and what is sent (`CommCount`).
+per-matrix broadcasts, kept for comparison), then the statistics all-reduce (`geomtrain.optim.exchange`).
 
 **Buckets.** The step's matrices are grouped by ``(shape, dtype, device)`` of their parameter; buckets are
 taken largest matrix first (ties: first appearance), and inside the run of buckets matrix $j$ (counted over
@@ -11,50 +11,20 @@ matrix: the weights, then every warm-start `StateSlot` of its solver) into one f
 to the longest rank's, and ONE ``all_gather`` per bucket carries them all. Every rank derives the layout from
 the parameters alone, so nothing else is sent.
 
-**Counting** (`CommCount`, ``last_stats["comm"]``): per step and rank, ``collectives``, ``bytes_in`` (the
-bytes of the buffers this rank hands to the collectives) and ``bytes_sent`` (what it transmits under the ring
-algorithms: $(N-1)L$ for an all-gather of $L$ bytes per rank, $2\frac{N-1}{N}S$ for an all-reduce of $S$
-bytes, $\frac{N-1}{N}S$ for a pipelined broadcast, averaged over ranks) and ``bytes_padding`` (the zeros in
-the gathered buffers, all ranks together). Equal on every rank; computed from the buffers, not measured on
-the network. Under FSDP2 (`geomtrain.optim.muon_fsdp`) an ``all_to_all`` counts what this rank itself sends
-to the others, which differs between ranks.
+The counts (`geomtrain.optim.exchange.CommCount`) are those of every exchange.
 """
 
 from __future__ import annotations
 
 import math
-from dataclasses import asdict, dataclass
 
 import torch
 import torch.distributed as dist
 
-from .direction import get_solver, mask_kind
-from .muon_step import MatrixItem, StatsTable, keeps_warm_state
+from .exchange import CommCount, comm_device, reduce_stats, state_slots
+from .muon_step import MatrixItem, StatsTable
 
-__all__ = ["CommCount", "owners", "buckets", "state_slots", "share", "share_bucketed", "comm_device"]
-
-
-@dataclass
-class CommCount:
-    """What one rank sends in one step (see the module docstring for each count)."""
-
-    collectives: int = 0
-    bytes_in: int = 0
-    bytes_sent: float = 0.0  # fractional per collective (a rank's share of a broadcast); rounded in as_dict
-    bytes_padding: int = 0
-
-    def add(self, kind: str, size: int, world: int, padding: int = 0, sent: int = 0) -> None:
-        """One collective of ``kind`` (``"all_gather"``, ``"all_reduce"``, ``"broadcast"``) on a buffer of
-        ``size`` bytes per rank; ``"all_to_all"`` (`geomtrain.optim.muon_fsdp`): ``size`` is this rank's send
-        buffer and ``sent`` its bytes for the other ranks (counted as they are, not averaged over ranks)."""
-        factor = {"all_gather": world - 1, "all_reduce": 2 * (world - 1) / world, "broadcast": (world - 1) / world}
-        self.collectives += 1
-        self.bytes_in += size
-        self.bytes_sent += sent if kind == "all_to_all" else factor[kind] * size
-        self.bytes_padding += padding
-
-    def as_dict(self) -> dict:
-        return {**asdict(self), "bytes_sent": round(self.bytes_sent)}
+__all__ = ["owners", "buckets", "share", "share_bucketed", "all_gather_flat"]
 
 
 def buckets(items: list[MatrixItem]) -> list[list[MatrixItem]]:
@@ -76,20 +46,6 @@ def owners(items: list[MatrixItem], world: int, bucketed: bool = True) -> list[i
         for it in bucket:
             out[it.index], j = j % world, j + 1
     return out
-
-
-def state_slots(it: MatrixItem) -> list[tuple[str, tuple, torch.dtype]]:
-    """The warm-start state a matrix's owner sends: ``(key, shape, dtype)`` per `StateSlot` of its solver
-    (``"matrix"`` slots ``(*lead, n, n)`` in the parameter's dtype, ``"flag"`` slots one uint8 per matrix);
-    none for a Euclidean matrix or without warm start."""
-    spec = get_solver(it.solver)
-    if not keeps_warm_state(it.group, spec) or mask_kind(it.manifold) == "euclidean":
-        return []
-    lead, n = tuple(it.p.shape[:-2]), min(it.p.shape[-2:])
-    return [
-        (s.key, (*lead, n, n), it.p.dtype) if s.kind == "matrix" else (s.key, (math.prod(lead),), torch.uint8)
-        for s in spec.state
-    ]
 
 
 def _slot_tensor(st: dict, key: str, shape: tuple, dtype: torch.dtype, device) -> torch.Tensor:
@@ -168,30 +124,3 @@ def share(items: list[MatrixItem], states: dict, table: StatsTable, world: int, 
             comm.add("broadcast", _nbytes(shape, dtype), world)
     reduce_stats(items, states, table, world, owner, comm)
     return comm
-
-
-def reduce_stats(
-    items: list[MatrixItem], states: dict, table: StatsTable, world: int, owner: list[int], comm: CommCount
-) -> None:
-    """Sum the statistics rows (each row from its owner; NaN, an unknown gap, travels as -1) in one all-reduce;
-    then drop the received state of matrices whose owner kept none (a skipped update)."""
-    mine = torch.tensor([owner[it.index] == dist.get_rank() for it in items], dtype=torch.bool)
-    local = torch.where(mine[:, None], table.rows, torch.zeros_like(table.rows))
-    buf = torch.nan_to_num(local, nan=-1.0).to(comm_device())
-    dist.all_reduce(buf)
-    comm.add("all_reduce", buf.numel() * buf.element_size(), world)
-    out = buf.cpu()
-    for name in StatsTable.UNKNOWN:
-        j = StatsTable.FIELDS.index(name)
-        out[:, j] = torch.where(out[:, j] == -1, torch.nan, out[:, j])
-    table.rows.copy_(out)
-    for it in items:
-        if table.rows[it.index, StatsTable.FIELDS.index("has_state")] == 0:
-            for slot in get_solver(it.solver).state:
-                states[it.p].pop(slot.key, None)
-
-
-def comm_device() -> torch.device:
-    """Where collective buffers live: the current CUDA device under nccl, else the CPU."""
-    backend = dist.get_backend() if dist.is_initialized() else "gloo"
-    return torch.device("cuda", torch.cuda.current_device()) if backend == "nccl" else torch.device("cpu")

@@ -46,7 +46,7 @@ import torch
 import torch.distributed as dist
 
 from .direction import get_solver, mask_kind
-from .muon_dist import CommCount, comm_device, state_slots
+from .exchange import CommCount, comm_device, state_slots
 from .muon_step import Commit, MatrixItem, StatsTable, apply_directions, batched_directions, group_batches
 
 if TYPE_CHECKING:

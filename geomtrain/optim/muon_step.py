@@ -138,7 +138,7 @@ class StepStats:
     """A step's statistics (``ManifoldMuon.step_stats``; ``last_stats`` is its `as_dict`), plain Python
         numbers, JSON-ready. See the `geomtrain.optim.muon` docstring for each entry; ``certified_gap_max`` and
         ``certified_residual_max`` are set on the steps of ``certify_every`` only (else None); ``comm`` is what this
-    rank sent (`geomtrain.optim.muon_dist.CommCount`: zeros in one process)."""
+    rank sent (`geomtrain.optim.exchange.CommCount`: zeros in one process)."""
 
     n_matrices: int = 0
     msign_calls: int = 0

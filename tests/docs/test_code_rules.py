@@ -104,3 +104,31 @@ def test_manifolds_never_imports_geomtrain():
                 modules += [node.module or ""] if isinstance(node, ast.ImportFrom) and not node.level else []
                 offenders += [f"{name} imports {m}" for m in modules if m.split(".")[0] == "geomtrain"]
     assert not offenders, offenders
+
+
+# The optimizer's layers, lowest first: a module may import from its own layer's shared pieces and from lower
+# layers, never from a higher one, and the two exchanges (DDP, FSDP2) are siblings that share `exchange` and never
+# import each other.
+OPTIM_LAYERS = (
+    ("solver", "numerics", "gram", "products", "column_split", "douglas_rachford", "square_dgram"),
+    ("baselines", "gram_newton", "filled_split", "registry", "certificate"),
+    ("direction",),
+    ("muon_step",),
+    ("exchange",),
+    ("muon_dist", "muon_fsdp"),
+    ("muon",),
+)
+EXCHANGES = {"geomtrain.optim.muon_dist", "geomtrain.optim.muon_fsdp"}
+
+
+def test_the_optimizer_is_layered_and_its_exchanges_are_siblings():
+    layer = {f"geomtrain.optim.{m}": i for i, mods in enumerate(OPTIM_LAYERS) for m in mods}
+    optim = sorted(n for n in MODULES if n.startswith("geomtrain.optim.") and n != "geomtrain.optim")
+    assert set(optim) == set(layer), f"place these modules in OPTIM_LAYERS: {sorted(set(optim) ^ set(layer))}"
+    upward = [
+        f"{name} imports {dep}"
+        for name in optim
+        for dep in _imports(name, MODULES[name])
+        if dep in layer and (layer[dep] > layer[name] or {name, dep} <= EXCHANGES)
+    ]
+    assert not upward, "imports against the optimizer's layers: " + "; ".join(upward)

@@ -14,9 +14,9 @@ from fault_helpers import assert_one_line_error, cli, records, run_args
 
 from geomtrain.assign import assign, is_gpt_matrix
 from geomtrain.config import RUN_DEFINING_KEYS
-from geomtrain.groups import param_groups, pick_solvers, project_onto_manifolds
+from geomtrain.groups import build_optimizers, param_groups, pick_solvers, project_onto_manifolds
 from geomtrain.model import GPT, model_config
-from geomtrain.train import build_optimizers, load_checkpoint
+from geomtrain.train import load_checkpoint
 
 MLP_RULE = "*.mlp.*=tangent"
 
