@@ -1,16 +1,15 @@
 r"""The solver registry: one place that turns a name (``"exact"``, ``"tangent"``) into a `Solver`.
 
-Built in: ``exact`` (the reference: `geomtrain.optim.gram_newton`, certified; ``gram_newton`` is an alias
-that old configs, run folders and checkpoints use), the products-only ``split_tangent``, ``filled_split``,
-``projected_tangent``, ``dual_ascent`` and ``admm``, and ``tangent`` and ``published``
-(`geomtrain.optim.baselines`). What training uses by default is per manifold kind, `default_solver`:
-``filled_split`` on Stiefel and DGram matrices, ``exact`` on the others (chosen by training
-loss against exact,
-docs/manifold-muon.md, *Chosen by training*). A new solver is one module defining ``SOLVER = Solver(...)`` (see
-`geomtrain.optim.solver`) and one call ``register_solver(SOLVER)``: built-in ones are listed in
-``_BUILTINS`` below, a user's anywhere before the optimizer is built. Everything that lists or
-validates solvers (`spectral_direction`, `ManifoldMuon`, `TrainConfig.validate`, the CLI, the benchmarks)
-reads this registry.
+The product's four: ``exact`` (the reference: `geomtrain.optim.gram_newton`, certified; ``gram_newton`` is an
+alias that old configs, run folders and checkpoints use), the products-only ``filled_split``, and ``tangent`` and
+``published`` (`geomtrain.optim.baselines`, the paper's baselines). What training uses by default is per manifold
+kind, `default_solver`: ``filled_split`` on Stiefel and DGram matrices, ``exact`` on the others. Retired solvers
+and options (`RETIRED_SOLVERS`, `RETIRED_OPTIONS`) are refused with the commit that still runs them.
+
+A new solver is one module defining ``SOLVER = Solver(...)`` (see `geomtrain.optim.solver`) and one call
+``register_solver(SOLVER)``: built-in ones are listed in ``_BUILTINS`` below, a user's anywhere before the
+optimizer is built. Everything that lists or validates solvers (`spectral_direction`, `ManifoldMuon`,
+`TrainConfig.validate`, the CLI, the benchmarks) reads this registry.
 """
 
 from __future__ import annotations
@@ -46,18 +45,9 @@ __all__ = [
 
 REFERENCE_SOLVER = "exact"  # the certified optimum: `spectral_direction`'s default, and training's where
 # TRAINING_DEFAULTS names no solver for a manifold kind
-# Training's default per manifold kind (`geomtrain.optim.gram.mask_kind`), chosen by training: 3 seeds paired
-# with exact at the main study's settings (shared, untuned muon_lr 0.02), the selection asking for a mean final val
-# loss within +0.005 of exact on every preset (lab/2026-12-06-split-tangent). On DGram split_tangent's mean on hetero
-# is +0.015 (its DGram MLP); filled_split with its joint square part and no refinement (its default), in Gram space,
-# has a mean within +0.005 on every preset on every matrix (hetero +0.004, by its interval worse;
-# lab/2026-12-06-filled-split), where
-# split_tangent on the Stiefel attention with it on the DGram MLP gives +0.0055 (lab/2026-12-06-gram-space); at most
-# 3.0 msign-equivalents. With its multiplier's correction carried from step to step (carry=True, its default) the
-# main study's 95% intervals put it better than exact on all-stiefel, all-dgram and hetero-inv and leave hetero
-# unresolved (-0.0022 [-0.0079, +0.0036], on the runs that selected it; at 2,000 steps, 2 seeds, -0.0010, also
-# unresolved), where the cold start's mean was +0.0087 (lab/2026-12-06-carried-multiplier; docs/results.md,
-# Findings). Oblique (not selected) keeps exact.
+# Training's default per manifold kind (`geomtrain.optim.gram.mask_kind`): the products-only filled_split on Stiefel
+# and DGram (how it was chosen, and how it compares with exact: docs/manifold-muon.md and docs/results.md,
+# Findings); Oblique and custom masks keep exact.
 TRAINING_DEFAULTS: Mapping[str, str] = MappingProxyType({"stiefel": "filled_split", "dgram": "filled_split"})
 _NAME = re.compile(r"[a-z0-9_\-]+")
 _SOLVERS: dict[str, Solver] = {}
@@ -71,7 +61,7 @@ def solver_names() -> tuple[str, ...]:
 
 def default_solver(manifold: GramManifold) -> str:
     """The solver training uses on a matrix of ``manifold`` when none is named: `TRAINING_DEFAULTS` by its
-    mask kind (``split_tangent`` for Stiefel), else `REFERENCE_SOLVER` (``exact``)."""
+    mask kind (``filled_split`` on Stiefel and DGram), else `REFERENCE_SOLVER` (``exact``)."""
     return TRAINING_DEFAULTS.get(mask_kind(manifold), REFERENCE_SOLVER)
 
 
