@@ -18,7 +18,7 @@ from manifolds.base import from_tall, to_tall
 
 from .certificate import certify
 from .direction import default_solver, get_solver, mask_kind, spectral_direction
-from .numerics import host_values
+from .numerics import HostRead, host_values
 
 __all__ = [
     "SHAPE_SCALES",
@@ -176,31 +176,40 @@ class StepStats:
         def worst(name: str) -> torch.Tensor:  # the largest known value; -inf where none is known
             return torch.where(torch.isnan(col(name)), -math.inf, col(name)).max()
 
-        known = ("dual_gap", "certified_gap", "certified_residual")
-        summary = [col("matrices").sum(), col("msign_calls").sum(), col("calls_max").max(), col("residual").max()]
-        summary += [col("residual").mean(), col("off_manifold").max(), col("solved").sum(), col("length_sum").sum()]
-        summary += [torch.nan_to_num(col("length_min"), nan=math.inf).min(), *(worst(k) for k in known)]
-        values = torch.cat([torch.stack(summary), col("converged")]).tolist()
-        matrices, calls, calls_max, res_max, res_mean, off_max, solved, length_sum, lowest = values[:9]
-        gaps = [v if v > -math.inf else None for v in values[9 : 9 + len(known)]]
-        unconverged = [name for name, ok in zip(names, values[9 + len(known) :]) if ok < 1]
+        summary = {
+            "matrices": col("matrices").sum(),
+            "calls": col("msign_calls").sum(),
+            "calls_max": col("calls_max").max(),
+            "residual_max": col("residual").max(),
+            "residual_mean": col("residual").mean(),
+            "off_max": col("off_manifold").max(),
+            "solved": col("solved").sum(),
+            "length_sum": col("length_sum").sum(),
+            "lowest": torch.nan_to_num(col("length_min"), nan=math.inf).min(),
+            **{k: worst(k) for k in ("dual_gap", "certified_gap", "certified_residual")},
+        }
+        values = torch.cat([torch.stack(list(summary.values())), col("converged")]).tolist()  # one read
+        v = dict(zip(summary, values))
+        gap = {k: v[k] if v[k] > -math.inf else None for k in ("dual_gap", "certified_gap", "certified_residual")}
+        unconverged = [name for name, ok in zip(names, values[len(summary) :]) if ok < 1]
+        solved = v["solved"]
         return cls(
-            n_matrices=int(matrices),
-            msign_calls=int(calls),
-            iterations_max=int(calls_max),
-            residual_max=res_max,
-            residual_mean=res_mean,
-            dual_gap_max=gaps[0],
+            n_matrices=int(v["matrices"]),
+            msign_calls=int(v["calls"]),
+            iterations_max=int(v["calls_max"]),
+            residual_max=v["residual_max"],
+            residual_mean=v["residual_mean"],
+            dual_gap_max=gap["dual_gap"],
             n_unconverged=len(unconverged),
             unconverged=unconverged,
-            off_manifold_max=off_max,
+            off_manifold_max=v["off_max"],
             n_skipped_nonfinite=len(skipped),
             n_skipped_nonfinite_total=total,
             skipped=skipped,
-            certified_gap_max=gaps[1],
-            certified_residual_max=gaps[2],
-            length_mean=length_sum / solved if solved else None,
-            length_min=lowest if solved else None,
+            certified_gap_max=gap["certified_gap"],
+            certified_residual_max=gap["certified_residual"],
+            length_mean=v["length_sum"] / solved if solved else None,
+            length_min=v["lowest"] if solved else None,
             comm=dict(comm or {}),
         )
 
@@ -315,30 +324,34 @@ def apply_directions(batch: list[MatrixItem], A: torch.Tensor, st: dict, sizes: 
     new_state = st.get("state")
     keep = spec is not None and keeps_warm_state(g0, spec) and new_state is not None
     matrices = [key for key, v in (new_state or {}).items() if v.dim() > 1]  # the "matrix" slots
-    # one host read (all float64) for each retracted matrix's finite check, constraint violation and warm-start
-    # state check, and every matrix's `direction_length`; only the matrices that pass use the last two
-    checks = [torch.isfinite(updates[i]).all().double() for i in computed]
-    checks += [] if euclid else [m.constraint_violation(updates[i]).max().double() for i in computed]
-    if keep:
-        for i in computed:
+    # one host read (all float64, by name) for each retracted matrix's finite check, constraint violation and
+    # warm-start state check, and every matrix's `direction_length`; only the matrices that pass use the last two
+    reads = HostRead()
+    for i in computed:
+        reads.add(("finite", i), torch.isfinite(updates[i]).all().double())
+        if not euclid:
+            reads.add(("off_manifold", i), m.constraint_violation(updates[i]).max().double())
+        if keep:
             finite = [torch.isfinite(new_state[k][bounds[i] : bounds[i + 1]]).all() for k in matrices]
-            checks.append(torch.stack(finite).all().double() if finite else torch.ones((), dtype=torch.float64))
+            ok = torch.stack(finite).all().double() if finite else torch.ones((), dtype=torch.float64)
+            reads.add(("state_ok", i), ok)
     # the statistics a solver left on the device (a products-only solver's residual) join the same read
     fields = [f for f in ("residual", "dual_gap", "certified_gap", "certified_residual") if st.get(f) is not None]
     on_device = [f for f in fields if st[f].device.type != "cpu"]
-    keys = [(f, i) for f in on_device for i in range(len(batch))]
-    peaks = [st[f][bounds[i] : bounds[i + 1]].double().max() for f, i in keys]
-    read = host_values(checks + peaks + list(direction_length(A).double().unbind()))
-    c, n_off, k = len(computed), 0 if euclid else len(computed), len(checks) + len(peaks)
-    peak = dict(zip(keys, read[len(checks) : k]))
-    lengths = torch.tensor(read[k:], dtype=torch.float64)
-    for i, ok in zip(computed, read[:c]):
-        if not ok:
+    for f in on_device:
+        for i in range(len(batch)):
+            reads.add((f, i), st[f][bounds[i] : bounds[i + 1]].double().max())
+    for j, length in enumerate(direction_length(A).double().unbind()):
+        reads.add(("length", j), length)
+    got = reads.read()
+    lengths = torch.tensor([got["length", j] for j in range(A.shape[0])], dtype=torch.float64)
+    for i in computed:
+        if not got["finite", i]:
             skips[i] = SKIP_DIRECTION if euclid else SKIP_RETRACTION
     applied = [i for i in computed if not skips[i]]
     commits = {i: Commit(batch[i].p, weights=updates[i], state={}) for i in applied}
-    off_of = {i: v for i, v in zip(computed, read[c : c + n_off]) if not skips[i]}
-    state_ok = {i: v for i, v in zip(computed, read[c + n_off : len(checks)]) if not skips[i]} if keep else {}
+    off_of = {i: got["off_manifold", i] for i in applied if not euclid}
+    state_ok = {i: got["state_ok", i] for i in applied} if keep else {}
     for i, it in enumerate(batch):
         sl = slice(bounds[i], bounds[i + 1])
         table.set(it.index, "matrices", sizes[i])
@@ -346,7 +359,7 @@ def apply_directions(batch: list[MatrixItem], A: torch.Tensor, st: dict, sizes: 
         table.set(it.index, "msign_calls", st["msign_calls"][sl].double().sum())
         table.set(it.index, "calls_max", st["msign_calls"][sl].double().max())
         for f in fields:
-            table.set(it.index, f, peak[(f, i)] if f in on_device else st[f][sl].double().max())
+            table.set(it.index, f, got[f, i] if f in on_device else st[f][sl].double().max())
         table.set(it.index, "converged", st["converged"][sl].double().min())
         table.set(it.index, "skipped", skips[i])
         if not skips[i]:  # the step-length statistics of the directions applied

@@ -259,6 +259,23 @@ def host_values(scalars: list[torch.Tensor]) -> list:
     return out
 
 
+class HostRead:
+    """Scalars read to the host together, by name: `add` collects 0-dim tensors under a key, `read` returns
+    ``{key: number}`` with one transfer per device and dtype (`host_values`), so a caller indexes what it
+    read by what it is, not by its position in one long list."""
+
+    def __init__(self) -> None:
+        self._keys: list = []
+        self._values: list[torch.Tensor] = []
+
+    def add(self, key, value: torch.Tensor) -> None:
+        self._keys.append(key)
+        self._values.append(value)
+
+    def read(self) -> dict:
+        return dict(zip(self._keys, host_values(self._values)))
+
+
 def pcg(op, b: torch.Tensor, pre, iters: int, rtol: float) -> torch.Tensor:
     """Batched preconditioned CG for an SPD operator on (B, n, n) tensors; per-entry stopping."""
     x = torch.zeros_like(b)
