@@ -333,7 +333,7 @@ class GramManifold(geoopt.Manifold, metaclass=abc.ABCMeta):
         if not bool(torch.isfinite(x).all()):
             return False, "point has non-finite entries"
         atol = _CHECK_ATOL.get(x.dtype, 1e-5) if atol is None else atol
-        err = float(self.constraint_violation(x).max()) if x.numel() else 0.0
+        err = float(self.constraint_violation(x.detach()).max()) if x.numel() else 0.0
         if err > atol:
             return False, f"`P(W^T W - I)` is {err:.3g} (scaled), above atol={atol:g}"
         return True, None
