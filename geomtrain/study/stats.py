@@ -34,7 +34,8 @@ __all__ = [
 
 DEFAULT_DELTA = 0.005  # nats: "level" means the whole interval within ±0.005 of the reference
 VERDICT_RULE = (
-    "paired differences d = arm - reference in final val loss over the confirmation seeds; "
+    "paired differences d = arm - reference in final val loss over the seeds both ran (a tuned study's "
+    "confirmation seeds); "
     "95% interval mean ± t(0.975, n-1)·sd/√n; better: interval < 0; worse: interval > 0; "
     "level: interval within ±delta; else unresolved (also with n < 2). A seed where only the arm "
     "diverged makes it worse, only the reference, better; both diverged: the seed is left out."
