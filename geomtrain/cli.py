@@ -276,6 +276,29 @@ def _cmd_eval(args) -> int:
     return 0
 
 
+# ----------------------------------------------------------------------------- rebuild-manifest
+def _add_rebuild_manifest(sub) -> None:
+    p = sub.add_parser(
+        "rebuild-manifest",
+        help="write a run's damaged or deleted ckpt.dcp.json anew from its newest complete DCP folder",
+        description=(
+            "An FSDP run's ckpt.dcp.json was damaged or deleted: check the newest complete ckpt.dcp/step-N against "
+            "DCP's own .metadata, then commit it as a save would, so that --resume continues from it. Its bytes "
+            "are trusted as they are (there is no earlier checksum to compare them with)."
+        ),
+    )
+    p.add_argument("run_dir", help="the run folder (holding ckpt.dcp/)")
+    p.set_defaults(handler=_cmd_rebuild_manifest)
+
+
+def _cmd_rebuild_manifest(args) -> int:
+    from .sharding import rebuild_dcp_manifest
+
+    folder = rebuild_dcp_manifest(args.run_dir)
+    print(f"rebuilt {args.run_dir}/ckpt.dcp.json from {folder.name}: resume with --out-dir {args.run_dir} --resume")
+    return 0
+
+
 # ----------------------------------------------------------------------------- plot
 def _add_plot(sub) -> None:
     p = sub.add_parser(
@@ -315,6 +338,7 @@ COMMANDS: dict[str, Callable] = {
     "train": _add_train,
     "sample": _add_sample,
     "eval": _add_eval,
+    "rebuild-manifest": _add_rebuild_manifest,
     "plot": _add_plot,
     "bench": _add_bench,
     "study": _add_study_commands,  # adds both `study` and `report`

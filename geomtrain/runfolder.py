@@ -363,8 +363,8 @@ class RunFolder:
         way = "start over with --overwrite"
         if complete:
             way = (
-                f"rebuild it from {DCP_DIR}/{complete[-1].name} (its files then trusted unverified) with: python -c "
-                f"\"import geomtrain.sharding as s; s.rebuild_dcp_manifest('{self.path}')\""
+                f"rebuild it from {DCP_DIR}/{complete[-1].name} (its files then trusted unverified) with: "
+                f"geomtrain rebuild-manifest {self.path} (geomtrain.sharding.rebuild_dcp_manifest)"
             )
         raise CheckpointError(
             f"{self.file(DCP_MANIFEST)} {what}, so the checkpoint in {self.file(DCP_DIR)} cannot be verified; "

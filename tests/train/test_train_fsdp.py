@@ -339,7 +339,7 @@ def test_a_damaged_or_missing_dcp_manifest_is_refused_and_no_shard_is_deleted(
     """``ckpt.dcp.json`` torn or deleted beside committed shards: ``--resume``, ``sample`` and ``eval`` (of the
     folder or of the manifest itself) refuse in one line naming ``ckpt.dcp.json`` (not ``ckpt.pt``), with advice
     that keeps the checkpoint (never "delete it"); the resume neither starts from step 0 nor deletes a shard.
-    Following the advice (`rebuild_dcp_manifest`) resumes from step 10."""
+    Following the advice (``geomtrain rebuild-manifest RUN``) resumes from step 10."""
     run = Path(shutil.copytree(dcp_stopped, tmp_path / "run"))
     manifest = run / "ckpt.dcp.json"
     if damage == "torn":
@@ -355,7 +355,7 @@ def test_a_damaged_or_missing_dcp_manifest_is_refused_and_no_shard_is_deleted(
     ):
         err = _one_line(argv, capsys)
         assert str(manifest) in err and "ckpt.pt" not in err and "delete it" not in err, err
-        assert "rebuild_dcp_manifest" in err and "nothing was changed" in err, err
+        assert "geomtrain rebuild-manifest" in err and "nothing was changed" in err, err
         assert _tree(run) == before, argv  # no shard deleted, nothing written
     with pytest.raises(CheckpointError, match="ckpt.dcp.json"):
         resume_config({"out_dir": str(run)})
@@ -365,9 +365,8 @@ def test_a_damaged_or_missing_dcp_manifest_is_refused_and_no_shard_is_deleted(
     assert {k: v for k, v in _tree(run).items() if k.startswith("ckpt.dcp/")} == {
         k: v for k, v in before.items() if k.startswith("ckpt.dcp/")
     }
-    from geomtrain.sharding import rebuild_dcp_manifest
-
-    assert rebuild_dcp_manifest(run).name == "step-00000010b"
+    assert cli_main(["rebuild-manifest", str(run)]) == 0  # the advice, as given
+    assert "from step-00000010b" in capsys.readouterr().out
     printed = []
     status = train(resume_config({"out_dir": str(run), "progress": False}), resume=True, print_fn=printed.append)
     assert "resuming" in printed[0] and "from step 10" in printed[0] and status["step"] == 14
