@@ -42,7 +42,7 @@ from collections.abc import Iterator
 import geoopt
 import torch
 
-from .gram_solve import gram_newton_factor, scaled_residual, solve_normal_equation
+from .gram_solve import cosine_residual, gram_newton_factor, scaled_residual, solve_normal_equation
 from .matrix_sign import MSIGN_METHODS, polar
 
 __all__ = ["GramManifold", "to_tall", "from_tall", "size_tuple", "sym", "POLAR_METHODS", "SUPPORTED_DTYPES"]
@@ -55,7 +55,8 @@ SUPPORTED_DTYPES = (torch.float32, torch.float64)
 # Default tolerances of the on-manifold / on-tangent checks, per dtype. float32 rounding of a
 # Gram product of O(1) entries is ~n * 6e-8; 1e-5 leaves room for n up to a few hundred.
 _CHECK_ATOL = {torch.float32: 1e-5, torch.float64: 1e-10}
-# A point whose scaled constraint residual is below this is on the manifold: projx returns it unchanged.
+# A point whose constraint residual relative to its columns (cosine_residual) is below this is on the manifold: the
+# generic projx returns it unchanged.
 _NEWTON_TOL = {torch.float32: 2e-6, torch.float64: 1e-13}
 # The generic projection's Newton (in float64) stops at this scaled residual, per dtype of the result: for float64
 # the tolerance above; a float32 result is rounded at ~1e-7 relative when cast (a scaled residual of ~1e-8 at
@@ -275,11 +276,16 @@ class GramManifold(geoopt.Manifold, metaclass=abc.ABCMeta):
 
     def projx(self, x: torch.Tensor) -> torch.Tensor:
         r"""A point of $\mathcal M_P$ near ``x``, from any nonzero scale (generic: normalised columns, then
-        Newton for $x_0(I + S)$; see `_newton_projection`). A point already on $\mathcal M_P$ (scaled residual
-        below the Newton tolerance of its dtype) is returned unchanged."""
+        Newton for $x_0 C$; see `_newton_projection`). A point already on $\mathcal M_P$ is returned unchanged:
+        its residual relative to its columns' scale (`manifolds.gram_solve.cosine_residual`: the cosines of the
+        masked pairs, at any column norm) below `_NEWTON_TOL` of its dtype."""
         self._validate(x)
         self.check_mask(min(x.shape[-2:]))
-        if x.numel() == 0 or float(self.constraint_violation(x).max()) <= _NEWTON_TOL[x.dtype]:
+        if x.numel() == 0:
+            return x.clone()
+        G = self.gram(x)
+        eye = torch.eye(G.shape[-1], dtype=G.dtype, device=G.device)
+        if float(cosine_residual(self.project_gram(G - eye), G).max()) <= _NEWTON_TOL[x.dtype]:
             return x.clone()
         return self._newton_projection(x)
 

@@ -45,6 +45,7 @@ __all__ = [
     "newton_rtol",
     "gram_newton_factor",
     "scaled_residual",
+    "cosine_residual",
 ]
 
 # Relative residual at which CG stops, per dtype of the solve: about 10 unit roundoffs of float32 (its
@@ -136,6 +137,16 @@ def scaled_residual(F: torch.Tensor, A: torch.Tensor) -> torch.Tensor:
     r"""$|F_{ij}| / \max(1, \sqrt{A_{ii} A_{jj}})$: a constraint residual $F$ relative to the Gram matrix $A$."""
     d = A.diagonal(dim1=-2, dim2=-1).clamp_min(0).sqrt()
     return F.abs() / torch.clamp(d[..., :, None] * d[..., None, :], min=1.0)
+
+
+def cosine_residual(F: torch.Tensor, A: torch.Tensor) -> torch.Tensor:
+    r"""$|F_{ij}| / \sqrt{A_{ii} A_{jj}}$ off the diagonal (the cosine between columns $i$ and $j$ where $F$ is $A$'s
+    off-diagonal part) and $|F_{ii}| / \max(1, A_{ii})$ on it: a residual relative to the columns' own scale at
+    every scale (`scaled_residual` is absolute below unit norms); entries of zero columns are taken as they are."""
+    d = A.diagonal(dim1=-2, dim2=-1).clamp_min(0)
+    den = d.sqrt()[..., :, None] * d.sqrt()[..., None, :]
+    den = den - torch.diag_embed(den.diagonal(dim1=-2, dim2=-1)) + torch.diag_embed(d.clamp_min(1.0))
+    return F.abs() / torch.where(den > 0, den, torch.ones_like(den))
 
 
 def newton_rtol(residual: torch.Tensor, tol: float) -> float:
