@@ -70,7 +70,7 @@ class TrainConfig:
     muon_lr: float = 0.02
     muon_momentum: float = 0.95
     muon_nesterov: bool = True
-    muon_solver: str | None = None  # None: per kind: filled_split on Stiefel and DGram, else exact
+    muon_solver: str | None = None  # None: per kind: filled_split on Stiefel, DGram and custom masks, else exact
     muon_solver_options: list[str] = field(default_factory=list)  # "KEY=VALUE" options of the solver
     muon_solver_rules: list[str] = field(default_factory=list)  # "GLOB=SOLVER" per Muon matrix, first match wins
     muon_weight_decay: float = 0.0  # decoupled, Euclidean (unconstrained) matrices only

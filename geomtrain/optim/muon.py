@@ -170,7 +170,7 @@ class ManifoldMuon(torch.optim.Optimizer):
         solver: a registered solver (`geomtrain.optim.registry`): ``"exact"`` (alias ``"gram_newton"``),
             ``"split_tangent"``, ``"tangent"``, ``"published"``, ... or one a user registered. Default
             ``None``: per matrix, by its manifold's kind (`geomtrain.optim.default_solver`): the
-            products-only ``"filled_split"`` on Stiefel and DGram, ``"exact"`` on the others.
+            products-only ``"filled_split"`` on Stiefel, DGram and custom masks, ``"exact"`` on Oblique.
         solver_options: options for `spectral_direction` (``tol``, ``max_iter``, ...); with ``solver``
             ``None`` they must be valid for every solver the default picks for the group's matrices.
         warm_start: start each solve from the matrix's previous dual variable.

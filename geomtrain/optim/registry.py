@@ -3,8 +3,8 @@ r"""The solver registry: one place that turns a name (``"exact"``, ``"tangent"``
 The product's four: ``exact`` (the reference: `geomtrain.optim.gram_newton`, certified; ``gram_newton`` is an
 alias that old configs, run folders and checkpoints use), the products-only ``filled_split``, and ``tangent`` and
 ``published`` (`geomtrain.optim.baselines`, the paper's baselines). What training uses by default is per manifold
-kind, `default_solver`: ``filled_split`` on Stiefel and DGram matrices, ``exact`` on the others. Retired solvers
-and options (`RETIRED_SOLVERS`, `RETIRED_OPTIONS`) are refused with the commit that still runs them.
+kind, `default_solver`: ``filled_split`` on Stiefel, DGram and custom-mask matrices, ``exact`` on Oblique. Retired
+solvers and options (`RETIRED_SOLVERS`, `RETIRED_OPTIONS`) are refused with the commit that still runs them.
 
 A new solver is one module defining ``SOLVER = Solver(...)`` (see `geomtrain.optim.solver`) and one call
 ``register_solver(SOLVER)``: built-in ones are listed in ``_BUILTINS`` below, a user's anywhere before the
@@ -47,8 +47,12 @@ REFERENCE_SOLVER = "exact"  # the certified optimum: `spectral_direction`'s defa
 # TRAINING_DEFAULTS names no solver for a manifold kind
 # Training's default per manifold kind (`geomtrain.optim.gram.mask_kind`): the products-only filled_split on Stiefel
 # and DGram (how it was chosen, and how it compares with exact: docs/manifold-muon.md and docs/results.md,
-# Findings); Oblique and custom masks keep exact.
-TRAINING_DEFAULTS: Mapping[str, str] = MappingProxyType({"stiefel": "filled_split", "dgram": "filled_split"})
+# Findings) and on custom masks ("generic": a manifold's own project_gram, through the split of
+# geomtrain.optim.column_split, chosen the same way: docs/manifold-muon.md); Oblique keeps exact.
+TRAINING_DEFAULTS: Mapping[str, str] = MappingProxyType(
+    {"stiefel": "filled_split", "dgram": "filled_split", "generic": "filled_split"}
+)
+_KIND_WORDS = {"generic": "custom-mask"}  # how describe_default names a kind
 _NAME = re.compile(r"[a-z0-9_\-]+")
 _SOLVERS: dict[str, Solver] = {}
 _ALIASES: dict[str, str] = {}
@@ -61,13 +65,13 @@ def solver_names() -> tuple[str, ...]:
 
 def default_solver(manifold: GramManifold) -> str:
     """The solver training uses on a matrix of ``manifold`` when none is named: `TRAINING_DEFAULTS` by its
-    mask kind (``filled_split`` on Stiefel and DGram), else `REFERENCE_SOLVER` (``exact``)."""
+    mask kind (``filled_split`` on Stiefel, DGram and custom masks), else `REFERENCE_SOLVER` (``exact``)."""
     return TRAINING_DEFAULTS.get(mask_kind(manifold), REFERENCE_SOLVER)
 
 
 def describe_default() -> str:
     """Training's default in words, for messages: ``"filled_split on stiefel matrices, ..., exact on the others"``."""
-    picks = [f"{solver} on {kind} matrices" for kind, solver in TRAINING_DEFAULTS.items()]
+    picks = [f"{solver} on {_KIND_WORDS.get(kind, kind)} matrices" for kind, solver in TRAINING_DEFAULTS.items()]
     return ", ".join([*picks, f"{REFERENCE_SOLVER} on the others"])
 
 

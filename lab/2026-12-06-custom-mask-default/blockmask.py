@@ -6,3 +6,8 @@ from geomtrain.bench.problems import BlockMask
 from manifolds import register
 
 register("blockmask", BlockMask, overwrite=True)
+
+if __name__ == "__main__":  # a module, not a script: it only answers --help
+    import argparse
+
+    argparse.ArgumentParser(description=__doc__.splitlines()[0]).parse_args()

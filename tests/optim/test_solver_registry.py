@@ -26,7 +26,7 @@ from manifolds import DGram, Euclidean, Oblique, Stiefel
 from manifolds.base import GramManifold
 
 
-def test_training_default_is_filled_split_on_stiefel_and_dgram_and_exact_elsewhere():
+def test_training_default_is_filled_split_on_stiefel_dgram_and_custom_masks_and_exact_elsewhere():
     class StiefelLike(Stiefel):  # keeps Stiefel's mask: its closed forms, and its default
         pass
 
@@ -41,9 +41,12 @@ def test_training_default_is_filled_split_on_stiefel_and_dgram_and_exact_elsewhe
         DGram: "filled_split",
         Oblique: "exact",
         Euclidean: "exact",
-        Diagonal: "exact",
+        Diagonal: "filled_split",  # a custom mask: the split W = U H0 of any mask (issue 55)
     }
-    assert describe_default() == "filled_split on stiefel matrices, filled_split on dgram matrices, exact on the others"
+    assert describe_default() == (
+        "filled_split on stiefel matrices, filled_split on dgram matrices, filled_split on custom-mask matrices, "
+        "exact on the others"
+    )
     W = Stiefel().projx(torch.randn(16, 4))
     assert ManifoldMuon([{"params": [torch.nn.Parameter(W)], "manifold": Stiefel()}]).param_groups[0]["solver"] is None
 
