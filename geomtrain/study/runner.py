@@ -271,9 +271,8 @@ def run_study(
 
             jobs.sort(key=lambda job: job[0].name in PRESETS)
         code = scheduler.run(jobs, workers, threads)
-    scheduler.stamp_elapsed()
     record["invocations"][-1]["workers"] = workers
-    save_record(study.out, record)
+    scheduler.save()
     if report_after:
         summary = collect(study.out)
         written = write_report(summary, study.out)
@@ -357,10 +356,10 @@ class _Scheduler:
         runs (a session that ends) keeps the time up to its last finished run."""
         self.record["invocations"][-1]["elapsed_s"] = time.time() - self.started
 
-    def save(self) -> None:
+    def save(self, added: tuple[str, float] | None = None) -> None:
+        """The record with this invocation's time so far (`save_record`; ``added``: a run just trained)."""
         self.stamp_elapsed()
-        self.record["updated"] = _now()
-        save_record(self.study.out, self.record)
+        save_record(self.study.out, self.record, added)
 
     def run(self, jobs: list, workers: int, threads: int | None) -> int:
         """Train ``jobs`` (``(variant, seed)`` pairs) not done yet; 0, or 130 when interrupted."""
@@ -391,8 +390,7 @@ class _Scheduler:
             yield v, seed, tag, cfg, state, lock
 
     def record_run(self, v: Variant, seed: int, tag: str, status: dict, wall: float) -> None:
-        self.stamp_elapsed()
-        save_record(self.study.out, self.record, added=(f"{v.name}/s{seed}", wall))
+        self.save(added=(f"{v.name}/s{seed}", wall))
         self.print_fn(f"{tag}: {_status_line(status)} in {wall:.0f} s")
         if self.drop_checkpoints and status.get("status") in TERMINAL_STATUSES:
             (self.study.run_dir(v, seed) / "ckpt.pt").unlink(missing_ok=True)

@@ -282,7 +282,7 @@ def run_tuning(
                 grown = True
                 print_fn(f"tuning {s.arm.name}: best {s.key} at the {s.outcome['grow']} edge; grid grows to {new:g}")
         tuning["arms"] = {s.arm.name: s.record() for s in searches}
-        tuning["untuned"] = [a.name for a in arms if protocol.grid_of(a) is None]
+        tuning["untuned"] = [a.name for a in arms if grids[a.name] is None]
         if not grown:
             break
     chosen = {s.arm.name: s for s in searches}
