@@ -18,7 +18,16 @@ import time
 from collections.abc import Sequence
 from pathlib import Path
 
-from .plan import PRESET_ORDER, SUITES, StudyError, parse_seeds, parse_sweep, plan, shared_config
+from .plan import (
+    PRESET_ORDER,
+    SUITES,
+    StudyError,
+    check_solver_names,
+    parse_seeds,
+    parse_sweep,
+    plan,
+    shared_config,
+)
 from .tune import TuneProtocol, parse_tune, selection_seeds, validate_selection
 
 __all__ = ["DEFAULT_TOKENIZER", "add_study_parser", "add_report_parser", "command_argv", "main"]
@@ -382,13 +391,9 @@ def _add_overhead_parser(modes) -> None:
 
 
 def _solvers(text: str) -> list[str | None]:
-    from ..optim import SOLVERS
-
-    solvers = [None if x == "default" else x for x in _comma_list(text) or ["default"]]
-    for x in solvers:
-        if x is not None and x not in SOLVERS:
-            raise StudyError(f"unknown solver {x!r}; valid: default, {', '.join(SOLVERS)}")
-    return solvers
+    names = _comma_list(text) or ["default"]
+    check_solver_names(names)
+    return [None if x == "default" else x for x in names]
 
 
 def run_overhead_command(args) -> int:

@@ -32,6 +32,7 @@ __all__ = [
     "sweep_variants",
     "bounded_variants",
     "solver_variants",
+    "check_solver_names",
     "CONSTRAINED_PRESETS",
     "parse_sweep",
     "parse_seeds",
@@ -344,12 +345,17 @@ def plan(
     ).validate()
 
 
-def _checked_solvers(solvers: Sequence[str]) -> list[str]:
+def check_solver_names(solvers: Sequence[str]) -> None:
+    """``StudyError`` naming the valid ones for a name that is neither ``default`` nor a registered solver."""
     from ..optim import SOLVERS
 
     for x in solvers:
         if x != "default" and x not in SOLVERS:
             raise StudyError(f"unknown solver {x!r}; valid: default, {', '.join(SOLVERS)}")
+
+
+def _checked_solvers(solvers: Sequence[str]) -> list[str]:
+    check_solver_names(solvers)
     if len(set(solvers)) != len(solvers):
         raise StudyError(f"--solvers repeats a solver: {','.join(solvers)}")
     return list(solvers)
