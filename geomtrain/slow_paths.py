@@ -17,7 +17,7 @@ from collections.abc import Mapping, Sequence
 
 import torch
 
-from manifolds import to_tall
+from manifolds import MaskForm, to_tall
 
 __all__ = ["SLOW_SECONDS", "slow_path_notes", "time_paths"]
 
@@ -50,12 +50,12 @@ def time_paths(manifold, W: torch.Tensor, solver: str) -> tuple[float, float]:
 def slow_path_notes(assignments: Sequence, params: Mapping[str, torch.Tensor], limit: float | None = None) -> list[str]:
     """The notes (module docstring) for the Muon matrices of ``assignments`` (`geomtrain.assign.Assignment`, their
     ``solver`` picked) whose manifold has a custom mask, ``params`` by name; ``limit``: `SLOW_SECONDS` if None."""
-    from .optim import default_solver, mask_kind
+    from .optim import default_solver
 
     limit = SLOW_SECONDS if limit is None else limit
     groups: dict[tuple, list] = {}
     for a in assignments:
-        if a.optimizer != "muon" or a.manifold is None or mask_kind(a.manifold) != "generic":
+        if a.optimizer != "muon" or a.manifold is None or a.manifold.mask_form is not MaskForm.CUSTOM:
             continue
         p = params[a.name]
         if hasattr(p, "full_tensor"):  # an FSDP shard: the probe needs the whole matrix

@@ -4,7 +4,7 @@ class, and the registry that names them (``get_manifold("bdgram@1.5")``, ``regis
 `manifolds` knows nothing of training; `geomtrain` builds on it.
 """
 
-from .base import GramManifold, from_tall, to_tall
+from .base import GramManifold, MaskForm, from_tall, to_tall
 from .bounded import BoundedDGram
 from .dgram import DGram
 from .euclidean import Euclidean
@@ -15,6 +15,7 @@ from .stiefel import Stiefel
 
 __all__ = [
     "GramManifold",
+    "MaskForm",
     "Stiefel",
     "DGram",
     "Oblique",

@@ -37,6 +37,7 @@ from __future__ import annotations
 
 import abc
 import contextlib
+import enum
 from collections.abc import Iterator
 
 import geoopt
@@ -45,7 +46,7 @@ import torch
 from .gram_solve import cosine_residual, gram_newton_factor, scaled_residual, solve_normal_equation
 from .matrix_sign import MSIGN_METHODS, polar
 
-__all__ = ["GramManifold", "to_tall", "from_tall", "size_tuple", "sym", "POLAR_METHODS", "SUPPORTED_DTYPES"]
+__all__ = ["GramManifold", "MaskForm", "to_tall", "from_tall", "size_tuple", "sym", "POLAR_METHODS", "SUPPORTED_DTYPES"]
 
 # What `polar` accepts: "auto" (SVD on CPU, Polar Express elsewhere) or any msign method.
 POLAR_METHODS = ("auto",) + MSIGN_METHODS
@@ -89,6 +90,35 @@ def sym(M: torch.Tensor) -> torch.Tensor:
     return 0.5 * (M + M.mT)
 
 
+class MaskForm(enum.Enum):
+    r"""The closed form of a mask $P$, declared by the manifold class that defines its `project_gram`
+    (`GramManifold.mask_form`). Solvers specialise on it; a mask without one is ``CUSTOM``, whose every map is
+    by products (`manifolds.gram_solve`)."""
+
+    ZERO = "Euclidean"  # P = 0: no constraint
+    FULL = "Stiefel"  # P = id: W^T W = I
+    OFF_DIAGONAL = "DGram"  # P = Off: orthogonal columns, free norms
+    DIAGONAL = "Oblique"  # P = Diag: unit columns, free angles
+    CUSTOM = "custom-mask"  # a user's project_gram
+
+    @property
+    def label(self) -> str:
+        """How messages name the matrices of this mask: the built-in manifold that has it, or ``custom-mask``."""
+        return self.value
+
+    @property
+    def orthogonal_columns(self) -> bool:
+        r"""Whether every point has orthogonal columns ($W^\top W$ diagonal), so that $W = U\operatorname{diag}(d)$
+        with $U = WD^{-1}$ orthonormal: Stiefel and DGram."""
+        return self in (MaskForm.FULL, MaskForm.OFF_DIAGONAL)
+
+    def constraint_count(self, n: int) -> int | None:
+        """The number of constrained Gram entries at size ``n`` (the mask's sum), None for ``CUSTOM``."""
+        return {MaskForm.ZERO: 0, MaskForm.FULL: n * n, MaskForm.OFF_DIAGONAL: n * n - n, MaskForm.DIAGONAL: n}.get(
+            self
+        )
+
+
 class GramManifold(geoopt.Manifold, metaclass=abc.ABCMeta):
     r"""Base class of $\{W : P(W^\top W - I) = 0\}$; subclasses implement `project_gram`.
 
@@ -101,6 +131,20 @@ class GramManifold(geoopt.Manifold, metaclass=abc.ABCMeta):
     name = "Gram"
     ndim = 2
     reversible = False
+    #: The closed form of this class's mask (`MaskForm`): each built-in declares its own. A subclass that defines
+    #: `project_gram` again gets ``CUSTOM`` unless it declares one too (`__init_subclass__`), so it never inherits
+    #: closed forms that belong to its parent's mask.
+    mask_form: MaskForm = MaskForm.CUSTOM
+
+    def __init_subclass__(cls, **kwargs):
+        super().__init_subclass__(**kwargs)
+        if "project_gram" in vars(cls) and "mask_form" not in vars(cls):
+            cls.mask_form = MaskForm.CUSTOM
+
+    @property
+    def unconstrained(self) -> bool:
+        """No constraint ($P = 0$, Euclidean): Manifold Muon's direction is the msign of the gradient (Muon)."""
+        return self.mask_form is MaskForm.ZERO
 
     def __init__(self, polar_method: str = "auto", max_newton_steps: int = 30):
         if polar_method not in POLAR_METHODS:
@@ -195,10 +239,26 @@ class GramManifold(geoopt.Manifold, metaclass=abc.ABCMeta):
 
     def normal_multiplier(self, W: torch.Tensor, U: torch.Tensor, *, x0: torch.Tensor | None = None) -> torch.Tensor:
         r"""$S = P(S)$ symmetric with $P(AS + SA) = L_W(U)$, $A = W^\top W$ (tall forms, ``(..., n, n)``): $U - WS$ is
-        the tangent projection of ``U`` (`solve_normal`, from ``x0`` where given)."""
+        the tangent projection of ``U``. A built-in mask at a point of its manifold: `closed_normal_multiplier`
+        (two products, no solve); a custom mask: `solve_normal`, from ``x0`` where given."""
         T, V = to_tall(W), to_tall(U, like=W)
+        if self.mask_form is not MaskForm.CUSTOM:
+            return self.closed_normal_multiplier((T * T).sum(dim=-2), T.mT @ V)
         M = T.mT @ V
         return self.solve_normal(T.mT @ T, M + M.mT, x0=x0)
+
+    def closed_normal_multiplier(self, d: torch.Tensor, C: torch.Tensor) -> torch.Tensor:
+        r"""$S = P(C + C^\top) \oslash (d_i + d_j)$ from $C = W^\top U$ ``(..., n, n)`` and the squared column
+        norms ``d`` ``(..., n)``: the normal multiplier of a built-in mask at a point of its manifold, where the
+        masked part of $W^\top W$ is diagonal, so $P(W^\top W S + S W^\top W)_{ij} = (d_i + d_j) S_{ij}$ (Stiefel,
+        DGram; on Oblique $S$ is diagonal; Euclidean's is 0). Not valid for a custom mask (see `normal_multiplier`)."""
+        return self.project_gram(C + C.mT) / (d[..., :, None] + d[..., None, :])
+
+    def constraint_count(self, n: int, like: torch.Tensor) -> float:
+        r"""The number of constrained Gram entries at size ``n``: `MaskForm.constraint_count` (host arithmetic) for
+        a built-in mask, a host read of the mask's sum for a custom one."""
+        closed = self.mask_form.constraint_count(n)
+        return float(closed) if closed is not None else float(self.gram_mask(n, like).sum())
 
     def _newton_projection(self, X: torch.Tensor) -> torch.Tensor:
         r"""Generic projection $X_0 C D_f$ of ``X``, computed in float64 whatever its dtype (tall form).

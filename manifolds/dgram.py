@@ -26,7 +26,7 @@ import math
 
 import torch
 
-from .base import SUPPORTED_DTYPES, GramManifold, from_tall, size_tuple, to_tall
+from .base import SUPPORTED_DTYPES, GramManifold, MaskForm, from_tall, size_tuple, to_tall
 from .matrix_sign import newton_schulz_where_near, polar
 
 __all__ = ["DGram"]
@@ -40,6 +40,7 @@ class DGram(GramManifold):
     r"""$\operatorname{Off}(W^\top W) = 0$ with nonzero columns (rows for wide $W$)."""
 
     name = "DGram"
+    mask_form = MaskForm.OFF_DIAGONAL
 
     def project_gram(self, M: torch.Tensor) -> torch.Tensor:
         return _off(M)

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import torch
 
-from .base import GramManifold, size_tuple
+from .base import GramManifold, MaskForm, size_tuple
 
 __all__ = ["Euclidean"]
 
@@ -17,6 +17,7 @@ class Euclidean(GramManifold):
     """No constraint: identity maps, ``retr(x, u) = x + u``."""
 
     name = "Euclidean"
+    mask_form = MaskForm.ZERO
 
     def project_gram(self, M: torch.Tensor) -> torch.Tensor:
         return torch.zeros_like(M)

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import torch
 
-from .base import GramManifold, from_tall, size_tuple, to_tall
+from .base import GramManifold, MaskForm, from_tall, size_tuple, to_tall
 
 __all__ = ["Oblique"]
 
@@ -21,6 +21,7 @@ class Oblique(GramManifold):
     r"""$\operatorname{diag}(W^\top W) = 1$ (rows for wide $W$)."""
 
     name = "Oblique"
+    mask_form = MaskForm.DIAGONAL
 
     def project_gram(self, M: torch.Tensor) -> torch.Tensor:
         return torch.diag_embed(M.diagonal(dim1=-2, dim2=-1))

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import torch
 
-from .base import GramManifold, from_tall, size_tuple, sym, to_tall
+from .base import GramManifold, MaskForm, from_tall, size_tuple, sym, to_tall
 from .matrix_sign import polar, polar_near_orthogonal
 
 __all__ = ["Stiefel"]
@@ -23,6 +23,7 @@ class Stiefel(GramManifold):
     r"""$W^\top W = I$ (rows for wide $W$)."""
 
     name = "Stiefel"
+    mask_form = MaskForm.FULL
 
     def project_gram(self, M: torch.Tensor) -> torch.Tensor:
         return M

@@ -75,7 +75,7 @@ def synthetic_gradient(shape, spectrum: str, gen: torch.Generator, dtype, device
 
 def custom_mask_twin(manifold):
     """An instance of a subclass of ``type(manifold)`` whose ``project_gram`` is its own (returning the
-    parent's): the same geometry, but `geomtrain.optim.mask_kind` says ``generic``, so the direction
+    parent's): the same geometry, but its `manifolds.GramManifold.mask_form` is ``CUSTOM``, so the direction
     solver uses the code path of a user-defined mask. The manifold must take no constructor arguments."""
     base = type(manifold)
 
@@ -90,7 +90,7 @@ def custom_mask_twin(manifold):
 class BlockMask(GramManifold):
     """Columns orthogonal across consecutive blocks of ``block_size``, free inside a block: written as a user writes
     a manifold, `project_gram` only (docs/custom-manifold.md's ``BlockGram``), so every map takes the generic path
-    and `geomtrain.optim.mask_kind` says ``generic``."""
+    and its `mask_form` is ``CUSTOM``."""
 
     name = "BlockMask"
 

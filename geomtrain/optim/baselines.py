@@ -13,7 +13,7 @@ import torch
 
 from manifolds import GramManifold, msign
 
-from .gram import constraint_count, tangent_residual
+from .gram import tangent_residual
 from .numerics import Trace, first_objective
 from .solver import NON_NEGATIVE, Solver, StateSlot
 
@@ -78,7 +78,7 @@ def solve_published(
     calls = 0
     A = H = None
     trace = Trace() if opts["trace"] else None
-    count = max(constraint_count(manifold, n, T), 1.0)
+    count = max(manifold.constraint_count(n, T), 1.0)
     for k in range(max(steps, 1)):
         A = msign_with(G + manifold.tangent_constraint_adjoint(T, Lam), opts)
         calls += 1

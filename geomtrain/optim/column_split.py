@@ -8,7 +8,7 @@ $P(H_0^\top H_0 S + S H_0^\top H_0) = P(H_0^\top X + X^\top H_0)$ (`ColumnSplit.
 
 - **Stiefel, DGram** (and subclasses keeping their mask): the columns are orthogonal, $U = WD^{-1}$ and
   $H_0 = D = \operatorname{diag}(\|w_i\|)$; the normal multiplier is the closed form
-  $P(C + C^\top) \oslash (d_i^2 + d_j^2)$ (`geomtrain.optim.products.gram_normal_multiplier`).
+  $P(C + C^\top) \oslash (d_i^2 + d_j^2)$ (`manifolds.GramManifold.closed_normal_multiplier`).
 - **Any other mask** (a user's ``project_gram``, where columns need not be orthogonal): $U = X_0 F$ with $X_0 = WD^{-1}$
   (unit columns: the Gram matrix $A_0 = X_0^\top X_0$ has a unit diagonal, better conditioned than $W^\top W$) and
   $F \approx A_0^{-1/2}$ by products (`orthonormalising_factor`), so $U \approx \operatorname{msign}(X_0)$, and
@@ -24,13 +24,11 @@ import torch
 
 from manifolds import GramManifold
 
-from .gram import mask_kind
 from .numerics import normalise, sym
-from .products import gram_msign_factor, gram_normal_multiplier
+from .products import gram_msign_factor
 
-__all__ = ["ColumnSplit", "ORTHOGONAL_KINDS", "FACTOR_STEPS", "POLISH_STEPS", "orthonormalising_factor"]
+__all__ = ["ColumnSplit", "FACTOR_STEPS", "POLISH_STEPS", "orthonormalising_factor"]
 
-ORTHOGONAL_KINDS = ("stiefel", "dgram")  # masks whose points have orthogonal columns: U = W D^-1
 # F ~ A0^(-1/2): Polar Express steps from A0, then Newton-Schulz steps F <- F (3I - A0 F^2)/2. On block-mask points
 # (384x128, blocks of 16; in-block condition numbers 2.4-2.7) 6 Polar Express steps leave ||F A0 F - I||_F at
 # 2.5e-2 and two Newton-Schulz steps 2e-6, float32's floor (measured); a polish step that does not reduce the error
@@ -64,7 +62,7 @@ class ColumnSplit:
         self.manifold = manifold
         d = W.norm(dim=-2)
         X0 = W / torch.where(d == 0, torch.ones_like(d), d)[..., None, :]
-        if mask_kind(manifold) in ORTHOGONAL_KINDS:
+        if manifold.mask_form.orthogonal_columns:  # U = W D^-1
             self.U, self.d, self.H0, self.gram = X0, d, None, None
         else:
             self.U = X0 @ orthonormalising_factor(X0.mT @ X0)
@@ -98,7 +96,7 @@ class ColumnSplit:
         $P(H_0^\top H_0 S + S H_0^\top H_0) = P(C + C^\top)$, so that $Y - WS$ is tangent (closed form on Stiefel and
         DGram; conjugate gradients otherwise)."""
         if self.d is not None:
-            return gram_normal_multiplier(self.manifold, self.d * self.d, C)
+            return self.manifold.closed_normal_multiplier(self.d * self.d, C)
         return self.manifold.solve_normal(self.gram, C + C.mT)
 
     def square_tangent(self, X: torch.Tensor) -> torch.Tensor:

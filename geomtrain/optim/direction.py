@@ -27,11 +27,11 @@ from dataclasses import dataclass
 
 import torch
 
-from manifolds import GramManifold
+from manifolds import GramManifold, MaskForm
 from manifolds.base import from_tall, to_tall
 
 from .baselines import msign_with
-from .gram import mask_kind, tangent_residual
+from .gram import tangent_residual
 from .numerics import Trace, host_values
 from .registry import (
     REFERENCE_SOLVER,
@@ -64,7 +64,6 @@ __all__ = [
     "solver_names",
     "on_manifold_probe",
     "tangent_residual",
-    "mask_kind",
 ]
 
 
@@ -161,13 +160,13 @@ def _check(manifold, W: torch.Tensor, G: torch.Tensor, spec: Solver, options: di
         else:
             _check_state_shape(option, options.get(option), batch, lambda t: t.dtype == torch.bool, "a bool tensor")
     true = torch.ones((), dtype=torch.bool, device=G.device)
-    kind, T = mask_kind(manifold), to_tall(W)
-    if kind == "generic":  # a user's project_gram: the solves below assume an entrywise 0/1 mask
+    form, T = manifold.mask_form, to_tall(W)
+    if form is MaskForm.CUSTOM:  # a user's project_gram: the solves below assume an entrywise 0/1 mask
         manifold.check_mask(n)
     probe, columns = None, true
-    if kind == "stiefel":
+    if form is MaskForm.FULL:
         probe = on_manifold_probe(T).amax()
-    elif kind == "dgram":  # the probe divides by the column norms: only where none is zero
+    elif form is MaskForm.OFF_DIAGONAL:  # the probe divides by the column norms: only where none is zero
         s = T.norm(dim=-2)
         columns = (s > 0).all()
         probe = torch.where(columns, on_manifold_probe(T, s).amax(), torch.zeros((), device=W.device))
@@ -216,7 +215,7 @@ def spectral_direction(
         G: gradient or momentum, shaped like ``W``, finite.
         solver: a registered name (`solver_names`) or a `Solver`: ``"exact"`` (default here, alias
             ``"gram_newton"``: converged, scale-invariant, warm-startable, certified; training's default is
-            per manifold kind, `default_solver`), ``"split_tangent"``, ``"filled_split"`` (products only),
+            per mask, `default_solver`), ``"filled_split"`` (products only),
             ``"tangent"`` (one msign of the tangent-projected $G$) or ``"published"`` (the paper's dual ascent as
             published: not scale-invariant, 20 bf16 msign calls).
         **options: solver options; see ``SOLVER_OPTIONS[solver]`` for names and defaults, and the
@@ -257,7 +256,7 @@ def spectral_direction(
         value = opts.pop(option, None)
         if value is not None:
             given[slot.key] = value.reshape(B, *((n, n) if slot.kind == "matrix" else ()))
-    euclidean = mask_kind(manifold) == "euclidean"
+    euclidean = manifold.unconstrained
     solve = _solve_euclidean if euclidean else spec.solve
     if all_nonzero:
         A3, raw, state = solve(manifold, T3, G3, given or None, opts)

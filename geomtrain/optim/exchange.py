@@ -21,7 +21,7 @@ from dataclasses import asdict, dataclass
 import torch
 import torch.distributed as dist
 
-from .direction import get_solver, mask_kind
+from .direction import get_solver
 from .muon_step import MatrixItem, StatsTable, keeps_warm_state
 
 __all__ = ["CommCount", "state_slots", "reduce_stats", "comm_device"]
@@ -55,7 +55,7 @@ def state_slots(it: MatrixItem) -> list[tuple[str, tuple, torch.dtype]]:
     (``"matrix"`` slots ``(*lead, n, n)`` in the parameter's dtype, ``"flag"`` slots one uint8 per matrix);
     none for a Euclidean matrix or without warm start."""
     spec = get_solver(it.solver)
-    if not keeps_warm_state(it.group, spec) or mask_kind(it.manifold) == "euclidean":
+    if not keeps_warm_state(it.group, spec) or it.manifold.unconstrained:
         return []
     lead, n = tuple(it.p.shape[:-2]), min(it.p.shape[-2:])
     return [

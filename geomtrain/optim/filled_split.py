@@ -24,10 +24,10 @@ $2\,$``degree`` $n \times n$ products, two $mn^2$ ones more. No certificate; the
 
 The square part $K$ comes from the joint msign of the tangent part, $P_{T_D}(U^\top \operatorname{msign}(\hat G -
 W\Lambda))$ (`joint_square_part`), $\Lambda$ a multiplier of the optimum $A^\star = \operatorname{msign}(\hat G -
-W\Lambda^\star)$: $\Lambda = N(\hat G)$ (`normal_multiplier`) cold. ``carry=True`` (the default) amortises the
-search for $\Lambda^\star$ over training: each step's joint msign starts from $\Lambda = N(\hat G) + C$, $C$ the
-correction its previous step left (state ``correction``, $n \times n$ per tall matrix), and the solve ends with one
-dual step toward that msign's tangency (`carried_correction`), at no product more. A call without a
+W\Lambda^\star)$: $\Lambda = N(\hat G)$ (the geometry's `manifolds.GramManifold.normal_multiplier`) cold. ``carry=True``
+(the default) amortises the search for $\Lambda^\star$ over training: each step's joint msign starts from $\Lambda =
+N(\hat G) + C$, $C$ the correction its previous step left (state ``correction``, $n \times n$ per tall matrix), and the
+solve ends with one dual step toward that msign's tangency (`carried_correction`), at no product more. A call without a
 ``correction`` is the cold start, ``carry=False``'s direction.
 
 ``space="gram"`` (the default, `gram_filled_split_direction`) runs every $m \times n$ msign from $n \times n$ Gram
@@ -42,11 +42,10 @@ import math
 
 import torch
 
-from manifolds import GramManifold
+from manifolds import GramManifold, MaskForm
 
 from .baselines import MSIGN_OPTIONS, msign_with
 from .column_split import ColumnSplit, tangent_fix
-from .gram import mask_kind
 from .numerics import normalise, sym
 from .products import (
     GRAM_MSIGNS,
@@ -56,7 +55,6 @@ from .products import (
     feasible_stats,
     gram_msign_factor,
     mean_singular_value,
-    normal_multiplier,
     scale_to_ball,
     tangent_part,
 )
@@ -142,7 +140,7 @@ def joint_square_part(
     two $mn^2$ products more on this tall path), else None."""
     J = msign_with(Y, opts).to(W.dtype)
     K = scale_to_ball(split.square_tangent(split.U.mT @ J), bound=bound)
-    return K, mean_singular_value(Y, J) * normal_multiplier(split.manifold, W, J) if with_step else None
+    return K, mean_singular_value(Y, J) * split.manifold.normal_multiplier(W, J) if with_step else None
 
 
 def best_share(H: torch.Tensor, K: torch.Tensor, S: torch.Tensor, X: torch.Tensor, degree: int):
@@ -175,7 +173,7 @@ def filled_split_direction(
     split = ColumnSplit(manifold, W)
     Gn, U, H = split.basis(G)
     square = W.shape[-2] == W.shape[-1]  # no complement (R is rounding): K is the direction, its bound the tight one
-    base = normal_multiplier(manifold, W, Gn)  # Lambda where A = msign(P_T G)
+    base = manifold.normal_multiplier(W, Gn)  # Lambda where A = msign(P_T G)
     carry = bool(opts["carry"]) and not square
     lam = base + correction.to(W.dtype) if carry and correction is not None else base
     K, step = joint_square_part(split, W, Gn - W @ lam, opts, "both" if square else "schatten", carry)
@@ -276,8 +274,7 @@ def solve_filled_split(
     """The solver's entry (``(B, m, n)`` tall batches): the direction, its statistics (one joint $m \times n$ msign,
     one more for the complement of a tall matrix) and, with ``carry`` on a tall matrix, the new state
     ``{"correction": C}``; on Oblique (and Euclidean) matrices `unsplit_direction`, no state."""
-    kind = mask_kind(manifold)
-    if kind in ("oblique", "euclidean"):  # columns not orthogonal: no split (not selected by training)
+    if manifold.mask_form in (MaskForm.DIAGONAL, MaskForm.ZERO):  # no split there (not selected by training)
         A = unsplit_direction(manifold, T, G, opts)
         return A, feasible_stats(manifold, T, G, A, 1, opts), None
     direction = gram_filled_split_direction if in_gram_space(opts) else filled_split_direction

@@ -44,16 +44,14 @@ from dataclasses import dataclass
 
 import torch
 
-from manifolds import DGram, Euclidean, GramManifold, Oblique, Stiefel
+from manifolds import GramManifold, MaskForm
 
 from .numerics import eigh_psd, eigvalsh_psd, pcg, sym
 
 __all__ = [
     "GramDual",
     "Evaluation",
-    "mask_kind",
     "tangent_residual",
-    "constraint_count",
     "inverse_sqrt_weights",
     "ROUNDING_FLOOR",
     "CERTIFICATE_SMOOTHING",
@@ -127,23 +125,6 @@ def inverse_sqrt_weights(lam: torch.Tensor, tau2: float, floor: float) -> torch.
     return (lam.clamp_min(tau2) + floor * lam[..., -1:]).rsqrt()
 
 
-def mask_kind(manifold: GramManifold) -> str:
-    """Which closed forms apply: ``stiefel``, ``dgram``, ``oblique``, ``euclidean`` or ``generic``
-    (decided by the mask, so subclasses that keep a built-in ``project_gram`` share its solver)."""
-    pg = type(manifold).project_gram
-    for kind, cls in (("euclidean", Euclidean), ("stiefel", Stiefel), ("dgram", DGram), ("oblique", Oblique)):
-        if pg is cls.project_gram:
-            return kind
-    return "generic"
-
-
-def constraint_count(manifold: GramManifold, n: int, like: torch.Tensor) -> float:
-    """Number of constrained Gram entries (the mask's sum) for size ``n``: host arithmetic for the built-in
-    masks (Stiefel $n^2$, DGram $n^2 - n$, Oblique $n$, Euclidean 0), a host read of the sum for any other."""
-    closed = {"euclidean": 0, "stiefel": n * n, "dgram": n * n - n, "oblique": n}.get(mask_kind(manifold))
-    return float(closed) if closed is not None else float(manifold.gram_mask(n, like).sum())
-
-
 def tangent_residual(manifold: GramManifold, W: torch.Tensor, A: torch.Tensor) -> torch.Tensor:
     r"""RMS of $L_W(A)$ over the constrained entries of the Gram matrix, per matrix (batch shape).
 
@@ -151,7 +132,7 @@ def tangent_residual(manifold: GramManifold, W: torch.Tensor, A: torch.Tensor) -
     for Stiefel over all $n^2$, for DGram over the $n^2 - n$ off-diagonal ones.
     """
     H = manifold.tangent_constraint(W, A)
-    count = constraint_count(manifold, H.shape[-1], H)
+    count = manifold.constraint_count(H.shape[-1], H)
     if count == 0:
         return torch.zeros(H.shape[:-2], dtype=H.dtype, device=H.device)
     return (H.square().sum(dim=(-2, -1)) / count).sqrt()
@@ -199,7 +180,7 @@ class GramDual:
     ):
         if dtype not in (torch.float32, torch.float64):
             raise ValueError(f"compute_dtype must be torch.float32 or torch.float64; got {dtype}")
-        self.manifold, self.kind = manifold, mask_kind(manifold)
+        self.manifold, self.form = manifold, manifold.mask_form
         self.Td, self.Gd = T.to(dtype), Gh.to(dtype)
         self.C, self.K = self.Gd.mT @ self.Gd, self.Td.mT @ self.Gd
         self.n = T.shape[-1]
@@ -207,9 +188,9 @@ class GramDual:
         # the rounding of everything else; in float64 (e.g. a float32 point solved in float64) the
         # mismatch with C and K would be amplified by R in near-null directions: form W^T W there.
         known = dtype == torch.float32
-        if self.kind == "stiefel" and known:
+        if self.form is MaskForm.FULL and known:
             self.d, self.Gw = torch.ones(T.shape[0], self.n, dtype=dtype, device=T.device), None
-        elif self.kind == "dgram" and known:
+        elif self.form is MaskForm.OFF_DIAGONAL and known:
             self.d, self.Gw = self.Td.square().sum(-2), None
         else:
             self.Gw = self.Td.mT @ self.Td
@@ -219,9 +200,9 @@ class GramDual:
         self.N = None if self.Gw is not None else sym(self.C - (self.K / self.d.unsqueeze(-1)).mT @ self.K)
         # a custom mask is applied as the entrywise product with its 0/1 mask (what check_mask verified it is), not
         # by calling the user's project_gram at every operator application (which may rebuild the mask each time)
-        mask = manifold.gram_mask(self.n, self.C) if self.kind == "generic" else None
+        mask = manifold.gram_mask(self.n, self.C) if self.form is MaskForm.CUSTOM else None
         self.P = manifold.project_gram if mask is None else (lambda X: X * mask)
-        self.count = constraint_count(manifold, self.n, self.C)
+        self.count = manifold.constraint_count(self.n, self.C)
         self.tau2 = float(smoothing) ** 2 / self.n  # tau = smoothing * sigma_rms(G_hat), sigma_rms^2 = 1/n
         self.floor = ROUNDING_FLOOR * torch.finfo(dtype).eps
         self.cg_iters, self.cg_tol = int(cg_iters), float(cg_tol)
@@ -256,11 +237,11 @@ class GramDual:
     def normal_coords(self, H: torch.Tensor) -> torch.Tensor:
         r"""$S = P(S)$ symmetric with $P(\Gamma S + S \Gamma) = H$ (the solve inside ``proju``)."""
         d = self.d
-        if self.kind == "stiefel":
+        if self.form is MaskForm.FULL:
             return H / 2
-        if self.kind == "dgram":
+        if self.form is MaskForm.OFF_DIAGONAL:
             return H / (d[..., :, None] + d[..., None, :])
-        if self.kind == "oblique":
+        if self.form is MaskForm.DIAGONAL:
             return torch.diag_embed(H.diagonal(dim1=-2, dim2=-1) / (2 * d))
         op = lambda X: self.P(self.Gw @ X + X @ self.Gw)  # noqa: E731
         pre = lambda X: self.P(X / (d[..., :, None] + d[..., None, :]))  # noqa: E731
@@ -298,7 +279,7 @@ class GramDual:
         lam, V = eigh_psd(M)
         lam = lam.clamp_min(0)
         r = inverse_sqrt_weights(lam, self.tau2, self.floor)
-        if self.kind == "stiefel":
+        if self.form is MaskForm.FULL:
             Zt = V.mT @ Z @ V
             Ht = Zt * r.unsqueeze(-2) + r.unsqueeze(-1) * Zt.mT
             return Evaluation(S, V, lam, r, None, None, Ht, self.residual(Ht))
@@ -354,15 +335,15 @@ class GramDual:
         Oblique: an $n \times n$ solve with $\Gamma \circ R$. Other masks: preconditioned CG.
         """
         H, V, r, R = ev.H, ev.V, ev.r, ev.R
-        if self.kind == "stiefel":
+        if self.form is MaskForm.FULL:
             rr = r[..., :, None] + r[..., None, :]
             return -V @ (ev.Ht / rr) @ V.mT
-        if self.kind == "dgram":
+        if self.form is MaskForm.OFF_DIAGONAL:
             if H.dtype != torch.float64:
                 return self._dgram_step(H, R, self.d)
             dt = DGRAM_STEP_DTYPE
             return self._dgram_step_exact(H.to(dt), R.to(dt), self.d.to(dt)).to(H.dtype)
-        if self.kind == "oblique":
+        if self.form is MaskForm.DIAGONAL:
             s = torch.linalg.solve(self.Gw * R, -0.5 * H.diagonal(dim1=-2, dim2=-1))
             return torch.diag_embed(s)
         op = lambda X: 0.5 * self.P(self.Gw @ X @ R + R @ X @ self.Gw)  # noqa: E731

@@ -38,10 +38,10 @@ import math
 
 import torch
 
-from manifolds import GramManifold
+from manifolds import GramManifold, MaskForm
 
 from .douglas_rachford import DR_ANDERSON, douglas_rachford
-from .gram import CERTIFICATE_SMOOTHING, ROUNDING_FLOOR, Evaluation, GramDual, inverse_sqrt_weights, mask_kind
+from .gram import CERTIFICATE_SMOOTHING, ROUNDING_FLOOR, Evaluation, GramDual, inverse_sqrt_weights
 from .numerics import Anderson, Trace, WorkingSet, eigh_psd, normalise, sym
 from .solver import Solver, StateSlot
 from .square_dgram import SQUARE_ANDERSON, solve_square_dgram
@@ -101,7 +101,7 @@ def solve_gram_newton(
     live = ~zero.view(B)
     trace = Trace() if opts["trace"] else None
     dtype = compute_dtype_for(T, opts["compute_dtype"])
-    square_dgram = mask_kind(manifold) == "dgram" and m == n
+    square_dgram = manifold.mask_form is MaskForm.OFF_DIAGONAL and m == n
     hint = opts["escalate"]
     if hint is not None and not square_dgram and dtype == torch.float32 and opts["compute_dtype"] is None:
         hint = hint.reshape(B).to(device=T.device, dtype=torch.bool)
@@ -115,7 +115,7 @@ def solve_gram_newton(
             T.to(dtype), Gh.to(dtype), live, tol, stop, max_iter, opts["dual"], trace, scale, depth
         )
         return torch.where(zero, torch.zeros_like(A), A).to(T.dtype), out
-    if mask_kind(manifold) == "stiefel" and m == n:
+    if manifold.mask_form is MaskForm.FULL and m == n:
         A, out = _square_stiefel(manifold, T, Gh, live, dtype, opts, trace)
         if A is None:  # out: the entries to redo in float64, counting the float32 evaluation they spent
             return _solve_apart(manifold, T, G, opts, out, 1)
@@ -124,7 +124,7 @@ def solve_gram_newton(
     if mixed is not None:
         return _solve_apart(manifold, T, G, opts, mixed, extra)
     stop = tol * STOP_MARGIN[dual.C.dtype]
-    degenerate = dual.kind in ("dgram", "generic") and m < DR_ASPECT * n
+    degenerate = dual.form in (MaskForm.OFF_DIAGONAL, MaskForm.CUSTOM) and m < DR_ASPECT * n
     warm = S_T if opts["dual"] is not None else None
     budget = 1 if degenerate else max_iter
     best, calls = _newton(

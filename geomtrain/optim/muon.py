@@ -106,7 +106,6 @@ from .direction import (
     check_solver_options,
     default_solver,
     get_solver,
-    mask_kind,
     solver_option_rule,
 )
 from .exchange import CommCount, reduce_stats
@@ -283,7 +282,7 @@ class ManifoldMuon(torch.optim.Optimizer):
                 f"ManifoldMuon updates matrices; got a parameter of shape {tuple(p.shape)} "
                 "(give biases and norms to AdamW)"
             )
-        if mask_kind(m) != "euclidean":
+        if not m.unconstrained:
             if p.dtype not in (torch.float32, torch.float64):
                 raise TypeError(f"manifold parameters must be float32 or float64; got {p.dtype}")
             ok, why = m.check_point_on_manifold(whole(p), explain=True, atol=OFF_MANIFOLD_ATOL)
@@ -316,7 +315,7 @@ class ManifoldMuon(torch.optim.Optimizer):
         for p, m in zip(group["params"], manifolds):
             self._manifold_of[id(p)] = m
         named = group["solver"]
-        picked = {default_solver(m) for m in manifolds if mask_kind(m) != "euclidean"}
+        picked = {default_solver(m) for m in manifolds if not m.unconstrained}
         solvers = {named} if named is not None else picked or {default_solver(_EUCLIDEAN)}  # Euclidean: as exact's
         for solver in sorted(solvers):
             self._check_solver_options(group, solver, picked=named is None)
@@ -358,7 +357,7 @@ class ManifoldMuon(torch.optim.Optimizer):
                 table.set(it.index, "matrices", math.prod(to_tall(it.update).shape[:-2]))
                 table.set(it.index, "converged", 1.0)
                 decay = it.group["lr"] * it.group["weight_decay"]
-                if mask_kind(it.manifold) == "euclidean" and decay:  # decoupled weight decay still applies
+                if it.manifold.unconstrained and decay:  # decoupled weight decay still applies
                     commits.append(Commit(it.p, weights=it.p * (1 - decay)))
         for batch in group_batches([it for it in mine if not it.still]):
             A, st, sizes = batched_directions(batch, certify_now)
@@ -416,7 +415,7 @@ class ManifoldMuon(torch.optim.Optimizer):
             if group["lr"] == 0:  # e.g. a warmup schedule at 0: momentum moves, weights do not
                 continue
             m = self._manifold_of[id(p)]
-            if mask_kind(m) == "euclidean" and self.mesh is None:  # FSDP2: the owner reshapes the whole update
+            if m.unconstrained and self.mesh is None:  # FSDP2: the owner reshapes the whole update
                 u = u.reshape(p.shape[0], -1)
             name = _param_name(group, gi, pi)
             items.append(MatrixItem(len(items), p, group, m, u, name, self.state[p], still=zero))

@@ -45,7 +45,7 @@ from typing import TYPE_CHECKING
 import torch
 import torch.distributed as dist
 
-from .direction import get_solver, mask_kind
+from .direction import get_solver
 from .exchange import CommCount, comm_device, state_slots
 from .muon_step import Commit, MatrixItem, StatsTable, apply_directions, batched_directions, group_batches
 
@@ -224,7 +224,7 @@ def solve_sharded(
     for it in items:
         if not it.still:
             continue
-        euclid = mask_kind(it.manifold) == "euclidean"
+        euclid = it.manifold.unconstrained
         if owner[it.index] == rank:
             table.set(it.index, "matrices", 1 if euclid else math.prod(it.p.shape[:-2]))
             table.set(it.index, "converged", 1.0)
@@ -264,7 +264,7 @@ def _gather(moving, mine, owner, states, comm) -> list[MatrixItem]:
         W, u, *slots = [p.to(it.p.device) for p in pieces]
         st = {k: v for (k, _, _), v in zip(_present(it, states), slots)}
         st.update({k: states[it.p][k] for k, _, _ in _slots(it)[1] if k in states[it.p]})
-        u = u.reshape(u.shape[0], -1) if mask_kind(it.manifold) == "euclidean" else u
+        u = u.reshape(u.shape[0], -1) if it.manifold.unconstrained else u
         full.append(MatrixItem(it.index, W, it.group, it.manifold, u, it.name, st))
     return full
 

@@ -17,7 +17,7 @@ from manifolds import GramManifold, msign
 from manifolds.base import from_tall, to_tall
 
 from .certificate import certify
-from .direction import default_solver, get_solver, mask_kind, spectral_direction
+from .direction import default_solver, get_solver, spectral_direction
 from .numerics import HostRead, host_values
 
 __all__ = [
@@ -281,7 +281,7 @@ def batched_directions(batch: list[MatrixItem], certify_now: bool) -> tuple[torc
     g0, m = batch[0].group, batch[0].manifold
     U = torch.cat([_stacked(it.update) for it in batch])
     sizes = [_stacked(it.update).shape[0] for it in batch]
-    if mask_kind(m) == "euclidean":
+    if m.unconstrained:
         A = msign(U, g0["msign_method"], steps=g0["msign_steps"], compute_dtype=g0["msign_dtype"])
         ones = torch.ones(len(U))
         return A, {"msign_calls": ones, "residual": torch.zeros(len(U)), "converged": ones}, sizes
@@ -306,7 +306,7 @@ def apply_directions(batch: list[MatrixItem], A: torch.Tensor, st: dict, sizes: 
     matrix whose direction is exactly zero is not retracted and keeps its warm-start state. (The guards and
     the statistics in one pass over the batch: longer than 60 lines on purpose.)"""
     g0, m = batch[0].group, batch[0].manifold
-    euclid = mask_kind(m) == "euclidean"
+    euclid = m.unconstrained
     bounds = [0, *itertools.accumulate(sizes)]
     directions = [
         from_tall(A[lo:hi].reshape(to_tall(it.update).shape), like=it.update)

@@ -5,8 +5,9 @@ runs in bf16/fp32 on an accelerator at the speed of its products. For the built-
 DGram, Oblique) at a point $W$ of the manifold (tall form) with column norms squared $d_i$:
 
 - **Normal multiplier.** $S = P(W^\top U + U^\top W) \oslash (d_i + d_j)$ is the symmetric $S = P(S)$
-  with $U - WS$ tangent (`normal_multiplier`): $W^\top W = \operatorname{diag}(d)$ on Stiefel and DGram
-  ($P(W^\top W S + S W^\top W)_{ij} = (d_i + d_j) S_{ij}$), and $S$ is diagonal on Oblique. So
+  with $U - WS$ tangent (the geometry's closed form, `manifolds.GramManifold.normal_multiplier`):
+  $W^\top W = \operatorname{diag}(d)$ on Stiefel and DGram ($P(W^\top W S + S W^\top W)_{ij} = (d_i + d_j) S_{ij}$),
+  and $S$ is diagonal on Oblique. So
   $P_T(U) = U - WS$ (`tangent_part`) costs two $mn^2$ products.
 - **Spectral-norm upper bound** (`op_norm_upper_bound`): $k$ squarings of the normalised Gram matrix
   $N_0 = X^\top X / \|X^\top X\|_F$ give $\sigma_{\max}(X)^2 \le \|X^\top X\|_F \prod_{j=1}^k f_j^{2^{-j}}$,
@@ -27,14 +28,12 @@ import torch
 from manifolds import GramManifold
 from manifolds.matrix_sign import KELLER_JORDAN_COEFFICIENTS, KELLER_JORDAN_EPS, POLAR_EXPRESS_COEFFICIENTS
 
-from .gram import mask_kind, tangent_residual
+from .gram import tangent_residual
 from .numerics import Trace, first_objective, sym
 
 __all__ = [
-    "PRODUCT_KINDS",
     "BOUND_SQUARINGS",
     "NEAR_UNIT_SQUARINGS",
-    "normal_multiplier",
     "tangent_part",
     "op_norm_upper_bound",
     "feasible_direction",
@@ -44,13 +43,10 @@ __all__ = [
     "BOUNDS",
     "rounding_margin",
     "mean_singular_value",
-    "gram_normal_multiplier",
     "ball_factor",
     "gram_msign_factor",
 ]
 
-# The masks whose normal multiplier has the closed form above (Euclidean has no constraint at all).
-PRODUCT_KINDS = ("stiefel", "dgram", "oblique", "euclidean")
 # Squarings of the n x n Gram matrix in the spectral-norm bound: 7 (n^3 each, ~0.5 msign at a square shape)
 # leave it within n^(1/512) of sigma_max: <= 1.3% at n = 768 when every singular value is the largest.
 BOUND_SQUARINGS = 7
@@ -61,24 +57,10 @@ NEAR_UNIT_SQUARINGS = BOUND_SQUARINGS + 1
 GRAM_MSIGNS = ("polar_express", "newton_schulz", "keller_jordan")
 
 
-def normal_multiplier(manifold: GramManifold, W: torch.Tensor, U: torch.Tensor) -> torch.Tensor:
-    r"""$S = P(W^\top U + U^\top W) \oslash (d_i + d_j)$, $d = \operatorname{diag}(W^\top W)$, for tall ``(..., m, n)``:
-    the symmetric $S = P(S)$ with $U - WS$ tangent at $W$ (built-in masks; two products, no solve). A custom mask
-    gets `manifolds.GramManifold.normal_multiplier` (conjugate gradients on the normal equation, products only)."""
-    if mask_kind(manifold) not in PRODUCT_KINDS:
-        return manifold.normal_multiplier(W, U)
-    return gram_normal_multiplier(manifold, (W * W).sum(dim=-2), W.mT @ U)
-
-
-def gram_normal_multiplier(manifold: GramManifold, d: torch.Tensor, C: torch.Tensor) -> torch.Tensor:
-    r"""`normal_multiplier` from $C = W^\top U$ ``(..., n, n)`` and the squared column norms ``d`` ``(..., n)``:
-    $P(C + C^\top) \oslash (d_i + d_j)$ (no product)."""
-    return manifold.project_gram(C + C.mT) / (d[..., :, None] + d[..., None, :])
-
-
 def tangent_part(manifold: GramManifold, W: torch.Tensor, U: torch.Tensor) -> torch.Tensor:
-    r"""$P_T(U) = U - W S$ with $S$ = `normal_multiplier` (the orthogonal tangent projection, products only)."""
-    return U - W @ normal_multiplier(manifold, W, U)
+    r"""$P_T(U) = U - W S$ with $S$ = `manifolds.GramManifold.normal_multiplier` (the orthogonal tangent
+    projection: the closed form on the built-in masks, conjugate gradients on a custom one; products only)."""
+    return U - W @ manifold.normal_multiplier(W, U)
 
 
 def op_norm_upper_bound(X: torch.Tensor, squarings: int = BOUND_SQUARINGS) -> torch.Tensor:

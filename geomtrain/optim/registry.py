@@ -1,10 +1,10 @@
 r"""The solver registry: one place that turns a name (``"exact"``, ``"tangent"``) into a `Solver`.
 
-The product's four: ``exact`` (the reference: `geomtrain.optim.gram_newton`, certified; ``gram_newton`` is an
-alias that old configs, run folders and checkpoints use), the products-only ``filled_split``, and ``tangent`` and
-``published`` (`geomtrain.optim.baselines`, the paper's baselines). What training uses by default is per manifold
-kind, `default_solver`: ``filled_split`` on Stiefel, DGram and custom-mask matrices, ``exact`` on Oblique. Retired
-solvers and options (`RETIRED_SOLVERS`, `RETIRED_OPTIONS`) are refused with the commit that still runs them.
+The product's four: ``exact`` (the reference: `geomtrain.optim.gram_newton`, certified; ``gram_newton`` is an alias that
+old configs, run folders and checkpoints use), the products-only ``filled_split``, and ``tangent`` and ``published``
+(`geomtrain.optim.baselines`, the paper's baselines). What training uses by default is per mask (`manifolds.MaskForm`),
+`default_solver`: ``filled_split`` on Stiefel, DGram and custom-mask matrices, ``exact`` on Oblique. Retired solvers and
+options (`RETIRED_SOLVERS`, `RETIRED_OPTIONS`) are refused with the commit that still runs them.
 
 A new solver is one module defining ``SOLVER = Solver(...)`` (see `geomtrain.optim.solver`) and one call
 ``register_solver(SOLVER)``: built-in ones are listed in ``_BUILTINS`` below, a user's anywhere before the
@@ -20,9 +20,8 @@ import re
 from collections.abc import Iterator, Mapping, Sequence
 from types import MappingProxyType
 
-from manifolds import GramManifold
+from manifolds import GramManifold, MaskForm
 
-from .gram import mask_kind
 from .solver import OPTION_RULES, Solver, option_rule
 
 __all__ = [
@@ -44,15 +43,14 @@ __all__ = [
 ]
 
 REFERENCE_SOLVER = "exact"  # the certified optimum: `spectral_direction`'s default, and training's where
-# TRAINING_DEFAULTS names no solver for a manifold kind
-# Training's default per manifold kind (`geomtrain.optim.gram.mask_kind`): the products-only filled_split on Stiefel
-# and DGram (how it was chosen, and how it compares with exact: docs/manifold-muon.md and docs/results.md,
-# Findings) and on custom masks ("generic": a manifold's own project_gram, through the split of
-# geomtrain.optim.column_split, chosen the same way: docs/manifold-muon.md); Oblique keeps exact.
-TRAINING_DEFAULTS: Mapping[str, str] = MappingProxyType(
-    {"stiefel": "filled_split", "dgram": "filled_split", "generic": "filled_split"}
+# TRAINING_DEFAULTS names no solver for a mask
+# Training's default per mask (`manifolds.MaskForm`, the manifold's `mask_form`): the products-only filled_split on
+# Stiefel and DGram (how it was chosen, and how it compares with exact: docs/manifold-muon.md and docs/results.md,
+# Findings) and on custom masks (a manifold's own project_gram, through the split of geomtrain.optim.column_split,
+# chosen the same way: docs/manifold-muon.md); Oblique keeps exact.
+TRAINING_DEFAULTS: Mapping[MaskForm, str] = MappingProxyType(
+    {MaskForm.FULL: "filled_split", MaskForm.OFF_DIAGONAL: "filled_split", MaskForm.CUSTOM: "filled_split"}
 )
-_KIND_WORDS = {"generic": "custom-mask"}  # how describe_default names a kind
 _NAME = re.compile(r"[a-z0-9_\-]+")
 _SOLVERS: dict[str, Solver] = {}
 _ALIASES: dict[str, str] = {}
@@ -65,13 +63,13 @@ def solver_names() -> tuple[str, ...]:
 
 def default_solver(manifold: GramManifold) -> str:
     """The solver training uses on a matrix of ``manifold`` when none is named: `TRAINING_DEFAULTS` by its
-    mask kind (``filled_split`` on Stiefel, DGram and custom masks), else `REFERENCE_SOLVER` (``exact``)."""
-    return TRAINING_DEFAULTS.get(mask_kind(manifold), REFERENCE_SOLVER)
+    mask (``filled_split`` on Stiefel, DGram and custom masks), else `REFERENCE_SOLVER` (``exact``)."""
+    return TRAINING_DEFAULTS.get(manifold.mask_form, REFERENCE_SOLVER)
 
 
 def describe_default() -> str:
-    """Training's default in words, for messages: ``"filled_split on stiefel matrices, ..., exact on the others"``."""
-    picks = [f"{solver} on {_KIND_WORDS.get(kind, kind)} matrices" for kind, solver in TRAINING_DEFAULTS.items()]
+    """Training's default in words, for messages: ``"filled_split on Stiefel matrices, ..., exact on the others"``."""
+    picks = [f"{solver} on {form.label} matrices" for form, solver in TRAINING_DEFAULTS.items()]
     return ", ".join([*picks, f"{REFERENCE_SOLVER} on the others"])
 
 

@@ -6,8 +6,7 @@ from conftest import BlockGram
 from optim_cases import objective, problem, seeded
 
 from geomtrain.optim import spectral_direction
-from geomtrain.optim.gram import constraint_count
-from manifolds import BoundedDGram, DGram, Euclidean, Oblique, Stiefel
+from manifolds import DGram, Stiefel
 
 
 def test_smoothed_polar_weights_clip_singular_values_below_tau():
@@ -106,11 +105,3 @@ def test_dgram_float64_solves_take_float32_steps_at_the_same_cost(monkeypatch):
     assert bool(((st32.evaluations - st64.evaluations).abs() <= 1).all())
     # both stop at residual <= tol = 1e-4: their objectives agree to the accuracy the stop test fixes
     assert torch.allclose(objective(G, A32), objective(G, A64), rtol=1e-4)
-
-
-@pytest.mark.parametrize("make", [Stiefel, DGram, Oblique, Euclidean, lambda: BoundedDGram(2.0), BlockGram])
-@pytest.mark.parametrize("n", [1, 3, 8])
-def test_constraint_count_is_the_mask_sum(make, n):
-    # the built-in masks are counted by host arithmetic (no device read); each must equal its mask's sum
-    manifold = make()
-    assert constraint_count(manifold, n, torch.empty(0)) == float(manifold.gram_mask(n, torch.empty(0)).sum())

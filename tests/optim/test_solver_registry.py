@@ -44,7 +44,7 @@ def test_training_default_is_filled_split_on_stiefel_dgram_and_custom_masks_and_
         Diagonal: "filled_split",  # a custom mask: the split W = U H0 of any mask (issue 55)
     }
     assert describe_default() == (
-        "filled_split on stiefel matrices, filled_split on dgram matrices, filled_split on custom-mask matrices, "
+        "filled_split on Stiefel matrices, filled_split on DGram matrices, filled_split on custom-mask matrices, "
         "exact on the others"
     )
     W = Stiefel().projx(torch.randn(16, 4))
