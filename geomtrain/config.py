@@ -344,7 +344,7 @@ def parse_scalar(kind: type, text: str, where: str) -> Any:
 
 def parse_solver_options(entries: Sequence[str], solver: str | None = None, what: str = "--solver-options") -> dict:
     """``["compute_dtype=float64", "tol=1e-5"]`` -> the typed options of a direction solver
-    (`geomtrain.optim.SOLVER_OPTIONS`; ``solver`` None, the default per manifold kind, takes none): dtypes by
+    (`geomtrain.optim.SOLVER_OPTIONS`; ``solver`` None, the default per mask, takes none): dtypes by
     torch name, the rest typed by the option's default. A bad entry or value
     (`geomtrain.optim.check_solver_options`) is a one-line ``ValueError`` naming the valid keys or values."""
     import torch
@@ -355,7 +355,7 @@ def parse_solver_options(entries: Sequence[str], solver: str | None = None, what
         if not entries:
             return {}
         raise ValueError(
-            f"{what} need a solver to belong to: the default picks one per manifold kind ({describe_default()}); "
+            f"{what} need a solver to belong to: the default picks one per mask ({describe_default()}); "
             "name one, e.g. muon_solver=exact"
         )
     valid = {k: v for k, v in SOLVER_OPTIONS[solver].items() if k != "trace"}  # no state slots (correction, dual)

@@ -86,7 +86,7 @@ def measure_training_speed(
     ``evaluations_per_step`` (median polar evaluations of Manifold Muon), ``host_syncs_per_step`` and
     ``muon_host_syncs_per_step`` (those of the whole step and of its Manifold Muon ``step()``, counted on the
     last warmup step), ``muon_solver`` (its registered name, an alias such as ``gram_newton`` reading
-    ``exact``; ``default``: per manifold kind, `geomtrain.optim.default_solver`) and ratios. ``sets``: config
+    ``exact``; ``default``: per mask, `geomtrain.optim.default_solver`) and ratios. ``sets``: config
     overrides for every preset (``bench train --set``, e.g. ``muon_solver_options``); a key that the
     timing protocol sets itself (below, and ``batch_size``, which has its own argument) is a ValueError."""
     if not presets:

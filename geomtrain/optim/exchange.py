@@ -21,8 +21,7 @@ from dataclasses import asdict, dataclass
 import torch
 import torch.distributed as dist
 
-from .direction import get_solver
-from .muon_step import MatrixItem, StatsTable, keeps_warm_state
+from .muon_step import MatrixItem, StatsTable
 
 __all__ = ["CommCount", "state_slots", "reduce_stats", "comm_device"]
 
@@ -54,13 +53,10 @@ def state_slots(it: MatrixItem) -> list[tuple[str, tuple, torch.dtype]]:
     """The warm-start state a matrix's owner sends: ``(key, shape, dtype)`` per `StateSlot` of its solver
     (``"matrix"`` slots ``(*lead, n, n)`` in the parameter's dtype, ``"flag"`` slots one uint8 per matrix);
     none for a Euclidean matrix or without warm start."""
-    spec = get_solver(it.solver)
-    if not keeps_warm_state(it.group, spec) or it.manifold.unconstrained:
-        return []
     lead, n = tuple(it.p.shape[:-2]), min(it.p.shape[-2:])
     return [
         (s.key, (*lead, n, n), it.p.dtype) if s.kind == "matrix" else (s.key, (math.prod(lead),), torch.uint8)
-        for s in spec.state
+        for s in it.plan.kept_slots
     ]
 
 
@@ -81,7 +77,7 @@ def reduce_stats(
     table.rows.copy_(out)
     for it in items:
         if table.rows[it.index, StatsTable.FIELDS.index("has_state")] == 0:
-            for slot in get_solver(it.solver).state:
+            for slot in it.plan.solver.state:
                 states[it.p].pop(slot.key, None)
 
 

@@ -128,11 +128,13 @@ from .muon_step import (
     SKIP_REASONS,
     Commit,
     MatrixItem,
+    MatrixPlan,
     StatsTable,
     StepStats,
     apply_directions,
     batched_directions,
     group_batches,
+    make_plan,
     shape_factor,
     skip_record,
 )
@@ -227,7 +229,7 @@ class ManifoldMuon(torch.optim.Optimizer):
         )
         super().__init__(params, defaults)
         self.mesh = check_sharded([p for g in self.param_groups for p in g["params"]])  # FSDP2's, else None
-        self._manifold_of: dict[int, GramManifold] = {}
+        self._plan_of: dict[int, MatrixPlan] = {}
         for group in self.param_groups:
             self._setup_group(group)
         self.step_stats = StepStats()
@@ -308,21 +310,20 @@ class ManifoldMuon(torch.optim.Optimizer):
     def _setup_group(self, group: dict) -> None:
         """Check a param group, resolve each parameter's manifold (once, here, never at step time) and check the
         group's ``solver_options`` against its solver or, without one, against every solver the default will
-        pick for its matrices (`default_solver`; `MatrixItem.solver` derives the pick at step time from the
-        group and that manifold)."""
+        pick for its matrices (`default_solver`), and fix each parameter's `MatrixPlan`."""
         self._check_group(group)
         manifolds = [self._resolve(group, p) for p in group["params"]]
-        for p, m in zip(group["params"], manifolds):
-            self._manifold_of[id(p)] = m
         named = group["solver"]
         picked = {default_solver(m) for m in manifolds if not m.unconstrained}
         solvers = {named} if named is not None else picked or {default_solver(_EUCLIDEAN)}  # Euclidean: as exact's
         for solver in sorted(solvers):
             self._check_solver_options(group, solver, picked=named is None)
+        for p, m in zip(group["params"], manifolds):
+            self._plan_of[id(p)] = make_plan(group, m)
 
     def add_param_group(self, param_group: dict) -> None:
         super().add_param_group(param_group)
-        if hasattr(self, "_manifold_of"):  # called after __init__
+        if hasattr(self, "_plan_of"):  # called after __init__
             self.mesh = check_sharded([p for g in self.param_groups for p in g["params"]])
             self._setup_group(self.param_groups[-1])
 
@@ -364,7 +365,7 @@ class ManifoldMuon(torch.optim.Optimizer):
             commits += apply_directions(batch, A, st, sizes, table)
         self._commit(commits)
         for it in mine:
-            slots = get_solver(it.solver).state
+            slots = it.plan.solver.state
             table.set(it.index, "has_state", float(bool(slots) and all(s.key in self.state[it.p] for s in slots)))
         if world > 1:
             comm = (share_bucketed if self.bucketed else share)(items, self.state, table, world, owner)
@@ -414,11 +415,11 @@ class ManifoldMuon(torch.optim.Optimizer):
             commits.append(Commit(p, state={"momentum_buffer": buf if self.mesh is None else sharded_like(p, buf)}))
             if group["lr"] == 0:  # e.g. a warmup schedule at 0: momentum moves, weights do not
                 continue
-            m = self._manifold_of[id(p)]
-            if m.unconstrained and self.mesh is None:  # FSDP2: the owner reshapes the whole update
+            plan = self._plan_of[id(p)]
+            if plan.manifold.unconstrained and self.mesh is None:  # FSDP2: the owner reshapes the whole update
                 u = u.reshape(p.shape[0], -1)
             name = _param_name(group, gi, pi)
-            items.append(MatrixItem(len(items), p, group, m, u, name, self.state[p], still=zero))
+            items.append(MatrixItem(len(items), p, group, plan, u, name, self.state[p], still=zero))
         return items, commits, skipped
 
     def _momentum(self, group: dict, p: torch.Tensor, grad: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -458,7 +459,7 @@ class ManifoldMuon(torch.optim.Optimizer):
             params = [(p, g) for g in self.param_groups for p in g["params"]]
             for i, (p, g) in enumerate(params):
                 if i in sd["state"]:
-                    sd["state"][i] = placeholder_slots(p, g, self._manifold_of[id(p)], sd["state"][i])
+                    sd["state"][i] = placeholder_slots(p, g, self._plan_of[id(p)], sd["state"][i])
         for g in sd["param_groups"]:
             g.update(n_skipped_nonfinite_total=self.n_skipped_nonfinite_total, step_count=self.step_count)
             m = g.get("manifold")
@@ -502,6 +503,9 @@ class ManifoldMuon(torch.optim.Optimizer):
             groups.append(saved)
         state_dict["param_groups"] = groups
         super().load_state_dict(state_dict)
+        for g in self.param_groups:  # new group dicts, with the saved settings: the plans follow them
+            for p in g["params"]:
+                self._plan_of[id(p)] = make_plan(g, self._plan_of[id(p)].manifold)
         named = [
             (_param_name(g, gi, pi), p, g)
             for gi, g in enumerate(self.param_groups)
@@ -509,7 +513,7 @@ class ManifoldMuon(torch.optim.Optimizer):
             if p in self.state
         ]
         if self.mesh is not None:
-            cold = settle_loaded([(p, g, self._manifold_of[id(p)], self.state[p]) for _, p, g in named])
+            cold = settle_loaded([(p, g, self._plan_of[id(p)], self.state[p]) for _, p, g in named])
         else:  # an FSDP2 run's state loaded whole: its placeholders for missing warm-start slots go
             cold = drop_placeholders([self.state[p] for _, p, _ in named])
         for i, slot in cold:  # a damaged warm-start slot: that matrix starts cold, said in one line

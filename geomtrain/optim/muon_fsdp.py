@@ -45,9 +45,16 @@ from typing import TYPE_CHECKING
 import torch
 import torch.distributed as dist
 
-from .direction import get_solver
 from .exchange import CommCount, comm_device, state_slots
-from .muon_step import Commit, MatrixItem, StatsTable, apply_directions, batched_directions, group_batches
+from .muon_step import (
+    Commit,
+    MatrixItem,
+    MatrixPlan,
+    StatsTable,
+    apply_directions,
+    batched_directions,
+    group_batches,
+)
 
 if TYPE_CHECKING:
     from torch.distributed.tensor import DTensor
@@ -265,7 +272,7 @@ def _gather(moving, mine, owner, states, comm) -> list[MatrixItem]:
         st = {k: v for (k, _, _), v in zip(_present(it, states), slots)}
         st.update({k: states[it.p][k] for k, _, _ in _slots(it)[1] if k in states[it.p]})
         u = u.reshape(u.shape[0], -1) if it.manifold.unconstrained else u
-        full.append(MatrixItem(it.index, W, it.group, it.manifold, u, it.name, st))
+        full.append(MatrixItem(it.index, W, it.group, it.plan, u, it.name, st))
     return full
 
 
@@ -286,9 +293,8 @@ def _solve(full: list[MatrixItem], table: StatsTable, certify_now: bool) -> list
                 st[key] = value
         new[id(c.p)] = (W if c.weights is None else c.weights, st)
     for f in full:
-        spec = get_solver(f.solver)
-        st = new[id(f.p)][1]
-        table.set(f.index, "has_state", float(bool(spec.state) and all(s.key in st for s in spec.state)))
+        slots, st = f.plan.solver.state, new[id(f.p)][1]
+        table.set(f.index, "has_state", float(bool(slots) and all(s.key in st for s in slots)))
     return [new[id(f.p)] for f in full]
 
 
@@ -323,12 +329,12 @@ def _scatter(moving, mine, owner, new, comm) -> list[Commit]:
 PLACEHOLDER_FLAG = 255  # a flag slot is 0 or 1
 
 
-def placeholder_slots(p: DTensor, group: dict, manifold, entry: dict) -> dict:
+def placeholder_slots(p: DTensor, group: dict, plan: MatrixPlan, entry: dict) -> dict:
     """A parameter's state entry with every warm-start slot it lacks as a placeholder (a ``"matrix"`` slot:
     NaN, sharded; a flag: `PLACEHOLDER_FLAG`). DCP loads only the keys of the state dict it loads into, and a
     fresh optimizer has no warm-start state yet: with these its state dict has every key a checkpoint may have.
     A real slot is never non-finite (`apply_directions` writes none), so `settle_loaded` can tell them."""
-    it = MatrixItem(0, p, group, manifold, None, "", entry)
+    it = MatrixItem(0, p, group, plan, None, "", entry)
     matrix, flag = _slots(it)
     out = dict(entry)
     for k, s, d in matrix:
@@ -341,7 +347,7 @@ def placeholder_slots(p: DTensor, group: dict, manifold, entry: dict) -> dict:
 
 
 def settle_loaded(entries: list[tuple]) -> list[tuple[int, str]]:
-    """Loaded state entries ``(p, group, manifold, state)`` as this optimizer keeps them, in place (every rank
+    """Loaded state entries ``(p, group, plan, state)`` as this optimizer keeps them, in place (every rank
     calls it): a momentum or warm-start matrix given whole as a plain tensor (a loader of whole tensors, a
     ``.pt`` checkpoint) becomes this rank's rows as a DTensor; flags go back to uint8 (``Optimizer.load_state_dict``
     casts them to the parameter's dtype); a matrix slot that is not finite on some rank is dropped (ONE
@@ -356,11 +362,11 @@ def settle_loaded(entries: list[tuple]) -> list[tuple[int, str]]:
         return _rows(t, rank, world)
 
     matrix = []
-    for i, (p, group, manifold, st) in enumerate(entries):
+    for i, (p, group, plan, st) in enumerate(entries):
         buf = st.get("momentum_buffer")
         if buf is not None and not is_dtensor(buf):
             st["momentum_buffer"] = sharded_like(p, rows(buf.to(p.device, p.dtype), p.shape, "momentum_buffer"))
-        slots, flags = _slots(MatrixItem(0, p, group, manifold, None, "", st))
+        slots, flags = _slots(MatrixItem(0, p, group, plan, None, "", st))
         for k, s, d in slots:
             if k in st and not is_dtensor(st[k]):
                 st[k] = _sharded(rows(st[k].to(p.device, d), s, k), p.device_mesh, s)

@@ -1,15 +1,18 @@
-r"""The pieces of one `ManifoldMuon` step, in the shape of ``torch.optim.Muon``: the gathered matrices
-(`MatrixItem`), the batches they are solved in (`group_batches`), the pure batched direction kernel
-(`batched_directions`: the solver call), the apply phase (`apply_directions`: retraction and guards,
-returning `Commit` s, writing nothing) and the step's statistics (`StatsTable` per matrix, `StepStats` for
-``last_stats``). The distributed exchange is `geomtrain.optim.muon_dist`.
+r"""The pieces of one `ManifoldMuon` step, in the shape of ``torch.optim.Muon``: each parameter's plan, fixed
+when its param group is added (`MatrixPlan`, `make_plan`), the gathered matrices (`MatrixItem`), the batches they are
+solved in (`group_batches`), the pure batched direction kernel (`batched_directions`: the solver call), the apply
+phase (`apply_directions`: retraction and guards, returning `Commit` s, writing nothing) and the step's statistics
+(`StatsTable` per matrix, `StepStats` for ``last_stats``). The distributed exchanges are
+`geomtrain.optim.muon_dist` and `geomtrain.optim.muon_fsdp`.
 """
 
 from __future__ import annotations
 
 import itertools
 import math
+from collections.abc import Mapping
 from dataclasses import dataclass, field, fields
+from types import MappingProxyType
 
 import torch
 
@@ -19,11 +22,14 @@ from manifolds.base import from_tall, to_tall
 from .certificate import certify
 from .direction import default_solver, get_solver, spectral_direction
 from .numerics import HostRead, host_values
+from .solver import Solver
 
 __all__ = [
     "SHAPE_SCALES",
     "SKIP_REASONS",
     "shape_factor",
+    "MatrixPlan",
+    "make_plan",
     "MatrixItem",
     "Commit",
     "StatsTable",
@@ -66,23 +72,63 @@ def skip_record(name: str, code: int) -> dict:
     return {"param": name, "reason": SKIP_REASONS[code]}
 
 
+@dataclass(frozen=True)
+class MatrixPlan:
+    """How every step updates one parameter, decided once when its param group is added (and again when a state
+    dict replaces the groups): its geometry, its solver (the group's, else `default_solver` of the manifold; an
+    unconstrained manifold's direction is msign whatever it is), the solver's options (the optimizer's msign
+    settings where the solver takes them, then the group's ``solver_options``), whether it keeps the solver's
+    warm-start state, and the part of its batch key that setup fixes (`batch_key` adds shape, dtype, device)."""
+
+    manifold: GramManifold
+    solver: Solver
+    options: Mapping[str, object]
+    warm: bool
+    key: tuple
+
+    @property
+    def kept_slots(self) -> tuple:
+        """The `StateSlot` s carried from step to step (none without warm start or on an unconstrained manifold)."""
+        return () if not self.warm or self.manifold.unconstrained else self.solver.state
+
+
+def make_plan(group: dict, manifold: GramManifold) -> MatrixPlan:
+    """The `MatrixPlan` of a parameter of ``group`` on ``manifold`` (the group's settings already checked)."""
+    named = group["solver"] or default_solver(manifold)
+    spec = get_solver(named)
+    # the optimizer's msign settings replace the solver's own where they are set (None: the solver's default)
+    msign = {"msign": group["msign_method"], "msign_steps": group["msign_steps"], "msign_dtype": group["msign_dtype"]}
+    options = {k: v for k, v in msign.items() if v is not None and k in spec.options and spec.optimizer_msign}
+    options.update(group["solver_options"])
+    mkey = manifold.key() if callable(getattr(manifold, "key", None)) else id(manifold)
+    key = (
+        mkey,
+        named,
+        repr(sorted(group["solver_options"].items())),
+        group["warm_start"],
+        group["msign_method"],
+        group["msign_steps"],
+        group["msign_dtype"],
+    )
+    return MatrixPlan(manifold, spec, MappingProxyType(options), keeps_warm_state(group, spec), key)
+
+
 @dataclass
 class MatrixItem:
     """One parameter of the step (its matrices: 1, or k for a ``(k, m, n)`` parameter)."""
 
     index: int
     p: torch.Tensor
-    group: dict
-    manifold: GramManifold
+    group: dict  # its param group: lr and weight decay, read at every step (schedules change them)
+    plan: MatrixPlan
     update: torch.Tensor  # the (Nesterov) momentum, as a matrix (batch) view
     name: str  # for skip reports
     state: dict  # the optimizer's state of p (read only here)
     still: bool = False  # the update is exactly zero: no solve, no retraction (Euclidean: weight decay only)
 
     @property
-    def solver(self) -> str:
-        """The solver of this matrix: its group's, else the default for its manifold (`default_solver`)."""
-        return self.group.get("solver") or default_solver(self.manifold)
+    def manifold(self) -> GramManifold:
+        return self.plan.manifold
 
 
 @dataclass
@@ -216,22 +262,9 @@ class StepStats:
 
 def batch_key(it: MatrixItem) -> tuple:
     """Items with equal keys are solved in one call and retracted together: equal geometry (class and every
-    public setting, e.g. BoundedDGram's bound; a manifold without ``key()`` batches only with itself), shape,
-    dtype, device and solver settings."""
-    g, m = it.group, it.manifold
-    mkey = m.key() if callable(getattr(m, "key", None)) else id(m)
-    return (
-        mkey,
-        tuple(to_tall(it.update).shape[-2:]),
-        it.p.dtype,
-        it.p.device,
-        it.solver,
-        repr(sorted(g["solver_options"].items())),
-        g["warm_start"],
-        g["msign_method"],
-        g["msign_steps"],
-        g["msign_dtype"],
-    )
+    public setting, e.g. BoundedDGram's bound; a manifold without ``key()`` batches only with itself) and solver
+    settings (`MatrixPlan.key`), shape, dtype and device."""
+    return (it.plan.key, tuple(to_tall(it.update).shape[-2:]), it.p.dtype, it.p.device)
 
 
 def group_batches(items: list[MatrixItem]) -> list[list[MatrixItem]]:
@@ -253,15 +286,15 @@ def keeps_warm_state(group: dict, spec) -> bool:
     return bool(group["warm_start"]) and spec.keeps_state(group["solver_options"])
 
 
-def warm_options(batch: list[MatrixItem], spec) -> dict:
+def warm_options(batch: list[MatrixItem]) -> dict:
     """The warm-start options of a batch: every `StateSlot` of the solver where every item has it (the
     ``"matrix"`` ones first: without them the batch starts cold), as float64 matrices and bool flags."""
-    g0 = batch[0].group
-    if not keeps_warm_state(g0, spec):
+    plan = batch[0].plan
+    if not plan.warm:
         return {}
     opts = {}
     for kind in ("matrix", "flag"):
-        for slot in (s for s in spec.state if s.kind == kind):
+        for slot in (s for s in plan.solver.state if s.kind == kind):
             values = [it.state.get(slot.key) for it in batch]
             if any(v is None for v in values):
                 if kind == "matrix":
@@ -278,7 +311,8 @@ def batched_directions(batch: list[MatrixItem], certify_now: bool) -> tuple[torc
     """The direction kernel: the batch's directions ``A`` (tall, stacked), the solver's per-matrix statistics
     (``msign_calls``, ``residual``, ``converged``, ``dual_gap``, ``state``, and with ``certify_now`` the
     exact ``certified_gap``/``certified_residual``) and each item's matrix count. Reads, writes nothing."""
-    g0, m = batch[0].group, batch[0].manifold
+    g0, plan = batch[0].group, batch[0].plan
+    m = plan.manifold
     U = torch.cat([_stacked(it.update) for it in batch])
     sizes = [_stacked(it.update).shape[0] for it in batch]
     if m.unconstrained:
@@ -286,13 +320,8 @@ def batched_directions(batch: list[MatrixItem], certify_now: bool) -> tuple[torc
         ones = torch.ones(len(U))
         return A, {"msign_calls": ones, "residual": torch.zeros(len(U)), "converged": ones}, sizes
     W = torch.cat([_stacked(it.p.detach().as_subclass(torch.Tensor)) for it in batch])
-    spec = get_solver(batch[0].solver)
-    # the optimizer's msign settings replace the solver's own where they are set (None: the solver's default)
-    opts = {"msign": g0["msign_method"], "msign_steps": g0["msign_steps"], "msign_dtype": g0["msign_dtype"]}
-    opts = {k: v for k, v in opts.items() if v is not None and k in spec.options and spec.optimizer_msign}
-    opts.update(g0["solver_options"])
-    opts.update(warm_options(batch, spec))
-    A, ds = spectral_direction(m, W, U, solver=spec, **opts)
+    opts = {**plan.options, **warm_options(batch)}
+    A, ds = spectral_direction(m, W, U, solver=plan.solver, **opts)
     st = {"msign_calls": ds.evaluations, "residual": ds.residual, "converged": ds.converged}
     st.update(dual_gap=ds.dual_gap, state=ds.state, W=W)
     if certify_now:
@@ -305,7 +334,7 @@ def apply_directions(batch: list[MatrixItem], A: torch.Tensor, st: dict, sizes: 
     each matrix's new weights and warm-start state, returned as `Commit` s (nothing is written here). A
     matrix whose direction is exactly zero is not retracted and keeps its warm-start state. (The guards and
     the statistics in one pass over the batch: longer than 60 lines on purpose.)"""
-    g0, m = batch[0].group, batch[0].manifold
+    m = batch[0].manifold
     euclid = m.unconstrained
     bounds = [0, *itertools.accumulate(sizes)]
     directions = [
@@ -320,9 +349,8 @@ def apply_directions(batch: list[MatrixItem], A: torch.Tensor, st: dict, sizes: 
     tall = None if euclid else (st["W"], A, bounds, moving)  # the batch as solved: tall and stacked
     updates = retract(batch, directions, skips, m, tall)
     computed = [i for i, new in enumerate(updates) if new is not None]
-    spec = None if euclid else get_solver(batch[0].solver)
     new_state = st.get("state")
-    keep = spec is not None and keeps_warm_state(g0, spec) and new_state is not None
+    keep = bool(batch[0].plan.kept_slots) and new_state is not None
     matrices = [key for key, v in (new_state or {}).items() if v.dim() > 1]  # the "matrix" slots
     # one host read (all float64, by name) for each retracted matrix's finite check, constraint violation and
     # warm-start state check, and every matrix's `direction_length`; only the matrices that pass use the last two
@@ -370,9 +398,9 @@ def apply_directions(batch: list[MatrixItem], A: torch.Tensor, st: dict, sizes: 
             table.set(it.index, "off_manifold", off_of[i])
             if state_ok.get(i):
                 still = None if moving is None else ~moving[sl]
-                commits[i].state = warm_state(it, spec, new_state, sl, still)
+                commits[i].state = warm_state(it, new_state, sl, still)
             elif keep:  # a non-finite state is never written: the previous one goes too (start cold)
-                commits[i].state = {slot.key: None for slot in spec.state}
+                commits[i].state = {slot.key: None for slot in it.plan.kept_slots}
     return list(commits.values())
 
 
@@ -383,13 +411,13 @@ def direction_length(A: torch.Tensor) -> torch.Tensor:
     return torch.linalg.vector_norm(A.flatten(1), dim=1) / A.shape[-1] ** 0.5
 
 
-def warm_state(it: MatrixItem, spec, state: dict, rows: slice, still) -> dict:
+def warm_state(it: MatrixItem, state: dict, rows: slice, still) -> dict:
     """The state entries of a solved parameter: its rows of each `StateSlot` (``"matrix"`` ones as
     ``(*lead, n, n)`` in the parameter's dtype, ``"flag"`` ones as one uint8 per matrix, broadcast by DDP);
     its matrices in ``still`` (bool per matrix, None: none) keep their previous entries."""
     lead = to_tall(it.p).shape[:-2]
     new = {}
-    for slot in spec.state:
+    for slot in it.plan.kept_slots:
         value = state.get(slot.key)
         if value is None:
             continue

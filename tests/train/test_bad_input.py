@@ -134,9 +134,9 @@ def test_bad_solver_option_is_one_line_naming_the_valid_ones(entry, needles, dat
 
 
 def test_solver_options_without_a_solver_are_one_line_naming_the_default(data_dir, tmp_path, capsys):
-    # the default solver is per manifold kind, so options alone belong to no one solver
+    # the default solver is per mask, so options alone belong to no one solver
     code, _, err = cli(_short(data_dir, tmp_path / "run", "--muon-solver-options", "tol=1e-5"), capsys)
-    assert_one_line_error(code, err, "need a solver", "filled_split on stiefel", "muon_solver=exact")
+    assert_one_line_error(code, err, "need a solver", "filled_split on Stiefel", "muon_solver=exact")
     assert not (tmp_path / "run").exists()
 
 
