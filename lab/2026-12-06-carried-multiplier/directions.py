@@ -22,7 +22,6 @@ from torch.utils.flop_counter import FlopCounterMode
 
 from geomtrain.optim import spectral_direction
 from geomtrain.optim.certificate import certify
-from geomtrain.optim.products import normal_multiplier
 from manifolds import DGram, Stiefel, msign
 from manifolds.base import to_tall
 
@@ -40,7 +39,9 @@ def carried_correction(manifold, W, G, state: dict) -> torch.Tensor | None:
     if "correction" in state:
         return state["correction"].reshape(n, n).float()
     if "dual" in state:
-        return -state["dual"].reshape(n, n).float() - normal_multiplier(manifold, W, G / G.norm())
+        return -state["dual"].reshape(n, n).float() - manifold.normal_multiplier(
+            W, G / G.norm()
+        )  # the geometry owns it since ae12848
     return None
 
 
