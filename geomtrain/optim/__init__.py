@@ -1,17 +1,5 @@
-"""Manifold Muon: the spectral steepest-descent direction on a Gram-space manifold and the optimizer.
-
-- `spectral_direction(manifold, W, G, solver=...)`: the direction and its `DirectionStats`.
-- `ManifoldMuon`: the `torch.optim.Optimizer`.
-- `register_solver(Solver(...))`, `get_solver(name)`, `solver_names()`: the solver registry;
-  `default_solver(manifold)`: the one training uses when none is named.
-
-Modules: `direction` (entry point), `solver` (the `Solver` record), `registry` (the registry),
-`gram` (the Gram-space dual), `gram_newton` (the ``exact`` solver, the reference),
-`filled_split` (training's default: products only), `column_split` (its split of a tall matrix),
-`products` (its kernels), `douglas_rachford` (degenerate duals), `baselines` (``tangent``, ``published``),
-`numerics` (kernels), `muon` (the optimizer; `muon_step` its pieces, `muon_dist` the DDP exchange,
-`muon_fsdp` the FSDP2 one).
-"""
+"""Manifold Muon: the spectral steepest-descent direction on a Gram-space manifold (`spectral_direction`), its solver
+registry and the optimizer (`ManifoldMuon`)."""
 
 from .direction import (
     REFERENCE_SOLVER,

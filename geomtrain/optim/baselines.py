@@ -1,10 +1,7 @@
-r"""The two non-default solvers: ``"tangent"`` (one msign of the tangent-projected gradient) and
-``"published"`` (the paper's dual ascent, as published).
-
-``published``: no normalisation of $G$, $\Lambda_0 = -P(W^\top G + G^\top W)/4$,
-$A = \operatorname{msign}(G + L^*(\Lambda))$, $\Lambda \leftarrow \Lambda - \alpha (1 - k/K) L(A)$
-for $K$ = ``steps`` steps, stop when $\|L(A)\|_F / n <$ ``tol`` (RMS over all $n^2$ entries, as
-published; with the default $10^{-6}$ it never fires). Not scale-invariant.
+r"""The paper's baselines: ``"tangent"`` (one msign of the tangent-projected gradient) and ``"published"`` (its dual
+ascent, as published: no normalisation of $G$, $\Lambda_0 = -P(W^\top G + G^\top W)/4$,
+$A = \operatorname{msign}(G + L^*(\Lambda))$, $\Lambda \leftarrow \Lambda - \alpha (1 - k/K) L(A)$ for $K$ = ``steps``
+steps, stopping when $\|L(A)\|_F / n <$ ``tol``; not scale-invariant).
 """
 
 from __future__ import annotations
@@ -30,13 +27,7 @@ __all__ = [
 
 MSIGN_OPTIONS = {"msign": "polar_express", "msign_steps": 5, "msign_dtype": None, "trace": False}
 TANGENT_OPTIONS = dict(MSIGN_OPTIONS)
-PUBLISHED_OPTIONS = {
-    "steps": 20,
-    "alpha": 0.1,
-    "tol": 1e-6,
-    **MSIGN_OPTIONS,
-    "msign_dtype": torch.bfloat16,
-}  # the paper's bf16 msign
+PUBLISHED_OPTIONS = {"steps": 20, "alpha": 0.1, "tol": 1e-6, **MSIGN_OPTIONS, "msign_dtype": torch.bfloat16}
 
 
 def msign_with(X: torch.Tensor, opts: dict) -> torch.Tensor:
@@ -55,16 +46,8 @@ def solve_tangent(
     if opts["trace"]:
         trace = Trace()
         trace.add(res[0], first_objective(G, A))
-    return (
-        A,
-        {
-            "evaluations": torch.ones(B, dtype=torch.long),
-            "residual": res,
-            "converged": torch.ones(B, dtype=torch.bool),
-            "trace": trace,
-        },
-        None,
-    )
+    stats = {"evaluations": torch.ones(B, dtype=torch.long), "residual": res}
+    return A, {**stats, "converged": torch.ones(B, dtype=torch.bool), "trace": trace}, None
 
 
 def solve_published(
@@ -90,16 +73,8 @@ def solve_published(
         Lam = Lam - alpha * (1 - k / steps) * H
     B = T.shape[0]
     res = (H.square().sum(dim=(-2, -1)) / count).sqrt()
-    return (
-        A,
-        {
-            "evaluations": torch.full((B,), calls, dtype=torch.long),
-            "residual": res.double().cpu(),
-            "converged": (H.norm(dim=(-2, -1)) / n < tol).cpu(),
-            "trace": trace,
-        },
-        {"dual": Lam},
-    )
+    stats = {"evaluations": torch.full((B,), calls, dtype=torch.long), "residual": res.double().cpu()}
+    return A, {**stats, "converged": (H.norm(dim=(-2, -1)) / n < tol).cpu(), "trace": trace}, {"dual": Lam}
 
 
 TANGENT = Solver(

@@ -1,16 +1,7 @@
-r"""The exact float64 certificate of any direction: how far a solver's $A$ is from the optimum.
-
-For $\hat G = G/\|G\|_F$ and any symmetric multiplier $S$, every feasible $A$ (tangent, $\|A\|_{\mathrm{op}}
-\le 1$) has $\langle \hat G, A\rangle \le \|\hat G + WS\|_* \le U$ (`GramDual.certify`): $U$ bounds
-$\mathrm{OPT}$ from above. A solver's $A$ need not be feasible (``tangent`` returns $\operatorname{msign}$
-of the projected gradient, not tangent to it), so it is first made feasible,
-
-$$A_f = \Pi_T(A) / \max(1, \|\Pi_T(A)\|_{\mathrm{op}}),$$
-
-and the certificate is the relative gap $(U - \langle\hat G, A_f\rangle)/U \ge$ the true relative
-suboptimality of $A_f$, reported with the RMS tangent residual of $A$ itself (what the projection
-removed). $S$ is the multiplier the solver reports where it reports one (``exact``), else that of an
-``exact`` solve in float64; everything is computed in float64.
+r"""The exact float64 certificate of any direction. A solver's $A$ is first made feasible,
+$A_f = \Pi_T(A) / \max(1, \|\Pi_T(A)\|_{\mathrm{op}})$; with $U \ge \|\hat G + WS\|_* \ge \mathrm{OPT}$
+(`GramDual.certify`) at the solver's ``multiplier`` $S$ (else an ``exact`` float64 solve's), the relative gap
+$(U - \langle\hat G, A_f\rangle)/U$ bounds the suboptimality of $A_f$.
 """
 
 from __future__ import annotations
@@ -29,10 +20,8 @@ __all__ = ["certify"]
 def certify(
     manifold: GramManifold, W: torch.Tensor, G: torch.Tensor, A: torch.Tensor, multiplier: torch.Tensor | None = None
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    r"""``(gap, residual)`` per matrix of tall ``(B, m, n)`` inputs, float64 on the CPU: the relative dual gap
-    of the feasible version of ``A`` (module docstring) and the tangent residual of ``A``. ``multiplier``:
-    the dual point $S$ ``(B, n, n)`` for $\hat G$ (a solver's ``multiplier``), else solved for here. A
-    matrix with $G = 0$ has gap 0 (every direction is optimal)."""
+    r"""``(gap, residual)`` per matrix of tall ``(B, m, n)`` inputs, float64 on the CPU: the gap of $A_f$ (0 where
+    $G = 0$) and the tangent residual of ``A``; ``multiplier``: $S$ ``(B, n, n)``, else solved for here."""
     T, G64, A64 = W.double(), G.double(), A.double()
     B, n = T.shape[0], T.shape[-1]
     residual = tangent_residual(manifold, T, A64)

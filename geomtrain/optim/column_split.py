@@ -1,21 +1,12 @@
-r"""The split $W = UH_0$ of a tall point that `filled_split` builds its direction on, for every mask.
+r"""The split $W = UH_0$ of a tall point that `filled_split` builds its direction on: $U$ an orthonormal basis of the
+span of $W$, $H_0 = U^\top W$. A direction $A = UK + B$ with $U^\top B = 0$ has $A^\top A = K^\top K + B^\top B$, and
+the tangent constraint falls on $K$ alone: $L_W(UK) = P(H_0^\top K + K^\top H_0)$, the square problem at $H_0$.
 
-The split writes a direction as $A = UK + B$ with $U$ an orthonormal basis of the span of $W$ and $U^\top B = 0$:
-then $A^\top A = K^\top K + B^\top B$, and the tangent constraint falls on $K$ alone,
-$L_W(UK) = P(H_0^\top K + K^\top H_0)$ with $H_0 = U^\top W$: the square problem at the $n \times n$ point $H_0$,
-whose Gram matrix is $H_0^\top H_0 = W^\top W$. Its tangent projection is $K = X - H_0 S$ with
-$P(H_0^\top H_0 S + S H_0^\top H_0) = P(H_0^\top X + X^\top H_0)$ (`ColumnSplit.normal`).
-
-- **Stiefel, DGram** (and subclasses keeping their mask): the columns are orthogonal, $U = WD^{-1}$ and
-  $H_0 = D = \operatorname{diag}(\|w_i\|)$; the normal multiplier is the closed form
-  $P(C + C^\top) \oslash (d_i^2 + d_j^2)$ (`manifolds.GramManifold.closed_normal_multiplier`).
-- **Any other mask** (a user's ``project_gram``, where columns need not be orthogonal): $U = X_0 F$ with $X_0 = WD^{-1}$
-  (unit columns: the Gram matrix $A_0 = X_0^\top X_0$ has a unit diagonal, better conditioned than $W^\top W$) and
-  $F \approx A_0^{-1/2}$ by products (`orthonormalising_factor`), so $U \approx \operatorname{msign}(X_0)$, and
-  $H_0 = U^\top W$ (one $mn^2$ product); the normal multiplier is conjugate gradients on the normal equation with
-  $A = H_0^\top H_0$ (`manifolds.GramManifold.solve_normal`), which makes $UK$ tangent whatever the rounding of
-  $F$. Where $U^\top U \ne I$ (an ill-conditioned $A_0$ that the factor does not resolve) the complement keeps a
-  part in the span of $W$: `filled_split` ends a generic direction with a tangent projection (`tangent_fix`).
+- **Stiefel, DGram** (orthogonal columns): $U = WD^{-1}$, $H_0 = D = \operatorname{diag}(\|w_i\|)$, and the normal
+  multiplier has a closed form (`manifolds.GramManifold.closed_normal_multiplier`).
+- **Any other mask**: $U = X_0 F$, $X_0 = WD^{-1}$, $F \approx (X_0^\top X_0)^{-1/2}$ by products
+  (`orthonormalising_factor`); the normal multiplier is conjugate gradients with $H_0^\top H_0$, so $UK$ is tangent
+  whatever the rounding of $F$, and `filled_split` ends with a tangent projection (`tangent_fix`).
 """
 
 from __future__ import annotations
@@ -29,18 +20,12 @@ from .products import gram_msign_factor
 
 __all__ = ["ColumnSplit", "FACTOR_STEPS", "POLISH_STEPS", "orthonormalising_factor"]
 
-# F ~ A0^(-1/2): Polar Express steps from A0, then Newton-Schulz steps F <- F (3I - A0 F^2)/2. On block-mask points
-# (384x128, blocks of 16; in-block condition numbers 2.4-2.7) 6 Polar Express steps leave ||F A0 F - I||_F at
-# 2.5e-2 and two Newton-Schulz steps 2e-6, float32's floor (measured); a polish step that does not reduce the error
-# of a matrix is not taken (float32 rounding of an ill-conditioned A0 would make it diverge)
-FACTOR_STEPS, POLISH_STEPS = 6, 2
+FACTOR_STEPS, POLISH_STEPS = 6, 2  # F ~ A0^(-1/2): Polar Express steps, then Newton-Schulz polish steps
 
 
 def orthonormalising_factor(A0: torch.Tensor) -> torch.Tensor:
-    r"""$F \approx A_0^{-1/2}$ ``(..., n, n)`` for a Gram matrix $A_0 = X_0^\top X_0$ (float32 at least): $X_0 F$
-    has nearly orthonormal columns. `FACTOR_STEPS` Polar Express steps in Gram space (`gram_msign_factor`), then up
-    to `POLISH_STEPS` Newton-Schulz steps, each kept per matrix only where it reduces $\|FA_0F - I\|_F$. Products
-    only, no host read."""
+    r"""$F \approx A_0^{-1/2}$ for a Gram matrix $A_0 = X_0^\top X_0$, so $X_0 F$ has nearly orthonormal columns; each
+    polish step is kept per matrix only where it reduces $\|FA_0F - I\|_F$."""
     eye = torch.eye(A0.shape[-1], dtype=A0.dtype, device=A0.device)
     F = gram_msign_factor(A0, "polar_express", FACTOR_STEPS)
     err = (F @ A0 @ F - eye).norm(dim=(-2, -1))
@@ -53,10 +38,8 @@ def orthonormalising_factor(A0: torch.Tensor) -> torch.Tensor:
 
 
 class ColumnSplit:
-    r"""$W = UH_0$ for a tall ``(..., m, n)`` point ``W`` of ``manifold`` (module docstring).
-
-    Attributes: ``U`` (the basis, ``W``'s shape), ``d`` (the column norms where $H_0 = \operatorname{diag}(d)$, else
-    None), ``H0`` (``(..., n, n)`` where it is not diagonal, else None) and ``gram`` ($H_0^\top H_0$ there)."""
+    r"""$W = UH_0$ for a tall ``(..., m, n)`` ``W``: ``U``, and ``d`` where $H_0 = \operatorname{diag}(d)$, else ``H0``
+    and ``gram`` $= H_0^\top H_0$ (the others None)."""
 
     def __init__(self, manifold: GramManifold, W: torch.Tensor):
         self.manifold = manifold
@@ -92,9 +75,8 @@ class ColumnSplit:
         return self.d[..., :, None] * X if self.d is not None else self.H0.mT @ X
 
     def normal(self, C: torch.Tensor) -> torch.Tensor:
-        r"""The normal multiplier from $C = W^\top Y$ ``(..., n, n)``: $S = P(S)$ symmetric with
-        $P(H_0^\top H_0 S + S H_0^\top H_0) = P(C + C^\top)$, so that $Y - WS$ is tangent (closed form on Stiefel and
-        DGram; conjugate gradients otherwise)."""
+        r"""The normal multiplier from $C = W^\top Y$ ``(..., n, n)``: $S = P(S)$ symmetric with $P(H_0^\top H_0 S +
+        S H_0^\top H_0) = P(C + C^\top)$, so that $Y - WS$ is tangent."""
         if self.d is not None:
             return self.manifold.closed_normal_multiplier(self.d * self.d, C)
         return self.manifold.solve_normal(self.gram, C + C.mT)
@@ -105,6 +87,5 @@ class ColumnSplit:
 
 
 def tangent_fix(manifold: GramManifold, W: torch.Tensor, A: torch.Tensor) -> torch.Tensor:
-    r"""$A - WS$ with $P(W^\top W S + S W^\top W) = L_W(A)$: the tangent projection of a generic direction
-    (`manifolds.GramManifold.normal_multiplier`; two $mn^2$ products and a solve), before its final bound."""
+    r"""$A - WS$ with $P(W^\top W S + S W^\top W) = L_W(A)$: the tangent projection of a generic direction."""
     return A - W @ manifold.normal_multiplier(W, A)

@@ -1,23 +1,13 @@
 r"""The spectral steepest-descent direction on a Gram-space manifold: the entry point.
 
-For a point $W$ of $\mathcal M_P$ (tall form, $m \ge n$) and a gradient or momentum $G$,
-Manifold Muon moves along
+For a point $W$ of $\mathcal M_P$ (tall form, $m \ge n$) and a gradient or momentum $G$, Manifold Muon moves along
 
 $$A^\star = \arg\max_A \ \langle G, A\rangle \quad\text{s.t.}\quad \|A\|_{\mathrm{op}} \le 1,\quad
 L_W(A) = P(W^\top A + A^\top W) = 0 .$$
 
-**Dual.** With a symmetric multiplier $S = P(S)$ and $Y(S) = G + W S$ (the range of $L_W^*$ is
-$\{W S\}$), $\langle G, A\rangle = \langle Y, A\rangle$ for every tangent $A$, so
-$\langle G, A\rangle \le \|Y(S)\|_*$ for every feasible $A$ and every $S$:
-$\mathrm{OPT} = \min_S \|G + W S\|_*$ and $A = \operatorname{msign}(Y(S^\star))$. The gradient of
-the dual in $S$ is $\tfrac12 L_W(\operatorname{msign}(Y))$: the dual is solved exactly when the
-direction is tangent. Any $S$ certifies a duality gap.
-
-Solvers are registered (`geomtrain.optim.registry`): ``"exact"`` (default, alias ``"gram_newton"``;
-`geomtrain.optim.gram_newton`, on the Gram-space dual of `geomtrain.optim.gram`, with
-`geomtrain.optim.douglas_rachford` for degenerate duals), ``"tangent"`` and ``"published"``
-(`geomtrain.optim.baselines`), and any registered with `register_solver`. $G$ is normalised to
-$\|G\|_F = 1$ first by every built-in solver except ``"published"``: the argmax does not change.
+With a symmetric multiplier $S = P(S)$, $\langle G, A\rangle = \langle G + WS, A\rangle \le \|G + W S\|_*$ for every
+feasible $A$: $\mathrm{OPT} = \min_S \|G + W S\|_*$, $A^\star = \operatorname{msign}(G + WS^\star)$, and any $S$
+certifies a duality gap. The solvers are registered (`geomtrain.optim.registry`).
 """
 
 from __future__ import annotations
@@ -72,26 +62,16 @@ class DirectionStats:
     r"""What a solve reports, per matrix (tensors of the batch shape, on the CPU).
 
     Attributes:
-        solver: the solver's registered name (``"exact"`` also where it was asked for as ``"gram_newton"``).
-        evaluations: polar evaluations (eigendecompositions for ``exact``, msign calls for
-            the others).
-        residual: RMS of $L_W(A)$ over the constrained Gram entries, of the returned $A$ (divided by the
-            RMS column norm of $W$ with ``relative_tol``).
-        converged: residual at most ``tol`` (``tangent``: always True).
-        dual_gap: ``exact`` (and any solver reporting it): $(U - \langle \hat G, A\rangle)/U$ with
-            $U \ge \mathrm{OPT}$ a dual value, $\hat G = G/\|G\|_F$: an upper bound on the relative
-            suboptimality of $A$.
-        dual: ``state["dual"]``, shape ``(..., n, n)``, to pass back as ``dual=`` on the next call
-            (``exact``: the multiplier $S$, as ``multiplier``, or for square DGram the
-            Douglas-Rachford iterate; ``published``: its $\Lambda$), or None.
-        multiplier: ``exact`` only: the multiplier $S$ (tall form, ``(..., n, n)``) at which
-            ``dual_gap`` is certified: $\|\hat G + WS\|_* \ge \mathrm{OPT}$.
-        escalated: ``state["escalated"]``, ``exact`` only: bool, solved in float64 although the input is float32 (an
-            ill-conditioned dual); pass it back as ``escalate=`` with ``dual=`` to skip the float32 probe.
-        trace: with ``trace=True``: per-evaluation ``residual``, ``objective`` and ``dual_bound``
-            lists of the first matrix.
-        state: the solver's whole warm-start state, ``{slot.key: tensor}`` (batch shape in front), or None:
-            each entry goes back as the `StateSlot`'s option (``dual=``, ``escalate=``).
+        solver: the solver's registered name (``"exact"`` also where asked for as ``"gram_newton"``).
+        evaluations: polar evaluations (eigendecompositions for ``exact``, msign calls for the others).
+        residual: RMS of $L_W(A)$ over the constrained Gram entries (`tangent_residual`).
+        converged: residual at most ``tol``.
+        dual_gap: $(U - \langle \hat G, A\rangle)/U$, $U \ge \mathrm{OPT}$: a bound on the relative suboptimality.
+        dual: ``state["dual"]`` ``(..., n, n)``, to pass back as ``dual=``, or None.
+        multiplier: the multiplier $S$ ``(..., n, n)`` at which ``dual_gap`` is certified (``exact``).
+        escalated: ``state["escalated"]`` (``exact``): solved in float64 although the input is float32.
+        trace: with ``trace=True``: the first matrix's per-evaluation ``residual``, ``objective``, ``dual_bound``.
+        state: the solver's warm-start state ``{slot.key: tensor}`` (batch shape in front), or None.
     """
 
     solver: str
@@ -115,17 +95,12 @@ def _check_state_shape(name: str, value, shape: tuple, dtype_ok, what: str) -> N
         raise ValueError(f"{name} must be {what} of shape {shape} (from a previous solve of this problem); got {got}")
 
 
-# spectral_direction refuses a W whose probe error (below) is above this: far above a float32 point's (~1e-6) or a
-# float16 one's (~1e-3), far below a raw weight's (the cosines between Gaussian columns are ~ m^-1/2, so the probe
-# error is ~ (n/m)^1/2: 0.58 at 24x8, 0.12 at 50257x768).
-ON_MANIFOLD_PROBE_TOL = 1e-2
+ON_MANIFOLD_PROBE_TOL = 1e-2  # far above a float32 or float16 point's probe error, far below a raw weight's
 
 
 def on_manifold_probe(T: torch.Tensor, s: torch.Tensor | None = None) -> torch.Tensor:
-    r"""$\|C w - w\|/\|w\|$ per matrix of a tall ``T``, for a fixed $\pm 1$ vector $w$: $C = T^\top T$
-    (Stiefel: ``s`` None) or, given the column norms ``s`` (DGram), the column cosines $S^{-1}T^\top T S^{-1}$;
-    both are $I$ on the manifold. Two matrix-vector products instead of the $m n^2$ Gram matrix: it catches
-    a weight that was never projected, not a small drift."""
+    r"""$\|C w - w\|/\|w\|$ per matrix of a tall ``T``, $w$ a fixed $\pm 1$ vector, $C = T^\top T$ or, given the
+    column norms ``s``, $S^{-1}T^\top T S^{-1}$ ($I$ on the manifold): catches a weight that was never projected."""
     n = T.shape[-1]
     signs = torch.randint(0, 2, (n,), generator=torch.Generator().manual_seed(0)) * 2 - 1
     X = T if T.dtype in (torch.float32, torch.float64) else T.float()
@@ -205,44 +180,22 @@ def spectral_direction(
     solver: str | Solver = REFERENCE_SOLVER,
     **options: object,
 ) -> tuple[torch.Tensor, DirectionStats]:
-    r"""Unit-spectral-norm tangent direction maximising $\langle G, A\rangle$ at ``W``.
-    (Long because it is the one entry point every solver shares: checks, zero and Euclidean matrices,
-    the wide-to-tall turn and batching, each a few lines, in the order they apply.)
+    r"""Unit-spectral-norm tangent direction maximising $\langle G, A\rangle$ at ``W``. Long because it is the one
+    entry point every solver shares: checks, zero and Euclidean matrices, the wide-to-tall turn and batching.
 
     Args:
         manifold: a :class:`manifolds.GramManifold` (any mask; built-in masks get closed forms).
         W: point(s) on the manifold, ``(..., m, n)``; wide matrices are constrained on rows.
         G: gradient or momentum, shaped like ``W``, finite.
-        solver: a registered name (`solver_names`) or a `Solver`: ``"exact"`` (default here, alias
-            ``"gram_newton"``: converged, scale-invariant, warm-startable, certified; training's default is
-            per mask, `default_solver`), ``"filled_split"`` (products only),
-            ``"tangent"`` (one msign of the tangent-projected $G$) or ``"published"`` (the paper's dual ascent as
-            published: not scale-invariant, 20 bf16 msign calls).
-        **options: solver options; see ``SOLVER_OPTIONS[solver]`` for names and defaults, and the
-            warm-start state (`DirectionStats.state`) under its `StateSlot` options.
-            ``exact``: ``tol`` (RMS tangent residual to stop at: absolute, in the units of $W$, so a
-            DGram matrix with column norms $c$ is solved to about ``tol``$/c$ relative), ``max_iter``
-            (evaluations at most), ``anderson`` (mixing depth, 0 = off), ``smoothing``
-            ($\tau / \sigma_{\mathrm{rms}}(G)$: singular values of the dual point below $\tau$ are
-            smoothed, Huber form), ``compute_dtype`` (of the $n \times n$ work; default
-            float64 for float64 inputs, else float32), ``warm_reset`` (a warm start whose first
-            residual is above this restarts cold), ``cg_iters``/``cg_tol`` (inner CG for custom
-            masks), ``dual`` (warm start: a previous ``stats.dual``), ``escalate`` (bool per matrix: a
-            previous ``stats.escalated``; those float32 problems go to float64 without the float32
-            probe), ``relative_tol`` (residuals divided by the RMS column norm of $W$: the same accuracy
-            at any scale of $W$), ``trace`` (record residual
-            and objective after every evaluation of the first matrix). ``msign``/``msign_steps``/
-            ``msign_dtype`` set the matrix sign of ``tangent``, ``published`` and, for Euclidean,
-            of every solver.
+        solver: a registered name (`solver_names`) or a `Solver`; default ``"exact"``.
+        **options: solver options (``SOLVER_OPTIONS[solver]``; ``exact``'s: docs/manifold-muon.md) and the warm-start
+            state (`DirectionStats.state`) under its `StateSlot` options (``dual=``, ``escalate=``).
 
     Returns:
         ``(A, stats)``: ``A`` shaped like ``W``, in ``W``'s dtype, and a `DirectionStats`.
 
-    Euclidean (no constraint) returns ``msign(G)`` with the configured msign: plain Muon, for
-    every solver. **Zero gradients**: a matrix with ``G = 0`` gets exactly ``A = 0`` without a solve (no
-    evaluation, residual 0, converged, gap 0, its ``dual``/``escalate`` state passed through unchanged, else a
-    zero multiplier), and the matrices with ``G != 0`` are solved as a batch of only them; ``trace`` follows
-    the first of those. (Over 60 lines with this docstring, which documents every built-in option.)
+    Euclidean returns ``msign(G)`` with the ``msign`` options. A matrix with ``G = 0`` gets ``A = 0`` without a solve
+    (residual and gap 0, its warm-start state passed through); the others are solved as a batch of only them.
     """
     spec = get_solver(solver)
     opts, nonzero, all_nonzero = _check(manifold, W, G, spec, options)
@@ -279,22 +232,13 @@ def spectral_direction(
 def _solve_euclidean(manifold, T: torch.Tensor, G: torch.Tensor, state, opts: dict) -> tuple[torch.Tensor, dict, None]:
     r"""No constraint: $A = \operatorname{msign}(G)$ with the configured msign (plain Muon), one call per matrix."""
     B = T.shape[0]
-    return (
-        msign_with(G, opts),
-        {
-            "evaluations": torch.ones(B, dtype=torch.long),
-            "residual": torch.zeros(B, dtype=torch.float64),
-            "converged": torch.ones(B, dtype=torch.bool),
-        },
-        None,
-    )
+    stats = {"evaluations": torch.ones(B, dtype=torch.long), "residual": torch.zeros(B, dtype=torch.float64)}
+    return msign_with(G, opts), {**stats, "converged": torch.ones(B, dtype=torch.bool)}, None
 
 
 def _solve_nonzero(solve, slots, manifold, T: torch.Tensor, G: torch.Tensor, opts: dict, given: dict, nonzero):
-    r"""``solve`` on the matrices of ``(B, m, n)`` with $G \ne 0$ only (``nonzero``, batch shape), as a batch
-    of exactly those; the others get $A = 0$ and the statistics of an empty solve: no evaluation, residual 0,
-    converged, gap 0, their warm-start state as ``given`` (``{slot.key: (B, ...)}``) unchanged, else zero
-    (False). ``slots``: the solver's `StateSlot` s (what an empty solve's state holds)."""
+    r"""``solve`` on the matrices with $G \ne 0$ (``nonzero``) only; the others get $A = 0$, empty statistics and
+    their ``given`` state (else zero; ``slots``: the solver's `StateSlot` s)."""
     B, n = T.shape[0], T.shape[-1]
     idx = nonzero.reshape(-1).nonzero().squeeze(-1)
     sub = {key: value[idx.to(value.device)] for key, value in given.items()}
@@ -330,8 +274,7 @@ def _scatter(value: torch.Tensor, idx: torch.Tensor, B: int, fill: bool, base: t
     return full
 
 
-# The statistics beyond evaluations/residual/converged that a solver may report (`Solver.reports`), and empty
-# ones (no matrix solved).
+# The statistics a solver may report beyond STAT_KEYS, and empty ones (no matrix solved)
 _REPORTS = ("dual_gap", "multiplier")
 _EMPTY_STATS = {
     "evaluations": lambda T, n: torch.zeros(0, dtype=torch.long),

@@ -1,24 +1,15 @@
-r"""Douglas-Rachford splitting for degenerate duals (square and near-square DGram, custom masks).
+r"""Douglas-Rachford splitting for degenerate duals (near-square DGram, custom masks), where dual iterations crawl.
 
-Below aspect ratio 2 the dual optimum is typically degenerate ($Y^\star$ loses rank; the optimal
-$A$ is not unique) and dual iterations crawl. Douglas-Rachford works on the primal instead,
-between the tangent space and the unit spectral ball, in the Gram-space coefficients of
-`GramDual`: with $\rho = \sigma_{\mathrm{rms}}(\hat G) = n^{-1/2}$ and relaxation $\lambda = 1.5$,
+It works on the primal, between the tangent space and the unit spectral ball, in the Gram-space coefficients of
+`GramDual` ($\rho = n^{-1/2}$, relaxation $\lambda$ = ``DR_RELAX``, Anderson-accelerated and safeguarded):
 
 $$x = \Pi_T(z + \hat G/\rho),\qquad y = \Pi_{\mathrm{ball}}(2x - z),\qquad z \leftarrow z + \lambda (y - x),$$
 
-started at the fixed point implied by the current dual iterate, $z_0 = A_0 - Y/\rho$, and
-Anderson-accelerated (depth 2) with a safeguard on the fixed-point residual $\|y - x\|_F$.
-At a fixed point $z^\star$, $-\rho S_F(z^\star + \hat G/\rho)$ is a dual optimum.
+from $z_0 = A_0 - Y/\rho$ at the dual iterate; at a fixed point, $-\rho S_F(z^\star + \hat G/\rho)$ is a dual optimum.
 
-**The start's conditioning.** $A_0 = Y R_0$ with $R_0 = V\min(r, \kappa\, r_{\min})V^\top$, the
-smoothed $M^{-1/2}$ of the dual iterate with its condition number capped at
-$\kappa = \max(10, \tfrac14\,\mathrm{tol}/\varepsilon)$ ($\varepsilon$ the unit roundoff). Near a degenerate
-optimum (a warm start) $R$ has eigenvalues up to $1/\tau$, and $z_0$'s coefficients then grow like
-$1/\tau$ while the matrix they stand for stays of norm about 1; the rounding of that cancellation,
-$\varepsilon/\tau$, is a floor on the residual (in float32 about $2.5\cdot10^{-4}$ at $n = 128$:
-the iteration never reached ``tol``). With the cap the rounding stays below a quarter of ``tol``;
-any start is a valid one for Douglas-Rachford, and float64 ($\kappa \approx 10^{11}$) is unchanged.
+**The start's conditioning.** $A_0 = Y R_0$, $R_0 = V\min(r, \kappa\, r_{\min})V^\top$, $\kappa = \max(10,
+\tfrac14\,\mathrm{tol}/\varepsilon)$: near a degenerate optimum $R$ has eigenvalues up to $1/\tau$, and the rounding
+$\varepsilon/\tau$ of $z_0$'s cancelling coefficients would floor the residual; capped, it stays below ``tol``/4.
 """
 
 from __future__ import annotations
@@ -32,19 +23,13 @@ from .numerics import Anderson, Trace, WorkingSet, safeguarded_mix, start_safegu
 
 __all__ = ["douglas_rachford", "start_weights", "DR_RELAX", "DR_ANDERSON"]
 
-DR_RELAX = 1.5  # over-relaxed Douglas-Rachford: 10-20% fewer evaluations than 1.0 (measured)
-DR_ANDERSON = 2  # deeper Anderson histories destabilise Douglas-Rachford on these problems (measured)
-# The start's condition number is capped at max(DR_START_MIN_CAP, tol / (4 eps)) (module docstring). Measured,
-# float32 near-square DGram (48x32, 96x64, 192x128, batches of 4) warm-started from the multiplier of the same
-# problem: caps of 1000 and none never converged (52 evaluations, polished); 100 and 300 took 15-21, fewer
-# than cold; 10 converged too, with 22% more evaluations than 100-300. At a gradient changed by 5% or 30% every
-# cap took the same evaluations.
-DR_START_MIN_CAP = 10.0
+DR_RELAX = 1.5  # over-relaxation
+DR_ANDERSON = 2  # the largest Anderson depth (deeper histories destabilise the iteration)
+DR_START_MIN_CAP = 10.0  # the start's condition number cap is max(DR_START_MIN_CAP, tol / (4 eps))
 
 
 def start_weights(r: torch.Tensor, tol: float) -> torch.Tensor:
-    r"""The eigenvalues $r$ of the iterate's $R$ with the condition number capped (the module's *start's
-    conditioning*): $\min(r, \kappa\, r_{\min})$, $\kappa = \max(10, \tfrac14\,\mathrm{tol}/\varepsilon)$."""
+    r"""$\min(r, \kappa\, r_{\min})$ for the eigenvalues $r$ of the iterate's $R$ (*the start's conditioning*)."""
     cap = max(DR_START_MIN_CAP, 0.25 * tol / torch.finfo(r.dtype).eps)
     return torch.minimum(r, cap * r.amin(-1, keepdim=True))
 
@@ -59,12 +44,8 @@ def douglas_rachford(
     depth: int,
     trace: Trace | None = None,
 ):
-    """Run Douglas-Rachford from the dual iterate ``S`` (``V``, ``r``: the eigenvectors of its $M$ and the
-    eigenvalues of its $R$) for at most ``budget`` evaluations per entry.
-
-    Returns ``(Z, res, S_dual, used)``: the coefficients of the best ball point $y$ (lowest tangent
-    residual), its residual, the implied dual multiplier and the evaluations used.
-    """
+    """From the dual iterate ``S`` (``V``, ``r`` of its evaluation), at most ``budget`` evaluations per entry: ``(Z,
+    res, S_dual, used)``, the ball point of lowest residual, its residual, the implied multiplier, evaluations."""
     B, n = S.shape[0], S.shape[-1]
     rho = n**-0.5
     eye = torch.eye(n, dtype=S.dtype, device=S.device).expand(B, n, n)
@@ -74,8 +55,7 @@ def douglas_rachford(
     out = {
         "best_res": torch.full((B,), math.inf, dtype=S.dtype, device=S.device),
         "best_Y": torch.zeros_like(Z),
-        # the safeguard's anchor (the lowest |y - x|_F, but for a plain step accepted at the rounding floor):
-        # its implied multiplier is returned
+        # the safeguard's anchor: its implied multiplier is returned
         "anchor_x": Z.clone(),
         "used": torch.zeros(B, dtype=torch.long, device=S.device),
     }

@@ -1,16 +1,10 @@
-r"""What every exchange of a `ManifoldMuon` step shares: the count of what a rank sends (`CommCount`), the
-warm-start state a matrix's owner sends (`state_slots`), the statistics all-reduce (`reduce_stats`) and where
-collective buffers live (`comm_device`). The two exchanges are siblings that build on this module and never on
-each other: `geomtrain.optim.muon_dist` (DDP: whole matrices, one all-gather per bucket) and
-`geomtrain.optim.muon_fsdp` (FSDP2: rows to each matrix's owner and back, all-to-all).
+r"""What both exchanges (`geomtrain.optim.muon_dist`, `geomtrain.optim.muon_fsdp`) of a `ManifoldMuon` step share:
+`CommCount`, `state_slots`, `reduce_stats` and `comm_device`.
 
-**Counting** (`CommCount`, ``last_stats["comm"]``): per step and rank, ``collectives``, ``bytes_in`` (the
-bytes of the buffers this rank hands to the collectives) and ``bytes_sent`` (what it transmits under the ring
-algorithms: $(N-1)L$ for an all-gather of $L$ bytes per rank, $2\frac{N-1}{N}S$ for an all-reduce of $S$
-bytes, $\frac{N-1}{N}S$ for a pipelined broadcast, averaged over ranks) and ``bytes_padding`` (the zeros in
-the gathered buffers, all ranks together). Equal on every rank; computed from the buffers, not measured on
-the network. Under FSDP2 (`geomtrain.optim.muon_fsdp`) an ``all_to_all`` counts what this rank itself sends
-to the others, which differs between ranks.
+`CommCount` (``last_stats["comm"]``) counts per step and rank ``collectives``, ``bytes_in`` (the buffers this rank hands
+to them), ``bytes_sent`` (under the ring algorithms: $(N-1)L$ for an all-gather of $L$ bytes per rank,
+$2\frac{N-1}{N}S$ for an all-reduce of $S$ bytes, $\frac{N-1}{N}S$ for a broadcast; an ``all_to_all`` this rank's own
+bytes for the others) and ``bytes_padding`` (zeros in gathered buffers, all ranks together), from the buffers.
 """
 
 from __future__ import annotations
@@ -28,7 +22,7 @@ __all__ = ["CommCount", "state_slots", "reduce_stats", "comm_device"]
 
 @dataclass
 class CommCount:
-    """What one rank sends in one step (see the module docstring for each count)."""
+    """What one rank sends in one step (module docstring)."""
 
     collectives: int = 0
     bytes_in: int = 0
@@ -36,9 +30,7 @@ class CommCount:
     bytes_padding: int = 0
 
     def add(self, kind: str, size: int, world: int, padding: int = 0, sent: int = 0) -> None:
-        """One collective of ``kind`` (``"all_gather"``, ``"all_reduce"``, ``"broadcast"``) on a buffer of
-        ``size`` bytes per rank; ``"all_to_all"`` (`geomtrain.optim.muon_fsdp`): ``size`` is this rank's send
-        buffer and ``sent`` its bytes for the other ranks (counted as they are, not averaged over ranks)."""
+        """One collective of ``kind`` on ``size`` bytes per rank (``"all_to_all"``: ``sent`` to the others)."""
         factor = {"all_gather": world - 1, "all_reduce": 2 * (world - 1) / world, "broadcast": (world - 1) / world}
         self.collectives += 1
         self.bytes_in += size
@@ -50,9 +42,7 @@ class CommCount:
 
 
 def state_slots(it: MatrixItem) -> list[tuple[str, tuple, torch.dtype]]:
-    """The warm-start state a matrix's owner sends: ``(key, shape, dtype)`` per `StateSlot` of its solver
-    (``"matrix"`` slots ``(*lead, n, n)`` in the parameter's dtype, ``"flag"`` slots one uint8 per matrix);
-    none for a Euclidean matrix or without warm start."""
+    """``(key, shape, dtype)`` of each kept `StateSlot` of a matrix (``"flag"``: one uint8 per matrix)."""
     lead, n = tuple(it.p.shape[:-2]), min(it.p.shape[-2:])
     return [
         (s.key, (*lead, n, n), it.p.dtype) if s.kind == "matrix" else (s.key, (math.prod(lead),), torch.uint8)
@@ -63,8 +53,8 @@ def state_slots(it: MatrixItem) -> list[tuple[str, tuple, torch.dtype]]:
 def reduce_stats(
     items: list[MatrixItem], states: dict, table: StatsTable, world: int, owner: list[int], comm: CommCount
 ) -> None:
-    """Sum the statistics rows (each row from its owner; NaN, an unknown gap, travels as -1) in one all-reduce;
-    then drop the received state of matrices whose owner kept none (a skipped update)."""
+    """Sum the statistics rows from their owners (NaN travels as -1) in one all-reduce; drop the state of matrices
+    whose owner kept none."""
     mine = torch.tensor([owner[it.index] == dist.get_rank() for it in items], dtype=torch.bool)
     local = torch.where(mine[:, None], table.rows, torch.zeros_like(table.rows))
     buf = torch.nan_to_num(local, nan=-1.0).to(comm_device())

@@ -1,39 +1,21 @@
 r"""Solver ``"filled_split"``: training's default on Stiefel, DGram and any other mask; products only.
 
-Split a tall $W$ as $W = U H_0$ (`geomtrain.optim.column_split.ColumnSplit`: $U$ orthonormal, $H_0$ square) and a
-direction as $A = UK + B$ with $U^\top B = 0$: then $A^\top A = K^\top K + B^\top B$ and the tangent constraint
-falls on the square part $K$ alone. The complement takes all of the spectral budget the square part $\alpha K$
-leaves:
+With the split $W = U H_0$ (`geomtrain.optim.column_split.ColumnSplit`), a direction $A = UK + B$, $U^\top B = 0$, has
+$A^\top A = K^\top K + B^\top B$, and the tangent constraint falls on the square part $K$ alone. The complement fills
+the spectral budget that $\alpha K$ leaves:
 
 $$A = \alpha\,UK + Q P_\alpha,\qquad Q = \operatorname{msign}(R),\quad P_\alpha = (I - \alpha^2 K^\top K)^{1/2},$$
 
-so $A^\top A = \alpha^2 K^\top K + P_\alpha Q^\top Q P_\alpha = I$ where $R$ has full column rank: every singular value
-is 1, as the exact direction's. $\alpha \in [0, 1]$ maximises the objective
+so $A^\top A = I$ where $R = \hat G - UU^\top \hat G$ has full column rank, with $\alpha \in [0, 1]$ (of ``GRID``)
+maximising $\langle \hat G, A\rangle = \alpha \langle H, K\rangle + \operatorname{tr}(S P_\alpha)$, $H = U^\top \hat G$,
+$S = \operatorname{sym}(Q^\top R)$. $P_\alpha$ is a Chebyshev polynomial of degree ``degree`` in $X = 2K^\top K - I$,
+so the search needs the moments $\operatorname{tr}(S\,T_j(X))$ once (`best_share`). `scale_to_ball` then guarantees
+$\|A\|_{\mathrm{op}} \le 1$; on a square matrix there is no complement and $A = UK$.
 
-$$\langle \hat G, A\rangle = \alpha c + \operatorname{tr}(S P_\alpha),\qquad c = \langle H, K\rangle,\quad
-S = \operatorname{sym}(Q^\top R) \approx (R^\top R)^{1/2},$$
-
-over ``GRID`` values. $P_\alpha$ is a Chebyshev polynomial of degree ``degree`` in $X = 2K^\top K - I$ (spectrum in
-$[-1, 1]$), interpolating $\sqrt{1 - \alpha^2 (x + 1)/2}$; its objective term is
-$\sum_j a_j(\alpha)\,\mu_j$ with the moments $\mu_j = \operatorname{tr}(S\,T_j(X))$, so the search costs ``degree``
-$n^3$ products once and a scalar table per grid value, and $P_\alpha$ itself (Clenshaw) ``degree`` more. Finally
-`geomtrain.optim.products.scale_to_ball` guarantees $\|A\|_{\mathrm{op}} \le 1$ against the polynomial's and the
-msign's rounding. Tangent to rounding (the constraint sees only $K$); on a square matrix there is no complement and
-$A = UK$, `split_tangent`'s direction; on Oblique it is ``projected_tangent``'s. Cost: `split_tangent`'s msigns,
-$2\,$``degree`` $n \times n$ products, two $mn^2$ ones more. No certificate; the state is ``carry``'s (below).
-
-The square part $K$ comes from the joint msign of the tangent part, $P_{T_D}(U^\top \operatorname{msign}(\hat G -
-W\Lambda))$ (`joint_square_part`), $\Lambda$ a multiplier of the optimum $A^\star = \operatorname{msign}(\hat G -
-W\Lambda^\star)$: $\Lambda = N(\hat G)$ (the geometry's `manifolds.GramManifold.normal_multiplier`) cold. ``carry=True``
-(the default) amortises the search for $\Lambda^\star$ over training: each step's joint msign starts from $\Lambda =
-N(\hat G) + C$, $C$ the correction its previous step left (state ``correction``, $n \times n$ per tall matrix), and the
-solve ends with one dual step toward that msign's tangency (`carried_correction`), at no product more. A call without a
-``correction`` is the cold start, ``carry=False``'s direction.
-
-``space="gram"`` (the default, `gram_filled_split_direction`) runs every $m \times n$ msign from $n \times n$ Gram
-matrices (`geomtrain.optim.products.gram_msign_factor`): four $mn^2$ products before and three after, the rest
-$n \times n$; 2.5 msign-equivalents of products at 512x128, 3.0 at 384x128, against 4.3 and 4.5 on the tall
-matrices (``space="tall"``, `filled_split_direction`, the reference it is tested against).
+$K$ is the tangent part of a joint msign of $\hat G - W\Lambda$ (`joint_square_part`), $\Lambda$ standing for the
+optimum's multiplier: $N(\hat G)$ cold, plus the `carried_correction` with ``carry=True``. ``space="gram"`` runs every
+$m \times n$ msign from $n \times n$ Gram matrices (`gram_filled_split_direction`); ``space="tall"``
+(`filled_split_direction`) is the reference it is tested against.
 """
 
 from __future__ import annotations
@@ -79,20 +61,16 @@ __all__ = [
     "solve_filled_split",
 ]
 
-# Degree 8: on a DGram MLP (512x128) the square part's share is 0.7-0.9, where degree 8 interpolates
-# sqrt(1 - a^2 (x+1)/2) on [-1, 1] to 1e-7-7e-6 (at share 1 to 0.06); the final bound absorbs the interpolation
-# error. 6 Polar Express steps: 5 leave singular values up to 1.1 and down to 0.7, which the bounds then cut.
+# degree 8: the final bound absorbs its interpolation error; 6 Polar Express steps (5 leave singular values 0.7-1.1)
 OPTIONS = {**MSIGN_OPTIONS, "msign_steps": 6, "space": "gram", "degree": 8, "carry": True}
 SPACES = ("gram", "tall")  # where the m x n msigns run: from the n x n Gram matrices, or on the m x n matrices
 CARRY_STEP = 0.5  # the carried dual step eta: 1 oscillates between steps; 0.5 reaches the optimum's condition
-GRID = 41  # shares alpha = 0, 0.025, ..., 1: the objective is flat near its maximum (+-0.05 moves the gap by < 0.003)
+GRID = 41  # shares alpha = 0, 0.025, ..., 1: the objective is flat near its maximum
 
 
 def sqrt_coefficients(alpha: torch.Tensor, degree: int) -> torch.Tensor:
-    r"""Chebyshev coefficients ``(..., degree + 1)`` of $x \mapsto \sqrt{1 - \alpha^2 (x + 1)/2}$ on $[-1, 1]$ per
-    ``alpha`` ``(...)``: interpolation at the $N$ = ``degree + 1`` Chebyshev points,
-    $a_j = \frac{2 - \delta_{j0}}{N} \sum_i f(x_i) \cos(j\theta_i)$, $x_i = \cos\theta_i$,
-    $\theta_i = \pi(i + \tfrac12)/N$."""
+    r"""Chebyshev coefficients ``(..., N)``, $N$ = ``degree + 1``, of $f(x) = \sqrt{1 - \alpha^2 (x + 1)/2}$:
+    $a_j = \frac{2 - \delta_{j0}}{N} \sum_i f(\cos\theta_i) \cos(j\theta_i)$, $\theta_i = \pi(i + \tfrac12)/N$."""
     N = degree + 1
     theta = (torch.arange(N, dtype=torch.float64, device=alpha.device) + 0.5) * (math.pi / N)
     f = (1 - alpha.double()[..., None] ** 2 * (theta.cos() + 1) / 2).clamp_min(0).sqrt()
@@ -133,11 +111,8 @@ def joint_square_part(
     bound: str = "schatten",
     with_step: bool = False,
 ):
-    r"""``(K, step)``: $K$ from a joint msign, the tangent projection at the square point $H_0$ of ``split``
-    (`ColumnSplit`; $D$ on Stiefel and DGram) of $U^\top J$, $J = \operatorname{msign}(Y)$, scaled into the unit
-    ball (one $m \times n$ msign): the span's share of a direction whose complement is solved with it, not apart;
-    with ``with_step``, the multiplier step toward $J$'s tangency, $\bar\sigma(Y)\,N(J)$ (`carried_correction`;
-    two $mn^2$ products more on this tall path), else None."""
+    r"""``(K, step)``: $K$ the tangent projection at $H_0$ of $U^\top J$, $J = \operatorname{msign}(Y)$, scaled into
+    the unit ball; with ``with_step`` the step $\bar\sigma(Y)\,N(J)$ of `carried_correction`, else None."""
     J = msign_with(Y, opts).to(W.dtype)
     K = scale_to_ball(split.square_tangent(split.U.mT @ J), bound=bound)
     return K, mean_singular_value(Y, J) * split.manifold.normal_multiplier(W, J) if with_step else None
@@ -155,8 +130,7 @@ def best_share(H: torch.Tensor, K: torch.Tensor, S: torch.Tensor, X: torch.Tenso
 
 
 def fill(U: torch.Tensor, H: torch.Tensor, K: torch.Tensor, Q: torch.Tensor, S: torch.Tensor, degree: int):
-    r"""``(A, alpha)``: $A = \alpha UK + QP_\alpha$ at the `best_share` $\alpha$ (module docstring), before the final
-    bound."""
+    r"""``(A, alpha)``: $A = \alpha UK + QP_\alpha$ at the `best_share` $\alpha$, before the final bound."""
     X = 2 * (K.mT @ K) - torch.eye(K.shape[-1], dtype=K.dtype, device=K.device)
     alpha, a = best_share(H, K, S, X, degree)
     return alpha[..., None, None] * (U @ K) + Q @ chebyshev_matrix(X, a), alpha
@@ -165,11 +139,8 @@ def fill(U: torch.Tensor, H: torch.Tensor, K: torch.Tensor, Q: torch.Tensor, S: 
 def filled_split_direction(
     manifold: GramManifold, W: torch.Tensor, G: torch.Tensor, opts: dict, correction: torch.Tensor | None = None
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
-    r"""``(A, alpha, correction)`` above for tall ``(..., m, n)``, ``alpha`` the square part's share ``(...)`` (1 on a
-    square matrix). ``opts["carry"]``: the joint msign starts from $\Lambda = N(\hat G) + C$, $C$ = ``correction``
-    carried from the previous step (None: 0), and the returned ``correction`` is
-    $\Lambda + \eta\,\bar\sigma N(J) - N(\hat G)$ for its msign $J$ (`carried_correction`); None without it and on a
-    square matrix."""
+    r"""``(A, alpha, correction)`` for tall ``(..., m, n)``: ``alpha`` the square part's share (1 on a square matrix),
+    ``correction`` the new `carried_correction` with ``opts["carry"]`` on a tall matrix (else None)."""
     split = ColumnSplit(manifold, W)
     Gn, U, H = split.basis(G)
     square = W.shape[-2] == W.shape[-1]  # no complement (R is rounding): K is the direction, its bound the tight one
@@ -186,27 +157,18 @@ def filled_split_direction(
     S = sym(Q.mT @ R)
     A, alpha = fill(U, H, K, Q, S, int(opts["degree"]))
     A = tangent_fix(manifold, W, A) if split.generic else A
-    # the fill makes A's singular values 1: the tight bound
     return scale_to_ball(A, bound="near_unit"), alpha, carried_correction(lam, step, base) if carry else None
 
 
 def carried_correction(lam: torch.Tensor, step: torch.Tensor, base: torch.Tensor) -> torch.Tensor:
-    r"""The state ``carry`` keeps: $C = \Lambda + \eta\,\bar\sigma(Y)\,N(J) - N(\hat G)$, $\eta$ =
-    ``CARRY_STEP``, for the last joint msign $J = \operatorname{msign}(Y)$, $Y = \hat G - W\Lambda$, and
-    ``base`` $= N(\hat G)$, the start without it. A dual-ascent step: where $Y \approx \bar\sigma J$, $\eta = 1$
-    removes the normal part $W\,\bar\sigma N(J)$ of $Y$; its fixed point $N(J) = 0$ is the optimum's condition,
-    $J$ tangent. Carried as the correction to
-    $N(\hat G)$, which the next step recomputes for its own $W$ and $G$; no product more (the joint msign's $N(J)$
-    is $K$'s own)."""
+    r"""$C = \Lambda + \eta\,\bar\sigma(Y)\,N(J) - N(\hat G)$ ($\eta$ = ``CARRY_STEP``, $J = \operatorname{msign}(Y)$,
+    $Y = \hat G - W\Lambda$): a dual-ascent step toward $N(J) = 0$, relative to ``base`` $= N(\hat G)$."""
     return lam + CARRY_STEP * step - base
 
 
 def gram_joint_square_part(split: ColumnSplit, E: torch.Tensor, MR: torch.Tensor, opts: dict):
-    r"""``(K, K^T K, step)``: `joint_square_part` of $Y = UE + R$ ($U^\top R = 0$) from $n \times n$ matrices:
-    $M = Y^\top Y = E^\top E + R^\top R$ and $U^\top \operatorname{msign}(Y) = E\,F(M)$ (`gram_msign_factor`),
-    tangent at the square point $H_0$ of ``split`` ($D = \operatorname{diag}(d)$ on Stiefel and DGram), scaled by the
-    Schatten bound (the spectrum of $K$ is spread); ``step`` $= \bar\sigma(Y)\,N(J)$ with $W^\top J = H_0^\top EF$
-    and $\bar\sigma = \langle M, F\rangle / n$ (no product more)."""
+    r"""``(K, K^T K, step)``: `joint_square_part` of $Y = UE + R$ ($U^\top R = 0$) from $M = E^\top E + R^\top R$,
+    with $U^\top \operatorname{msign}(Y) = E\,F(M)$ (`gram_msign_factor`)."""
     M = E.mT @ E + MR
     F = gram_msign_factor(M, opts["msign"], int(opts["msign_steps"]))
     J = E @ F
@@ -221,15 +183,9 @@ def gram_joint_square_part(split: ColumnSplit, E: torch.Tensor, MR: torch.Tensor
 def gram_filled_split_direction(
     manifold: GramManifold, W: torch.Tensor, G: torch.Tensor, opts: dict, correction: torch.Tensor | None = None
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
-    r"""`filled_split_direction` with every msign in Gram space: after $H = U^\top \hat G$, $R = \hat G - UH$,
-    $R^\top R$ and $U^\top R$ (four $mn^2$ products) the work is $n \times n$, and
-    $A = U(\alpha K - U^\top R\,N) + RN$ (the complement's rounding in the span of $U$ removed, as the tall path's
-    $Q - UU^\top Q$) costs two more, the final bound one. $Q = R\,F(R^\top R)$ and
-    $S = \operatorname{sym}(F(R^\top R)\,R^\top R)$; the joint msign of $\hat G - W\Lambda = UE + R$,
-    $E = H - D\Lambda$, is `gram_joint_square_part`. The same direction
-    as the tall path to rounding (tested), at 35-60% of its products; $A$'s final bound is
-    ``"near_unit"`` (the fill makes its singular values 1). ``correction`` and ``opts["carry"]`` as there (no product
-    more: $W^\top J = DEF$). Works in float32 at least; a square matrix (no complement) takes the tall path."""
+    r"""`filled_split_direction` with every msign in Gram space: after $R = \hat G - UH$, $R^\top R$ and $U^\top R$
+    (four $mn^2$ products) the work is $n \times n$ (`gram_joint_square_part`, $Q = R\,F(R^\top R)$) until
+    $A = U(\alpha K - U^\top R\,N) + RN$. Float32 at least; a square matrix takes the tall path."""
     if W.shape[-2] == W.shape[-1]:
         return filled_split_direction(manifold, W, G, opts, correction)
     work = torch.promote_types(W.dtype, torch.float32)
@@ -256,14 +212,12 @@ def gram_filled_split_direction(
 
 
 def in_gram_space(opts: dict) -> bool:
-    """Whether the $m \times n$ msigns run in Gram space: ``space="gram"`` with a polynomial msign (`GRAM_MSIGNS`;
-    ``"svd"`` has no Gram form and takes the tall path)."""
+    """Whether the $m \times n$ msigns run in Gram space: ``space="gram"`` and an msign of `GRAM_MSIGNS`."""
     return opts["space"] == "gram" and opts["msign"] in GRAM_MSIGNS
 
 
 def unsplit_direction(manifold: GramManifold, W: torch.Tensor, G: torch.Tensor, opts: dict) -> torch.Tensor:
-    r"""$P_T(\operatorname{msign}(P_T\hat G))$ scaled into the unit spectral ball (`feasible_direction`), for masks
-    whose columns need not be orthogonal (Oblique), where no split exists; $G = 0$ gives $A = 0$ exactly."""
+    r"""`feasible_direction` of $\operatorname{msign}(P_T\hat G)$, for Oblique and Euclidean (no split)."""
     Gn, _ = normalise(G)
     return feasible_direction(manifold, W, msign_with(tangent_part(manifold, W, Gn), opts))
 
@@ -271,9 +225,8 @@ def unsplit_direction(manifold: GramManifold, W: torch.Tensor, G: torch.Tensor, 
 def solve_filled_split(
     manifold: GramManifold, T: torch.Tensor, G: torch.Tensor, state: dict | None, opts: dict
 ) -> tuple[torch.Tensor, dict, dict | None]:
-    """The solver's entry (``(B, m, n)`` tall batches): the direction, its statistics (one joint $m \times n$ msign,
-    one more for the complement of a tall matrix) and, with ``carry`` on a tall matrix, the new state
-    ``{"correction": C}``; on Oblique (and Euclidean) matrices `unsplit_direction`, no state."""
+    """The solver (``(B, m, n)`` tall batches): the direction, its statistics and, with ``carry`` on a tall matrix,
+    the state ``{"correction": C}``."""
     if manifold.mask_form in (MaskForm.DIAGONAL, MaskForm.ZERO):  # no split there (not selected by training)
         A = unsplit_direction(manifold, T, G, opts)
         return A, feasible_stats(manifold, T, G, A, 1, opts), None

@@ -1,41 +1,23 @@
 r"""The Gram-space dual of the spectral direction problem.
 
-For a tall point $W$ ($m \ge n$), a normalised gradient $\hat G$ ($\|\hat G\|_F = 1$) and a
-symmetric multiplier $S = P(S)$, the dual point is $Y(S) = \hat G + W S$ and everything the
-solvers need lives in $n \times n$ matrices: with $C = \hat G^\top \hat G$, $K = W^\top \hat G$ and
-$\Gamma = W^\top W$,
+For a tall point $W$, $\hat G = G/\|G\|_F$ and a symmetric multiplier $S = P(S)$, the dual point is
+$Y(S) = \hat G + WS$; with $C = \hat G^\top \hat G$, $K = W^\top \hat G$, $\Gamma = W^\top W$ the solvers work on
+$n \times n$ matrices:
 
 $$M(S) = Y^\top Y = C + K^\top S + S K + S \Gamma S,\qquad R = (\max(M, \tau^2) + \varphi)^{-1/2},\qquad
 A = Y R,\qquad L_W(A) = P(Z R + R Z^\top),\ Z = W^\top Y = K + \Gamma S.$$
 
-On the manifold $\Gamma$ is known: $I$ for Stiefel, $\operatorname{diag}$ of the squared column
-norms for DGram (and its subclasses), used in float32; float64 solves and other masks form
-$W^\top W$ (a float32 point is on the manifold only to $\sim 10^{-7}$, which float64 would resolve).
-With $\Gamma$ known, $M = Z^\top\Gamma^{-1}Z + N$, $N = C - K^\top\Gamma^{-1}K$ (formed once), costs one
-$n^3$ product instead of two. So the $m \times n$ work of a
-solve is two Gram products ($C$, $K$) and the final $A = (\hat G + W S) R$: the rest is
-$n \times n$.
+In float32 $\Gamma$ is taken as known ($I$ on Stiefel, the squared column norms on DGram) and
+$M = Z^\top\Gamma^{-1}Z + N$, $N = C - K^\top\Gamma^{-1}K$ formed once; float64 solves and other masks form $W^\top W$.
 
-**Smoothing.** $R = \big(\max(M, \tau^2) + \varphi\big)^{-1/2}$ on the eigenvalues of $M$
-(`inverse_sqrt_weights`): a Huber-type smoothing of the nuclear norm. Singular values of $Y$ above
-$\tau$ are mapped to exactly 1, those below to $\sigma/\tau$, so the smoothed problem differs
-from the exact one only in directions where $Y$ is (nearly) singular, and its optimum loses at most
-$\tau/4$ of the objective per singular value below $\tau$, none above. $\tau = s\,n^{-1/2}$ with $s$
-the ``smoothing`` option ($\sigma_{\mathrm{rms}}(\hat G) = n^{-1/2}$). The earlier smoothing
-$(M + \mu^2)^{-1/2}$ cost $\mu^2/(2\sigma)$ on *every* singular value, so it had to be tiny, and the
-tiny singular values of degenerate duals (training gradients) then made the iteration stiff.
-$\varphi = 4\,\varepsilon\,\lambda_{\max}(M)$, with $\varepsilon$ the unit roundoff of the compute
-dtype, is the rounding floor: $M$ is known only to about $\varepsilon \lambda_{\max}$, and with
-$\varphi$ above that error $\|A\|_{\mathrm{op}}$ stays at $1 + O(10^{-5})$ (without it an eigenvalue
-computed just above $\tau^2$ can give a singular value of $A$ of up to $1.12$). In float64
-$\varphi$ is negligible; in float32 it costs up to $\varphi/(2\sigma)$ per singular value.
+**Smoothing** (`inverse_sqrt_weights`, Huber-type): singular values of $Y$ above $\tau = s\,n^{-1/2}$ ($s$ the
+``smoothing`` option) map to exactly 1, those below to $\sigma/\tau$, so the optimum loses at most $\tau/4$ per singular
+value below $\tau$. $\varphi = 4\varepsilon\lambda_{\max}(M)$ ($\varepsilon$ the compute dtype's unit roundoff) lies
+above the rounding error of $M$ and keeps $\|A\|_{\mathrm{op}}$ at $1 + O(10^{-5})$.
 
-**Certificate.** For every symmetric positive definite $X$,
-$\|Y\|_* \le \tfrac12(\operatorname{tr}(X^{-1} Y^\top Y) + \operatorname{tr} X)$ (equality at
-$X = (Y^\top Y)^{1/2}$; the difference is $\|X^{-1/2}N - X^{1/2}\|_F^2 / 2$ with $N = (Y^\top Y)^{1/2}$).
-With $X = R^{-1}$ this is $\tfrac12(\langle YR, Y\rangle + \operatorname{tr} R^{-1})$, evaluated on the
-matrices actually formed, so errors of the eigendecomposition only loosen it; with weak duality
-$\mathrm{OPT} \le \|Y(S)\|_*$ it bounds the optimum from above.
+**Certificate.** For symmetric positive definite $X$, $\|Y\|_* \le \tfrac12(\operatorname{tr}(X^{-1} Y^\top Y) +
+\operatorname{tr} X)$, with equality at $X = (Y^\top Y)^{1/2}$; at $X = R^{-1}$, evaluated on the matrices actually
+formed, it is $\tfrac12(\langle YR, Y\rangle + \operatorname{tr} R^{-1}) \ge \|Y(S)\|_* \ge \mathrm{OPT}$.
 """
 
 from __future__ import annotations
@@ -59,10 +41,8 @@ __all__ = [
 
 
 def pivoted_cholesky(A: torch.Tensor, tol: float, max_rank: int) -> torch.Tensor:
-    """Low-rank factor ``L`` (B, n, k) with ``A ~ L L^T`` for a batch of PSD matrices (greedy pivoting).
-
-    An entry whose largest remaining pivot is at most ``tol`` times the mean diagonal gets zero columns
-    from then on (in place of stopping the loop, which would synchronise with the host at every rank)."""
+    """``L`` (B, n, k) with ``A ~ L L^T`` for PSD ``A`` (greedy pivoting; zero columns once the largest remaining
+    pivot is at most ``tol`` times the mean diagonal)."""
     B, n, _ = A.shape
     d = A.diagonal(dim1=-2, dim2=-1).clone()
     floor = tol * d.sum(-1) / n
@@ -83,30 +63,10 @@ def pivoted_cholesky(A: torch.Tensor, tol: float, max_rank: int) -> torch.Tensor
     return torch.stack(cols, -1)
 
 
-# phi = ROUNDING_FLOOR * eps * lambda_max: the eigenvalues of a Gram matrix formed in a dtype of unit roundoff
-# eps are known to ~eps * lambda_max, and R = (max(M, tau^2) + phi)^(-1/2) with phi above that error keeps
-# ||A||_op at 1 + O(1e-5). Measured in float32 (then as mu^2 of (M + mu^2)^(-1/2)) on power-law gradients
-# (1536x512, 384x128, 128x128, Stiefel and DGram): floor 1 -> ||A||_op up to 1.0002; 4 -> ||A||_op <= 1 + 1e-5,
-# cost <= 5e-5; 64 -> cost up to 8e-4.
-ROUNDING_FLOOR = 4.0
-
-# The smoothing of the certificate's R (relative to sigma_rms): the bound exceeds ||Y||_* by up to tau/2 per
-# (near-)zero singular value of Y, so it is evaluated at a smaller tau than the solver iterates with (float64
-# solves, where the eigenvectors resolve it; 1e-4 was the solver's own smoothing before the Huber form).
-CERTIFICATE_SMOOTHING = 1e-4
-
-# Rank of the Cauchy-matrix factor in the exact DGram step: on 24 DGram matrices captured from `mini` training
-# (steps 102-103) ranks 10, 6, 4 and 2 needed 550, 549, 553 and 599 evaluations; N's assembly costs one n^3
-# product per rank, so 6 (10% less time than 10, measured side by side).
-DGRAM_STEP_RANK = 6
-
-# The frozen-R step of a DGram dual is computed in float32 even where the evaluation is float64. The step only
-# steers the iteration: its fixed point (H = 0) and the stop test are the float64 evaluation's, so a step
-# rounded at 1e-7 changes the path, not the solution. On 28 tall DGram momenta captured from `mini` runs
-# (all-dgram steps 41 and 151, hetero-inv step 43; warm, float64) it took the same evaluations as the float64
-# step, entry by entry, with the same directions to 5 digits, and the all-dgram training step got 15% faster
-# (docs/training.md): a float64 n^3 product costs 4.5x a float32 one at n = 128 on this CPU.
-DGRAM_STEP_DTYPE = torch.float32
+ROUNDING_FLOOR = 4.0  # phi / (eps lambda_max(M)): above M's rounding error (module docstring)
+CERTIFICATE_SMOOTHING = 1e-4  # tau_c / sigma_rms of the certificate: tighter than the solver's tau (`GramDual.certify`)
+DGRAM_STEP_RANK = 6  # rank of the Cauchy-matrix factor of the exact DGram step: one n^3 product each
+DGRAM_STEP_DTYPE = torch.float32  # the frozen-R step only steers the iteration: its rounding changes the path only
 
 
 def scaled_eigenbasis(R: torch.Tensor, d: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
@@ -126,11 +86,8 @@ def inverse_sqrt_weights(lam: torch.Tensor, tau2: float, floor: float) -> torch.
 
 
 def tangent_residual(manifold: GramManifold, W: torch.Tensor, A: torch.Tensor) -> torch.Tensor:
-    r"""RMS of $L_W(A)$ over the constrained entries of the Gram matrix, per matrix (batch shape).
-
-    Zero for Euclidean (no constraints). For Oblique it averages over the $n$ diagonal entries,
-    for Stiefel over all $n^2$, for DGram over the $n^2 - n$ off-diagonal ones.
-    """
+    r"""RMS of $L_W(A)$ over the constrained entries of the Gram matrix, per matrix (batch shape): the $n$ diagonal
+    ones on Oblique, all $n^2$ on Stiefel, the $n^2 - n$ off-diagonal ones on DGram; zero on Euclidean."""
     H = manifold.tangent_constraint(W, A)
     count = manifold.constraint_count(H.shape[-1], H)
     if count == 0:
@@ -140,10 +97,8 @@ def tangent_residual(manifold: GramManifold, W: torch.Tensor, A: torch.Tensor) -
 
 @dataclass
 class Evaluation:
-    """The dual at one multiplier ``S`` per batch entry: eigenpairs of $M$, $R$, residual.
-
-    Stiefel evaluations keep the residual matrix in the eigenbasis of $M$ (``Ht`` $= V^\top H V$) and
-    do not form ``R`` or ``H`` (None): the step needs only ``Ht``, and `weights` forms $R$ when asked."""
+    """The dual at one multiplier ``S`` per batch entry: eigenpairs of $M$, $R$, residual. Stiefel evaluations keep
+    only ``Ht`` $= V^\top H V$ (``R`` and ``H`` None: the step needs only ``Ht``; `weights` forms $R$)."""
 
     S: torch.Tensor
     V: torch.Tensor  # eigenvectors of M
@@ -184,9 +139,7 @@ class GramDual:
         self.Td, self.Gd = T.to(dtype), Gh.to(dtype)
         self.C, self.K = self.Gd.mT @ self.Gd, self.Td.mT @ self.Gd
         self.n = T.shape[-1]
-        # On the manifold W^T W is I (Stiefel) or diag(d) (DGram) to the rounding of W. In float32 that is
-        # the rounding of everything else; in float64 (e.g. a float32 point solved in float64) the
-        # mismatch with C and K would be amplified by R in near-null directions: form W^T W there.
+        # W^T W is I (Stiefel) or diag(d) (DGram) to the rounding of W: float32's own rounding; float64 forms it
         known = dtype == torch.float32
         if self.form is MaskForm.FULL and known:
             self.d, self.Gw = torch.ones(T.shape[0], self.n, dtype=dtype, device=T.device), None
@@ -195,18 +148,15 @@ class GramDual:
         else:
             self.Gw = self.Td.mT @ self.Td
             self.d = self.Gw.diagonal(dim1=-2, dim2=-1)
-        # Known diagonal Gamma: M = Z^T Gamma^{-1} Z + N with N = C - K^T Gamma^{-1} K, one n^3 product per
-        # evaluation instead of two (N is formed once; both forms round at ~eps * lambda_max(M)).
         self.N = None if self.Gw is not None else sym(self.C - (self.K / self.d.unsqueeze(-1)).mT @ self.K)
-        # a custom mask is applied as the entrywise product with its 0/1 mask (what check_mask verified it is), not
-        # by calling the user's project_gram at every operator application (which may rebuild the mask each time)
+        # a custom mask as the entrywise product with its 0/1 mask (check_mask verified it), not project_gram calls
         mask = manifold.gram_mask(self.n, self.C) if self.form is MaskForm.CUSTOM else None
         self.P = manifold.project_gram if mask is None else (lambda X: X * mask)
         self.count = manifold.constraint_count(self.n, self.C)
         self.tau2 = float(smoothing) ** 2 / self.n  # tau = smoothing * sigma_rms(G_hat), sigma_rms^2 = 1/n
         self.floor = ROUNDING_FLOOR * torch.finfo(dtype).eps
         self.cg_iters, self.cg_tol = int(cg_iters), float(cg_tol)
-        # per matrix: residuals are multiplied by it (``relative_tol``: 1 / the RMS column norm), else None
+        # per matrix, residuals are multiplied by it (``relative_tol``: 1 / the RMS column norm)
         self.res_scale = None if res_scale is None else res_scale.to(dtype)
 
     @property
@@ -224,7 +174,6 @@ class GramDual:
             setattr(out, k, None if v is None else v[idx])
         return out
 
-    # -------------------------------------------------------------- Gram-space maps
     def gamma(self, X: torch.Tensor) -> torch.Tensor:
         r"""$\Gamma X$ with $\Gamma = W^\top W$."""
         return self.d.unsqueeze(-1) * X if self.Gw is None else self.Gw @ X
@@ -252,10 +201,8 @@ class GramDual:
         return -self.normal_coords(self.P(self.K + self.K.mT))
 
     def gram(self, S: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        r"""$M(S) = Y^\top Y$ and $Z = W^\top Y = K + \Gamma S$.
-
-        With $\Gamma$ formed: $M = C + K^\top S + SK + S\Gamma S$. With $\Gamma = \operatorname{diag}(d)$
-        known: $Y = W\Gamma^{-1}Z + (I - W\Gamma^{-1}W^\top)\hat G$, so $M = Z^\top\Gamma^{-1}Z + N$."""
+        r"""$M(S) = Y^\top Y$ and $Z = W^\top Y = K + \Gamma S$ (with $\Gamma = \operatorname{diag}(d)$ known,
+        $M = Z^\top\Gamma^{-1}Z + N$)."""
         if self.Gw is None:
             Z = self.K + self.d.unsqueeze(-1) * S
             return sym((Z / self.d.unsqueeze(-1)).mT @ Z + self.N), Z
@@ -264,17 +211,13 @@ class GramDual:
         return sym(self.C + KtS + KtS.mT + S @ GS), self.K + GS
 
     def conditioning(self, S: torch.Tensor) -> torch.Tensor:
-        r"""$\lambda_{\min}(M)/\lambda_{\max}(M)$ at ``S`` from eigenvalues only (measured: half to 0.6 of an
-        evaluation at n = 128 and 768)."""
+        r"""$\lambda_{\min}(M)/\lambda_{\max}(M)$ at ``S``, from eigenvalues only."""
         lam = eigvalsh_psd(self.gram(S)[0])
         return lam[..., 0] / lam[..., -1].clamp_min(torch.finfo(lam.dtype).tiny)
 
     def evaluate(self, S: torch.Tensor) -> Evaluation:
-        r"""One eigendecomposition of $M(S)$: $R$ and the tangent residual of $YR$, $H = P(ZR + RZ^\top)$.
-
-        Stiefel ($P = I$): in the eigenbasis, $V^\top H V = \tilde Z \operatorname{diag}(r) +
-        \operatorname{diag}(r)\tilde Z^\top$ with $\tilde Z = V^\top Z V$, and $\|H\|_F = \|V^\top H V\|_F$:
-        two $n^3$ products instead of four (measured ~16% of an evaluation at $n = 768$)."""
+        r"""One eigendecomposition of $M(S)$: $R$ and the tangent residual of $YR$, $H = P(ZR + RZ^\top)$ (Stiefel: in
+        the eigenbasis, $V^\top H V = \tilde Z \operatorname{diag}(r) + \operatorname{diag}(r)\tilde Z^\top$)."""
         M, Z = self.gram(S)
         lam, V = eigh_psd(M)
         lam = lam.clamp_min(0)
@@ -292,16 +235,14 @@ class GramDual:
         r"""$\langle \hat G, YR\rangle = \langle C + K^\top S, R\rangle$ of an evaluation (for traces)."""
         return ((self.C + self.K.mT @ ev.S) * ev.weights()).sum(dim=(-2, -1))
 
-    # -------------------------------------------------------------- direction and certificate
     def direction(self, S: torch.Tensor, R: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         r"""$Y = \hat G + W S$ and $A = Y R$ (the only $m \times n$ products after the Grams)."""
         Y = torch.baddbmm(self.Gd, self.Td, S)
         return Y, Y @ R
 
     def upper_bound(self, Y: torch.Tensor, A: torch.Tensor, S: torch.Tensor, r: torch.Tensor) -> torch.Tensor:
-        r"""$\tfrac12(\langle A, Y\rangle + \operatorname{tr} R^{-1}) \ge \|Y\|_*$ for $A = YR$ (``r``: the
-        eigenvalues $R$ was formed from), plus a margin for the rounding of $Y = \hat G + WS$ itself
-        ($\varepsilon\, n \|W\|_F \|S\|_F$), in float64."""
+        r"""$\tfrac12(\langle A, Y\rangle + \operatorname{tr} R^{-1}) \ge \|Y\|_*$ for $A = YR$ (``r``: the eigenvalues
+        of $R$), plus $\varepsilon\, n \|W\|_F \|S\|_F$ for the rounding of $Y$, in float64."""
         tr_RM = (A.double() * Y.double()).sum(dim=(-2, -1))
         tr_Rinv = r.double().reciprocal().sum(-1)
         eps = torch.finfo(self.C.dtype).eps
@@ -311,12 +252,8 @@ class GramDual:
     def certify(
         self, S: torch.Tensor, R: torch.Tensor, r: torch.Tensor, V: torch.Tensor, lam: torch.Tensor
     ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        r"""$(Y, A, U)$ at the multiplier ``S`` of an evaluation (``R``, its eigenvalues ``r``, eigenpairs
-        ``V``, ``lam`` of $M$): $A = YR$ and the smaller of `upper_bound` at $R$ and, in float64, at
-        $R' = V(\max(\Lambda, \tau_c^2) + \varphi)^{-1/2}V^\top$ with $\tau_c = $ ``CERTIFICATE_SMOOTHING``
-        $\cdot\, n^{-1/2}$: the solver's larger $\tau$ would loosen the bound by up to $\tau/2$ per
-        (near-)zero singular value of $Y$ (measured on a rank-3 gradient: 1.5e-3 against 2.3e-4). Both are
-        valid bounds; float32 eigenvectors are not accurate enough for the small $\tau_c$."""
+        r"""$(Y, A, U)$ at the multiplier ``S`` of an evaluation: $A = YR$ and the smaller of `upper_bound` at $R$ and,
+        in float64, at $R$ smoothed at $\tau_c = $ ``CERTIFICATE_SMOOTHING`` $\cdot\, n^{-1/2}$."""
         Y, A = self.direction(S, R)
         U = self.upper_bound(Y, A, S, r)
         if self.C.dtype == torch.float64:
@@ -325,15 +262,10 @@ class GramDual:
             U = torch.minimum(U, self.upper_bound(Y, A_c, S, r_c))
         return Y, A, U
 
-    # -------------------------------------------------------------- frozen-R Gauss-Newton step
     def step(self, ev: Evaluation) -> torch.Tensor:
-        r"""$\Delta$ with $\tfrac12 P(\Gamma\Delta R + R\Delta\Gamma) = -\tfrac12 H$ ($R$ frozen).
-
-        Stiefel: exact in the eigenbasis of $R$, $\tilde\Delta_{ij} = -\tilde H_{ij}/(r_i + r_j)$.
-        DGram: `_dgram_step` in float32, `_dgram_step_exact` for float64 evaluations (the ill-conditioned
-        duals), computed in ``DGRAM_STEP_DTYPE``.
-        Oblique: an $n \times n$ solve with $\Gamma \circ R$. Other masks: preconditioned CG.
-        """
+        r"""$\Delta$ with $\tfrac12 P(\Gamma\Delta R + R\Delta\Gamma) = -\tfrac12 H$ ($R$ frozen): exact in the
+        eigenbasis of $R$ on Stiefel, `_dgram_step` (float64: `_dgram_step_exact`) on DGram, a solve on Oblique, else
+        CG."""
         H, V, r, R = ev.H, ev.V, ev.r, ev.R
         if self.form is MaskForm.FULL:
             rr = r[..., :, None] + r[..., None, :]
@@ -353,33 +285,17 @@ class GramDual:
         return pcg(op, -0.5 * H, pre, self.cg_iters, self.cg_tol)
 
     def _dgram_step(self, H: torch.Tensor, R: torch.Tensor, d: torch.Tensor) -> torch.Tensor:
-        r"""Frozen step for $P = \mathrm{Off}$, $\Gamma = D$ diagonal, with the diagonal constraint dropped.
-
-        With $E = D^{1/2}\Delta D^{1/2}$ and $R' = D^{-1/2} R D^{-1/2} = U \operatorname{diag}(\rho) U^\top$ the
-        system is $\mathrm{Off}(E R' + R' E) = -D^{-1/2} H D^{-1/2}$, $\operatorname{diag} E = 0$. Solving
-        $ER' + R'E = F$ in the eigenbasis of $R'$ and zeroing the diagonal afterwards is one
-        eigendecomposition and four products. Enforcing the zero diagonal exactly (a Schur
-        complement of size $n$, about twenty more products) gave the same evaluation counts at
-        768x256, 1024x256 and 2304x768; the Stiefel-basis shortcut ($R'$ replaced by $R$) needed
-        2-4x more evaluations (measured). ``d``: the squared column norms (the diagonal of $D$).
-        """
+        r"""Frozen step for $P = \mathrm{Off}$, $\Gamma = D = \operatorname{diag}($``d``$)$: $ER' + R'E = -D^{-1/2} H
+        D^{-1/2}$ in the eigenbasis of $R' = D^{-1/2} R D^{-1/2}$, $E = D^{1/2}\Delta D^{1/2}$, then diagonal zeroed."""
         scale, rho, U = scaled_eigenbasis(R, d)
         E = U @ ((U.mT @ (-H * scale) @ U) / (rho[..., :, None] + rho[..., None, :])) @ U.mT
         return self.P(sym(E)) * scale
 
     def _dgram_step_exact(self, H: torch.Tensor, R: torch.Tensor, d: torch.Tensor) -> torch.Tensor:
-        r"""`_dgram_step` with the zero diagonal enforced by a Schur complement.
-
-        $E = B^{-1}(F + \operatorname{diag}\nu)$ with $B(E) = ER' + R'E$ inverted in the eigenbasis
-        $U$ of $R'$ and $N\nu = -\operatorname{diag}B^{-1}F$, $N_{kl} = \sum_{ij} U_{ki}U_{kj}\Gamma_{ij}U_{li}U_{lj}$,
-        $\Gamma_{ij} = 1/(\rho_i + \rho_j)$, assembled from a rank-$\le 6$ pivoted Cholesky factor of $\Gamma$
-        (``DGRAM_STEP_RANK``).
-        About twenty more $n^3$ products than `_dgram_step`; on the nearly low-rank gradients of the
-        ``mini`` model (solved in float64) it needed 18-19 instead of 24-32 evaluations (384x128) and
-        13-15 instead of 15-18 (512x128), at equal or lower time; on Gaussian gradients the same count.
-        Computed in the dtype of ``H``, ``R`` and the squared column norms ``d`` (`step` passes
-        ``DGRAM_STEP_DTYPE``); the small solve for $\nu$ is done in float64.
-        """
+        r"""`_dgram_step` with the zero diagonal enforced by a Schur complement: $E = B^{-1}(F +
+        \operatorname{diag}\nu)$, $B(E) = ER' + R'E$ inverted in the eigenbasis $U$ of $R'$, and
+        $N\nu = -\operatorname{diag}B^{-1}F$, $N_{kl} = \sum_{ij} U_{ki}U_{kj}\Gamma_{ij}U_{li}U_{lj}$,
+        $\Gamma_{ij} = 1/(\rho_i + \rho_j)$, from a rank-``DGRAM_STEP_RANK`` pivoted Cholesky factor."""
         scale, rho, U = scaled_eigenbasis(R, d)
         Gam = 1 / (rho[..., :, None] + rho[..., None, :])
         L = pivoted_cholesky(Gam, tol=1e-3, max_rank=DGRAM_STEP_RANK)
@@ -394,8 +310,7 @@ class GramDual:
         E = U @ ((U.mT @ (F + torch.diag_embed(nu)) @ U) * Gam) @ U.mT
         return self.P(sym(E)) * scale
 
-    # -------------------------------------------------------------- Douglas-Rachford pieces
-    # Matrices F = G_hat a + W b are held as coefficient pairs Z = (a, b), shape (B, 2, n, n).
+    # Douglas-Rachford pieces: F = G_hat a + W b held as coefficient pairs Z = (a, b), shape (B, 2, n, n)
     def proj_tangent(self, Z: torch.Tensor) -> torch.Tensor:
         a, b = Z[:, 0], Z[:, 1]
         X = self.K @ a + self.gamma(b)  # W^T F

@@ -1,35 +1,17 @@
-r"""Solver ``"exact"`` (the default; alias ``"gram_newton"``): Anderson-accelerated Gauss-Newton on the Gram-space dual.
+r"""Solver ``"exact"`` (the reference; alias ``"gram_newton"``): Anderson-accelerated Gauss-Newton on the Gram dual.
 
-**Step.** Freezing $R$ linearises the stationarity condition $L_W(YR) = 0$ in $S$ (see
-`GramDual.step`); Anderson mixing over the last ``anderson`` steps accelerates the fixed point; a
-mixed step that doubles the residual is replaced by the plain step from the best point. The
-iterate with the lowest residual is returned; the stop test is the tangent residual
-$\mathrm{RMS}(L_W(A)) \le$ ``tol`` of exactly that $A$.
+Freezing $R$ linearises the stationarity condition $L_W(YR) = 0$ in $S$ (`GramDual.step`); Anderson mixing over the last
+``anderson`` steps accelerates it, and a mixed step that doubles the residual is replaced by the plain step from the
+best point. The iterate of lowest residual is returned; the stop test is $\mathrm{RMS}(L_W(A)) \le$ ``tol`` of exactly
+that $A$. A warm start (``dual=``, the previous multiplier) whose first residual is above ``warm_reset`` restarts from
+the tangent projection $S_T$. A float32 dual the first evaluation finds ill-conditioned (``ESCALATE``) is solved in
+float64; ``stats.escalated``, passed back as ``escalate=``, skips that float32 probe.
 
-**Warm start.** $S$ starts at the previous solve's multiplier $S^\star$ (``dual=``) instead of the
-tangent projection $S_T$: in training the multiplier moves 3-7% per step where the momentum moves
-16-19% and $S_T$ with it (Stiefel, `mini`), so starting there saved 29% of the evaluations of an
-``all-stiefel`` run and 11% of an ``all-dgram`` one against carrying the correction $S^\star - S_T$
-over (measured, docs/manifold-muon.md). A warm start that evaluates worse than ``warm_reset``
-restarts from $S_T$ (the residual monitor; cold starts begin at residuals of about 1e-2 to 1e-1 RMS).
-
-**Precision hint.** A float32 problem that the first evaluation finds ill-conditioned is solved
-again in float64 (``ESCALATE``); ``stats.escalated`` says which were, and passed back as
-``escalate=`` with the warm start it sends them to float64 at once, without the float32 probe
-(one evaluation, and for warm starts the conditioning check at $S_T$, saved per matrix: the
-LayerNorm structure that makes training problems ill-conditioned persists from step to step).
-
-**Degenerate duals.** Square DGram goes to `solve_square_dgram` (the problem in $n \times n$
-matrices; its warm-start state is the Douglas-Rachford iterate). DGram and custom masks with
-$m < 2n$, and entries whose residual stalls, continue with `douglas_rachford`. If ``max_iter`` runs out,
-the best direction is projected onto
-the tangent space and scaled by its exact spectral norm (`GramDual.polish`): every returned
-direction is tangent to ``tol`` (to rounding where polished) with $\|A\|_{\mathrm{op}} \le 1$ up to
-the rounding floor of the compute dtype.
-
-**Certificate.** ``dual_gap`` $= (U - \langle\hat G, A\rangle)/U$ with $U \ge \|\hat G + WS\|_*
-\ge \mathrm{OPT}$ from `GramDual.upper_bound` at the returned multiplier: a true upper bound on the
-relative suboptimality of $A$ (up to the rounding of the compute dtype).
+Square DGram goes to `solve_square_dgram`; DGram and custom masks with $m < 2n$, and stalled entries, continue with
+`douglas_rachford`; past ``max_iter`` the best direction is projected onto the tangent space and scaled by its exact
+spectral norm (`GramDual.polish`). So every direction is tangent to ``tol`` with $\|A\|_{\mathrm{op}} \le 1$ (to
+rounding), and ``dual_gap`` $= (U - \langle\hat G, A\rangle)/U$, $U \ge \|\hat G + WS\|_* \ge \mathrm{OPT}$ at the
+returned multiplier (`GramDual.upper_bound`), bounds its relative suboptimality.
 """
 
 from __future__ import annotations
@@ -61,28 +43,16 @@ OPTIONS = {
 }
 """The scalar options and their defaults (the warm-start state travels as ``dual=``/``escalate=``)."""
 
-# An entry stops when its best residual fell by less than this factor over this many evaluations:
-# where the dual optimum is degenerate (square DGram/Oblique: Y loses rank) progress becomes slow.
-STALL_WINDOW, STALL_FACTOR = 4, 0.7
-DR_ASPECT = 2.0  # below m / n = 2, DGram and custom-mask duals are typically degenerate (measured)
+STALL_WINDOW, STALL_FACTOR = 4, 0.7  # an entry stops where its best residual fell less than 0.7x in 4 evaluations
+DR_ASPECT = 2.0  # below m / n = 2, DGram and custom-mask duals are typically degenerate
 FLOOR = {torch.float32: 1e-6, torch.float64: 1e-12}  # residuals at the rounding floor of the weights
-# The loop stops at STOP_MARGIN * tol: the residual is evaluated in Gram space, and the float32 product
-# A = Y R that is returned differs from it by its rounding (measured up to 0.4% of 1e-4 at n = 16-768).
-STOP_MARGIN = {torch.float32: 0.95, torch.float64: 1.0}
-# Float32 inputs are solved in float32 unless the first evaluation finds lambda_min(M) below this fraction
-# of lambda_max (and is not already converged): ~2000 float32 roundoffs, where the eigenvalues of M lose
-# their relative accuracy. Gaussian gradients at GPT-2 shapes: lambda_min / lambda_max ~ 0.07 (tall);
-# low-rank training gradients of the mini model: < 1e-6 (they stall at residuals ~2e-4 in float32).
-ESCALATE = 2e-4
-# Square Stiefel (one evaluation, no iteration) is redone in float64 where the float32 smoothing floor would cost
-# more than this fraction of the objective: on the four 128x128 `attn.c_proj` momenta of `mini` (step 103) it cost
-# 1.3-2.2e-3 in float32 against 1.4-4.5e-5 in float64 (measured against an exact SVD); Gaussian ones lose < 1e-5.
-SQUARE_STIEFEL_LOSS = 1e-4
+STOP_MARGIN = {torch.float32: 0.95, torch.float64: 1.0}  # x tol: the returned A = Y R differs from it by rounding
+ESCALATE = 2e-4  # float32 duals with lambda_min(M) below this x lambda_max (~2000 roundoffs) go to float64
+SQUARE_STIEFEL_LOSS = 1e-4  # float32 square Stiefel losing more of the objective to the smoothing goes to float64
 
 
 def compute_dtype_for(T: torch.Tensor, requested: torch.dtype | None) -> torch.dtype:
-    """The dtype the $n \\times n$ work starts in: as requested, else float64 for float64 inputs, else
-    float32 (then escalated to float64 for ill-conditioned duals, see ``ESCALATE``)."""
+    """The dtype the $n \\times n$ work starts in: as requested, else float64 for float64 inputs, else float32."""
     if requested is not None:
         return requested
     return torch.float64 if T.dtype == torch.float64 else torch.float32
@@ -91,10 +61,8 @@ def compute_dtype_for(T: torch.Tensor, requested: torch.dtype | None) -> torch.d
 def solve_gram_newton(
     manifold: GramManifold, T: torch.Tensor, G: torch.Tensor, opts: dict
 ) -> tuple[torch.Tensor, dict]:
-    """Solve a batch of tall problems ``(B, m, n)``; returns ``(A, raw statistics)``.
-
-    (The solver's phases in order — special shapes, precision probe, Newton loop, fallback, polish,
-    certificate — read best in one function; it is just over 60 lines.)"""
+    """Solve a batch of tall problems ``(B, m, n)``; returns ``(A, raw statistics)``. Long because the phases
+    (special shapes, precision probe, Newton loop, fallback, polish, certificate) read best in order."""
     tol, max_iter = float(opts["tol"]), int(opts["max_iter"])  # checked by direction.check_solver_options
     B, m, n = T.shape
     Gh, zero = normalise(G)
@@ -140,7 +108,6 @@ def solve_gram_newton(
     converged = res <= tol
     polish = ~converged & live
     if bool(polish.any()):
-        # Not converged within max_iter: project onto the tangent space and scale into the unit ball.
         j = polish.nonzero().squeeze(-1)
         sub = dual.sub(j)
         Zp, res[j] = sub.polish(coef[j])
@@ -152,7 +119,7 @@ def solve_gram_newton(
     gap = torch.where(z, torch.zeros_like(prim), (U - prim) / U.clamp_min(torch.finfo(torch.float64).tiny))
     if trace is not None and bool(polish[0]):
         trace.add(res[0], prim[0], U[0])
-    out = {
+    return A.to(T.dtype), {
         "evaluations": calls,
         "residual": torch.where(z, torch.zeros_like(res), res).double().cpu(),
         "converged": (converged | z).cpu(),
@@ -162,24 +129,11 @@ def solve_gram_newton(
         "escalated": _escalated(T, dual.C.dtype, B),
         "trace": trace,
     }
-    return A.to(T.dtype), out
 
 
 def _square_stiefel(manifold, T, Gh, live, dtype, opts, trace):
-    r"""Square Stiefel: the tangent solution is optimal (the tangent space $\{W\Omega\}$ is closed under
-    msign), so one evaluation at $S_T$ solves it. With $Z = K + S_T = \operatorname{skew}(K)$ the direction
-    is $A = W\operatorname{skew}(ZR)$: one $m n^2$ product, and tangent to the rounding of $W$ whatever
-    the rounding of $R$ (the skew part only drops $\operatorname{sym}(ZR)$, zero in exact arithmetic).
-    Certificate: $U = \tfrac12(\langle ZR, Z\rangle + \operatorname{tr}R^{-1})$ ($\|Y\|_* = \|Z\|_*$ for $Y = WZ$),
-    in float64 also at the certificate's smaller $\tau_c$ (as `GramDual.certify`).
-    The reported residual uses $W^\top W = I$: zero up to the rounding of the skew part; the true
-    residual is the rounding of $W$'s orthogonality ($\sim 10^{-7}$ in float32).
-
-    **Precision.** The only loss is the smoothing: $A$ has singular values $\min(\sigma_i r_i', 1)$, so it
-    gives up $\sum_i \sigma_i - \lambda_i r_i$ of $\|Z\|_*$. In float32 the rounding floor $\varphi = 4
-    \varepsilon\lambda_{\max}$ makes the effective $\tau$ about $7\cdot10^{-4}\sigma_{\max}$, and training
-    momenta have many singular values below it. Entries whose estimated loss exceeds
-    ``SQUARE_STIEFEL_LOSS`` are redone in float64 (unless ``compute_dtype`` is set)."""
+    r"""Square Stiefel ($\{W\Omega\}$ is closed under msign): one evaluation at $S_T$, $Z = \operatorname{skew}(K)$,
+    $A = W\operatorname{skew}(ZR)$; ``(None, mask)``: float32 entries to redo in float64 (``SQUARE_STIEFEL_LOSS``)."""
     n = T.shape[-1]
     Td = T.to(dtype)
     K = Td.mT @ Gh.to(dtype)
@@ -225,15 +179,8 @@ def _square_stiefel(manifold, T, Gh, live, dtype, opts, trace):
 
 
 def _probe(manifold, T, Gh, zero, live, dtype, stop, opts):
-    r"""The dual in its compute dtype: float32 inputs are probed in float32, and an ill-conditioned dual
-    that the first evaluation does not solve is set up again in float64 (its small eigenvalues are below
-    float32's resolution of M: the residual would stall there). The conditioning is the problem's, judged
-    at the tangent start $S_T$ also for warm starts: a warm start sits near the degenerate optimum, where
-    $\lambda_{\min}(M)$ is small for every problem, and judging there sent well-conditioned problems to
-    float64 (measured at GPT-2 shapes with LayerNorm-like gradients: warm solves 2-4x slower than cold).
-    Returns ``(dual, S_T, S, first, extra, mixed)``: ``first`` the evaluation at ``S`` of the live entries
-    when it is kept, ``extra`` the float32 evaluations spent here and not kept, ``mixed`` the mask of
-    ill-conditioned entries when the batch has both kinds."""
+    r"""``(dual, S_T, S, first, extra, mixed)``: the dual, set up again in float64 where the first float32 evaluation
+    finds it ill-conditioned (warm starts: at $S_T$), the kept evaluation, evaluations spent, ill entries of a mix."""
     dual, S_T, S = _setup(manifold, T, Gh, zero, dtype, opts)
     if opts["compute_dtype"] is not None or dtype != torch.float32:
         return dual, S_T, S, None, 0, None
@@ -253,11 +200,8 @@ def _probe(manifold, T, Gh, zero, live, dtype, stop, opts):
 
 
 def _solve_apart(manifold, T, G, opts, ill, spent: int) -> tuple[torch.Tensor, dict]:
-    """Solve the ``ill`` entries in float64 and the others in float32, then merge: an entry's result
-    never depends on the rest of its batch (DDP ranks, which solve parts of a batch, agree with one
-    process). Evaluations are counted as the entry alone would have: the ``spent`` probe evaluations for
-    a float64 entry, all but the kept one for a float32 entry (none when nothing was probed, ``spent`` 0:
-    the ``escalate`` hint). Either part may be empty."""
+    """Solve the ``ill`` entries in float64, the others in float32, and merge; evaluations count as for the entry alone
+    (the ``spent`` probe evaluations, all but the kept one for a float32 entry)."""
     B, n = T.shape[0], T.shape[-1]
     A = torch.empty_like(T)
     merged: dict = {}
@@ -265,7 +209,6 @@ def _solve_apart(manifold, T, G, opts, ill, spent: int) -> tuple[torch.Tensor, d
         idx = mask.nonzero().squeeze(-1)
         if idx.numel() == 0:
             continue
-        # the precision is decided here, so the part's solve takes no escalate hint
         sub_opts = {**opts, "compute_dtype": dtype, "escalate": None, "trace": bool(opts["trace"]) and bool(mask[0])}
         if opts["dual"] is not None:
             sub_opts["dual"] = opts["dual"].reshape(B, n, n)[idx.to(opts["dual"].device)]
@@ -283,8 +226,8 @@ def _solve_apart(manifold, T, G, opts, ill, spent: int) -> tuple[torch.Tensor, d
 
 
 def _douglas_rachford_fallback(dual, best, stalled, stop, max_iter, opts, trace, calls, coef, res, S_out, A, U):
-    """Run `douglas_rachford` on the stalled entries and take its result where its residual is lower;
-    updates ``calls``, ``coef``, ``res``, ``S_out``, ``A`` and the bound ``U`` in place."""
+    """`douglas_rachford` on the stalled entries, its result taken where its residual is lower; updates ``calls``,
+    ``coef``, ``res``, ``S_out``, ``A`` and the bound ``U`` in place."""
     idx = stalled.nonzero().squeeze(-1)
     sub = dual.sub(idx)
     Z, res_dr, S_dr, used = douglas_rachford(
@@ -308,9 +251,8 @@ def _douglas_rachford_fallback(dual, best, stalled, stop, max_iter, opts, trace,
 
 
 def _residual_scale(T: torch.Tensor) -> torch.Tensor:
-    r"""$1/c$ per matrix, $c = \|W\|_F/\sqrt n$ the RMS column norm of the tall ``T`` ``(B, m, n)``: with
-    ``relative_tol`` residuals are measured as $\mathrm{RMS}(L_W(A))/c$, invariant to scaling $W$ (1 on
-    Stiefel and Oblique points, whose columns have unit norm)."""
+    r"""$1/c$ per matrix, $c = \|W\|_F/\sqrt n$ the RMS column norm of the tall ``T`` ``(B, m, n)``: the residual
+    scale of ``relative_tol``, invariant to scaling $W$."""
     c = T.norm(dim=(-2, -1)) / T.shape[-1] ** 0.5
     return 1 / c.clamp_min(torch.finfo(T.dtype).tiny)
 
@@ -344,11 +286,9 @@ def _newton(
     trace: Trace | None,
     first: Evaluation | None = None,
 ) -> tuple[dict, torch.Tensor]:
-    """The Gauss-Newton/Anderson loop; returns the best evaluation per entry and the evaluations used.
-
-    ``S_reset`` (the cold start, given for warm starts): entries whose first evaluation has a residual
-    above ``warm_reset`` continue from it instead. ``first``: the evaluation at ``S`` of the live entries,
-    when already done. (One loop over shared per-entry state: longer than 60 lines on purpose.)"""
+    """The Gauss-Newton/Anderson loop: the best evaluation per entry and the evaluations used (``S_reset``: a warm
+    start's cold one; ``first``: the evaluation at ``S``, if done). One loop over shared per-entry state: longer than
+    60 lines on purpose."""
     B, n = S.shape[0], S.shape[-1]
     dev, dt = S.device, S.dtype
     best = {
@@ -380,8 +320,7 @@ def _newton(
         for k in ("res", "S", "r", "V", "lam"):
             mask = improved.view(-1, *([1] * (ws[k].dim() - 1)))
             ws[k] = torch.where(mask, getattr(ev, k), ws[k])
-        # converged, or the best residual stalls (degenerate duals): it fell by less than STALL_FACTOR
-        # over the last STALL_WINDOW evaluations
+        # converged, or the best residual stalls (STALL_FACTOR over STALL_WINDOW evaluations)
         ws["history"] = torch.cat([ws["history"][:, 1:], ws["res"][:, None]], 1)
         conv = (ev.res <= tol) | (ws["res"] > STALL_FACTOR * ws["history"][:, 0])
         if it == budget - 1:
@@ -410,8 +349,8 @@ def _newton(
 
 
 def solve_exact(manifold: GramManifold, W: torch.Tensor, G: torch.Tensor, state: dict | None, options: dict):
-    """`solve_gram_newton` in the `geomtrain.optim.solver.Solver` form: the state is ``{"dual": S or the
-    Douglas-Rachford iterate, "escalated": solved in float64}``."""
+    """`solve_gram_newton` as a `Solver`: the state is ``{"dual": S (square DGram: the Douglas-Rachford iterate),
+    "escalated": solved in float64}``."""
     state = state or {}
     opts = {**options, "dual": state.get("dual"), "escalate": state.get("escalated")}
     A, raw = solve_gram_newton(manifold, W, G, opts)

@@ -1,89 +1,15 @@
-r"""`ManifoldMuon`: Muon whose update is the spectral steepest-descent direction on a manifold.
-
-Per matrix parameter $W$ with gradient $g$ (momentum $\beta$, learning rate $\eta$):
+r"""`ManifoldMuon`: Muon whose update is the spectral steepest-descent direction on a manifold (user's guide, with
+every ``last_stats`` entry: docs/manifold-muon.md, *The optimizer*). Per matrix $W$ with gradient $g$:
 
 $$b \leftarrow \beta b + (1-\beta) g,\qquad u = (1-\beta) g + \beta b \ \text{(Nesterov; else } u = b),$$
 $$\text{manifold: } W \leftarrow R_W(-\eta A),\quad A = \texttt{spectral\_direction}(W, u);\qquad
 \text{Euclidean: } W \leftarrow (1 - \eta\lambda) W - \eta\, s\, \operatorname{msign}(u).$$
 
-- **Manifold** of a parameter: the param-group key ``manifold`` (a `manifolds.GramManifold`), else
-  the manifold of a geoopt ``ManifoldParameter``, else Euclidean. ``geoopt.Euclidean`` counts
-  as Euclidean; any other non-Gram geoopt manifold is refused. It is resolved once, in
-  ``__init__``, never inside a compiled region: ``torch.compile`` the model, not ``step``
-  (inside compiled code ``isinstance(p, ManifoldParameter)`` is False and geoopt silently falls
-  back to Euclidean; here nothing is looked up at step time).
-- **Euclidean** is plain Muon: decoupled weight decay $\lambda$ (``weight_decay``) and Keller
-  Jordan's shape factor $s = \sqrt{\max(1, \text{rows}/\text{cols})}$ of the ``(out, in)``
-  weight (``shape_scale="muon"``; ``"match_rms_adamw"`` gives $0.2\sqrt{\max(\text{rows},
-  \text{cols})}$, ``"none"`` gives $s = 1$). Tensors with more than two dims are flattened to
-  ``(shape[0], -1)``.
-- **torch.optim.Muon conventions**: ``ManifoldMuon(params, msign_method="keller_jordan",
-  msign_dtype=torch.bfloat16, shape_scale="muon")`` (or ``"match_rms_adamw"``) reproduces
-  ``torch.optim.Muon(params, adjust_lr_fn=None)`` (or ``"match_rms_adamw"``) on Euclidean
-  matrices with the same lr, momentum, nesterov and weight decay (tested against it). The default
-  here is Polar Express in the parameter's dtype: a different orthogonaliser, about 20% of the
-  displacement apart after 20 steps.
-- **On a manifold** the step has spectral norm $\eta$ before the retraction (no shape factor,
-  no weight decay: the constraint fixes the scale). Leading dims of a ``ManifoldParameter`` are
-  a batch of matrices.
-- **Batching**: same-shape matrices with equal manifolds (equal ``manifold.key()``: class and every
-  public setting, so two ``BoundedDGram`` bounds never share a batch) and equal solver settings are
-  solved in one batched call and retracted together.
-- **Warm start**: the dual variable of each matrix (``state["dual"]``) starts the next solve, and
-  its precision flag (``state["escalated"]``, ``stats.escalated``) sends a float32 matrix whose last
-  solve needed float64 there without the float32 probe.
-- **Zero updates**: a matrix whose update $u$ is exactly zero (zero gradient and zero momentum: a
-  zero-initialised gate in front of it, ReZero or adaLN-Zero, at step 1) has $A = 0$: it is not solved
-  and not retracted (its weights stay bitwise, as $R_W(0)$ is $W$ only up to rounding), and its
-  warm-start state stays as it was; a Euclidean one still gets its decoupled weight decay. The same holds
-  for any matrix whose direction comes out exactly zero, also one matrix of a ``(k, m, n)`` parameter.
-  The other matrices of its batch are solved and retracted as a batch of only them (bitwise the same).
-- **A step that raises changes nothing**: momentum, weights and warm-start state are written only after
-  every matrix is solved and retracted (`Commit`), so an exception (a solver refusing its input, an
-  unexpected retraction error) leaves parameters and state as before the call.
-- **Non-finite gradients**: that matrix's step is skipped (momentum and weights untouched),
-  counted and warned about once; an update that comes out non-finite is skipped the same way, and
-  so is a retraction that raises ``ValueError`` (DGram refusing a point with a zero column). Any
-  other exception propagates. Weights never receive NaN/Inf.
-- **Distributed**: when ``torch.distributed`` is initialised with more than one rank, the matrices
-  are grouped by ``(shape, dtype, device)`` into buckets and each bucket's matrices are dealt
-  round-robin to the ranks (`geomtrain.optim.muon_dist.owners`); each rank solves its own, then ONE
-  all-gather per bucket carries every owner's new weights and warm-start state, and one all-reduce
-  the statistics, so every rank ends identical (``bucketed=False``: matrix ``i`` on rank
-  ``i % world_size``, broadcast per matrix and state slot). ``last_stats["comm"]`` counts what this
-  rank sent. Momentum is updated on every rank (gradients are assumed identical across ranks, as
-  after DDP's all-reduce).
-  **FSDP2**: parameters that ``fully_shard`` made DTensors (placement ``Shard(0)`` on a 1-D mesh over all
-  ranks; any other layout, or plain tensors and DTensors in one optimizer, is refused) are solved by one owner
-  rank per matrix, balanced by size (`geomtrain.optim.muon_fsdp`): momentum on each rank's rows, ONE all-reduce
-  agrees the non-finite and zero-update checks, ONE ``all_to_all_single`` gathers each matrix's rows (weights,
-  update, warm-start state) to its owner, which solves and retracts it whole, and ONE more hands the new rows
-  back. Momentum and warm-start matrices are DTensors sharded like the parameter, so
-  ``torch.distributed.checkpoint`` saves and reshards them (`get_optimizer_state_dict` /
-  `set_optimizer_state_dict` work; the counters travel in every param group too). Nothing else to call.
-
-``optimizer.last_stats`` after each ``step()`` (plain Python numbers, JSON-ready):
-``n_matrices`` (a ``(k, m, n)`` parameter counts ``k``), ``msign_calls`` (total polar evaluations:
-eigendecompositions of ``exact``, msign calls of the others), ``iterations_max``
-(most polar evaluations of one matrix), ``residual_max``/``residual_mean`` (RMS tangent residual
-of the directions), ``dual_gap_max`` (relative, where the solver knows it, else ``None``),
-``n_unconverged`` and ``unconverged`` (the names of the matrices whose direction was polished at
-``max_iter``), ``off_manifold_max`` (largest `constraint_violation` after the retraction),
-``n_skipped_nonfinite`` (this step), ``n_skipped_nonfinite_total`` and ``skipped`` (this step's
-skipped matrices, ``[{"param": name, "reason": one of SKIP_REASONS}]``, where ``name`` is the group's
-``param_names`` entry, as ``torch.optim`` keeps for named parameters, else ``"group G param I"``), and with
-``certify_every=N`` on steps N, 2N, ...: ``certified_gap_max`` (the exact float64 relative dual gap of the
-directions the solver returned, made feasible first, `geomtrain.optim.certificate`) and
-``certified_residual_max`` (their tangent residual), else ``None``; ``length_mean`` and ``length_min``: the
-RMS singular value $\|A\|_F/\sqrt{n}$ of the directions applied this step (1: the whole spectral budget, as
-exact and msign directions; a products-only direction is shorter: a smaller step at the same ``lr``;
-``None`` when none was applied); ``comm``: this step's collectives and
-bytes sent by this rank (`geomtrain.optim.exchange.CommCount`; zeros in one process). ``step_stats`` holds
-the same as a `StepStats`.
-
-The step has the shape of ``torch.optim.Muon``: gather (`_init_group`), the batched direction kernel
-(`geomtrain.optim.muon_step.batched_directions`: the solver call), apply (`apply_directions`: retraction
-and guards), commit.
+Manifolds and plans (`MatrixPlan`) are fixed when a param group is added, never at step time. A step gathers
+(`_init_group`), solves (`batched_directions`), applies (`apply_directions`) and only then writes (`Commit`): a step
+that raises changes nothing. A matrix whose update or direction is exactly zero is neither solved nor retracted; a
+non-finite one is skipped. With several ranks each matrix has an owner that solves it (`geomtrain.optim.muon_dist`,
+`geomtrain.optim.muon_fsdp`).
 """
 
 from __future__ import annotations
@@ -145,10 +71,7 @@ __all__ = ["ManifoldMuon", "SHAPE_SCALES", "SKIP_REASONS", "StepStats", "shape_f
 
 _EUCLIDEAN = Euclidean()
 
-# A manifold parameter must start on its manifold (otherwise the first direction is solved at a point the
-# solver's algebra does not describe; measured: a Gaussian 24x8 Stiefel start gave residual 2.2, unconverged).
-# Raw weights are far off (GPT-2's initialisation: column cosines ~ m^-1/2, Stiefel diagonals ~ 0.3-0.7); float32
-# points after thousands of retractions are within ~1e-6, and a float32 point cast to float64 within ~1e-7.
+# A manifold parameter must start on its manifold: raw weights are far off, retracted float32 points within ~1e-6
 OFF_MANIFOLD_ATOL = 1e-3
 
 
@@ -159,36 +82,26 @@ def _param_name(group: dict, group_index: int, param_index: int) -> str:
 
 
 class ManifoldMuon(torch.optim.Optimizer):
-    r"""Manifold Muon (see the module docstring for the update rule and `last_stats`).
+    r"""Manifold Muon (the update rule: the module docstring).
 
     Args:
-        params: parameters or param groups; a group may set ``manifold`` (a
-            `manifolds.GramManifold` or ``None``) and any of the options below.
+        params: parameters or param groups; a group may set ``manifold`` and any of the options below.
         lr: learning rate $\eta$ (the spectral norm of a manifold step).
         momentum: $\beta$.
         nesterov: use the Nesterov form of the momentum.
         weight_decay: decoupled weight decay of Euclidean matrices (ignored on manifolds).
-        solver: a registered solver (`geomtrain.optim.registry`): ``"exact"`` (alias ``"gram_newton"``),
-            ``"split_tangent"``, ``"tangent"``, ``"published"``, ... or one a user registered. Default
-            ``None``: per matrix, by its manifold's kind (`geomtrain.optim.default_solver`): the
-            products-only ``"filled_split"`` on Stiefel, DGram and custom masks, ``"exact"`` on Oblique.
-        solver_options: options for `spectral_direction` (``tol``, ``max_iter``, ...); with ``solver``
-            ``None`` they must be valid for every solver the default picks for the group's matrices.
-        warm_start: start each solve from the matrix's previous dual variable.
-        shape_scale: ``"muon"`` ($\sqrt{\max(1, \text{rows}/\text{cols})}$), ``"match_rms_adamw"``
-            ($0.2\sqrt{\max(\text{rows}, \text{cols})}$) or ``"none"``, for Euclidean matrices.
-        msign_method: the matrix sign of Euclidean matrices (default Polar Express; ``"keller_jordan"``
-            with ``msign_dtype=torch.bfloat16`` is ``torch.optim.Muon``'s).
-        msign_steps: its iterations. Default ``None``: 5 on Euclidean matrices (as Muon), and on manifold
-            matrices each solver's own default (``filled_split``: 6); a number sets both.
-        msign_dtype: its compute dtype (default: the parameter's).
-        manifold: the manifold of groups that do not set one (default ``None``: from a geoopt
-            ``ManifoldParameter``, else Euclidean).
-        certify_every: every this many steps (``step_count`` divisible by it; 0: never) compute the exact
-            float64 dual gap of every manifold direction the solver returned (`geomtrain.optim.certificate`)
-            into ``last_stats["certified_gap_max"]`` and its tangent residual ``certified_residual_max``.
-        bucketed: under DDP, exchange the solved matrices in one all-gather per ``(shape, dtype, device)``
-            bucket (`geomtrain.optim.muon_dist`); ``False``: one broadcast per matrix and state slot. (FSDP2: unused.)
+        solver: a registered solver name; ``None``: per matrix, `geomtrain.optim.default_solver`.
+        solver_options: options for `spectral_direction`, valid for every solver the group's matrices use.
+        warm_start: carry each matrix's solver state to its next solve.
+        shape_scale: the Euclidean step scale, one of `SHAPE_SCALES`.
+        msign_method: the matrix sign of Euclidean matrices (default Polar Express).
+        msign_steps: its iterations (``None``: 5 on Euclidean matrices, each solver's default on manifolds).
+        msign_dtype: its compute dtype (``None``: the parameter's).
+        manifold: a `manifolds.GramManifold` for groups that set none (``None``: a geoopt ``ManifoldParameter``'s,
+            else Euclidean).
+        certify_every: certify every manifold direction in float64 every this many steps (0: never;
+            `geomtrain.optim.certificate`).
+        bucketed: under DDP, one all-gather per bucket (`geomtrain.optim.muon_dist`); ``False``: broadcasts.
     """
 
     def __init__(
@@ -213,20 +126,9 @@ class ManifoldMuon(torch.optim.Optimizer):
             raise ValueError(f"certify_every must be an integer >= 0 (0: off); got {certify_every!r}")
         if not isinstance(bucketed, bool):
             raise ValueError(f"bucketed must be True or False; got {bucketed!r}")
-        defaults = dict(
-            lr=lr,
-            momentum=momentum,
-            nesterov=nesterov,
-            weight_decay=weight_decay,
-            solver=solver,
-            solver_options=dict(solver_options or {}),
-            warm_start=warm_start,
-            shape_scale=shape_scale,
-            msign_method=msign_method,
-            msign_steps=msign_steps,
-            msign_dtype=msign_dtype,
-            manifold=manifold,
-        )
+        defaults = dict(lr=lr, momentum=momentum, nesterov=nesterov, weight_decay=weight_decay, solver=solver)
+        defaults.update(solver_options=dict(solver_options or {}), warm_start=warm_start, shape_scale=shape_scale)
+        defaults.update(msign_method=msign_method, msign_steps=msign_steps, msign_dtype=msign_dtype, manifold=manifold)
         super().__init__(params, defaults)
         self.mesh = check_sharded([p for g in self.param_groups for p in g["params"]])  # FSDP2's, else None
         self._plan_of: dict[int, MatrixPlan] = {}
@@ -268,6 +170,7 @@ class ManifoldMuon(torch.optim.Optimizer):
 
     @staticmethod
     def _resolve(group: dict, p: torch.Tensor) -> GramManifold:
+        """The manifold of ``p``: the group's, a geoopt ``ManifoldParameter``'s, else Euclidean; ``p`` must be on it."""
         m = group["manifold"]
         if m is None and isinstance(p, geoopt.ManifoldParameter):
             m = p.manifold
@@ -308,9 +211,7 @@ class ManifoldMuon(torch.optim.Optimizer):
         check_solver_options(solver, group["solver_options"])  # the values, before the first step
 
     def _setup_group(self, group: dict) -> None:
-        """Check a param group, resolve each parameter's manifold (once, here, never at step time) and check the
-        group's ``solver_options`` against its solver or, without one, against every solver the default will
-        pick for its matrices (`default_solver`), and fix each parameter's `MatrixPlan`."""
+        """Check a param group, resolve its manifolds, check its ``solver_options`` and fix each `MatrixPlan`."""
         self._check_group(group)
         manifolds = [self._resolve(group, p) for p in group["params"]]
         named = group["solver"]
@@ -330,8 +231,7 @@ class ManifoldMuon(torch.optim.Optimizer):
     # ------------------------------------------------------------------ step
     @torch.no_grad()
     def step(self, closure=None):
-        """One step: gather (`_init_group`), the batched directions (the solver call), apply (retraction and
-        guards), then commit everything at once; ``last_stats`` is the step's `StepStats`."""
+        """One step (the module docstring); ``last_stats`` is its `StepStats`."""
         loss = None
         if closure is not None:
             with torch.enable_grad():
@@ -341,9 +241,8 @@ class ManifoldMuon(torch.optim.Optimizer):
         comm = CommCount()
         items, commits, skipped = self._init_group(comm)
         table = StatsTable(len(items))
-        world, rank = (
-            (dist.get_world_size(), dist.get_rank()) if dist.is_available() and dist.is_initialized() else (1, 0)
-        )
+        distributed = dist.is_available() and dist.is_initialized()
+        world, rank = (dist.get_world_size(), dist.get_rank()) if distributed else (1, 0)
         if self.mesh is not None:  # FSDP2: each matrix's rows to its owner and back (geomtrain.optim.muon_fsdp)
             owner, sharded, sent = solve_sharded(items, self.state, table, certify_now)
             self._commit(commits + sharded)
@@ -393,10 +292,8 @@ class ManifoldMuon(torch.optim.Optimizer):
         return loss
 
     def _init_group(self, comm: CommCount) -> tuple[list[MatrixItem], list[Commit], list[dict]]:
-        """Gather the step's matrices: each parameter with a gradient, its new momentum buffer and update
-        (`_momentum`), as a `MatrixItem` to solve, a `Commit` of the buffer, or a skip record (non-finite
-        gradient). Nothing is written before every matrix is solved: a step that raises changes nothing.
-        Under FSDP2 the update is this rank's rows and the checks are agreed by all ranks (counted in ``comm``)."""
+        """Each parameter with a gradient as a `MatrixItem`, a `Commit` of its new momentum buffer, or a skip record
+        (non-finite gradient); writes nothing. Under FSDP2 the update is this rank's rows, the checks agreed by all."""
         items, commits, skipped = [], [], []
         with_grad = [
             (gi, group, pi, p)
@@ -423,9 +320,7 @@ class ManifoldMuon(torch.optim.Optimizer):
         return items, commits, skipped
 
     def _momentum(self, group: dict, p: torch.Tensor, grad: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        r"""The new momentum buffer $\beta b + (1-\beta) g$ (a new tensor; the state keeps the old one until the
-        commit) and the update $u$: $(1-\beta) g + \beta b$ (Nesterov) or the new buffer itself. Under FSDP2
-        ``grad`` and both results are this rank's rows."""
+        r"""The new momentum buffer $\beta b + (1-\beta) g$ (a new tensor) and the update $u$."""
         buf = self.state[p].get("momentum_buffer")
         if buf is None:
             buf = torch.zeros(grad.shape, dtype=p.dtype, device=p.device)
@@ -450,10 +345,8 @@ class ManifoldMuon(torch.optim.Optimizer):
     COUNTERS = ("n_skipped_nonfinite_total", "step_count")
 
     def state_dict(self) -> dict:
-        """Like `torch.optim.Optimizer.state_dict`, with each group's manifold replaced by its class
-        name (so ``torch.load(weights_only=True)`` works) and the `COUNTERS` added, at the top and in every
-        group (``get_optimizer_state_dict`` keeps only ``state`` and ``param_groups``). Under FSDP2 every
-        warm-start slot a parameter lacks is a placeholder (`geomtrain.optim.muon_fsdp.placeholder_slots`)."""
+        """`torch.optim.Optimizer.state_dict` with manifolds and dtypes by name (for ``torch.load(weights_only=True)``),
+        the `COUNTERS` at the top and in every group, and under FSDP2 `placeholder_slots`."""
         sd = super().state_dict()
         if self.mesh is not None:
             params = [(p, g) for g in self.param_groups for p in g["params"]]
@@ -467,18 +360,14 @@ class ManifoldMuon(torch.optim.Optimizer):
             if g.get("msign_dtype") is not None:
                 g["msign_dtype"] = str(g["msign_dtype"])
             g["solver_options"] = {
-                k: (str(v) if isinstance(v, torch.dtype) else v) for k, v in g["solver_options"].items()
+                k: str(v) if isinstance(v, torch.dtype) else v for k, v in g["solver_options"].items()
             }
-        sd["n_skipped_nonfinite_total"] = self.n_skipped_nonfinite_total
-        sd["step_count"] = self.step_count
+        sd.update(n_skipped_nonfinite_total=self.n_skipped_nonfinite_total, step_count=self.step_count)
         return sd
 
     def load_state_dict(self, state_dict: dict) -> None:
-        """Restore momentum, dual variables and hyperparameters; manifolds stay those of this optimizer
-        (a saved group whose manifold class differs is refused). Under FSDP2 (a collective: every rank calls it)
-        whole plain tensors are sharded and placeholders dropped (`geomtrain.optim.muon_fsdp.settle_loaded`); an
-        unsharded optimizer drops the placeholders of a state an FSDP2 run saved (`drop_placeholders`). A warm-start
-        slot holding a NaN or Inf (damaged) is dropped too: that matrix starts cold, with a RuntimeWarning naming it."""
+        """Restore momentum, warm-start state and hyperparameters (manifolds stay this optimizer's); placeholders and
+        damaged warm-start slots are dropped (that matrix starts cold, with a RuntimeWarning)."""
         state_dict = dict(state_dict)
         first = state_dict["param_groups"][0] if state_dict["param_groups"] else {}
         total = state_dict.pop("n_skipped_nonfinite_total", first.get("n_skipped_nonfinite_total", 0))
@@ -491,16 +380,11 @@ class ManifoldMuon(torch.optim.Optimizer):
                 raise ValueError(
                     f"state_dict param group has manifold {saved.get('manifold')!r}, this optimizer has {want!r}"
                 )
-            saved = dict(
-                saved,
-                manifold=live["manifold"],
-                msign_dtype=live["msign_dtype"],
-                solver_options={
-                    **saved.get("solver_options", {}),
-                    **{k: v for k, v in live["solver_options"].items() if isinstance(v, torch.dtype)},
-                },
+            dtypes = {k: v for k, v in live["solver_options"].items() if isinstance(v, torch.dtype)}
+            options = {**saved.get("solver_options", {}), **dtypes}
+            groups.append(
+                dict(saved, manifold=live["manifold"], msign_dtype=live["msign_dtype"], solver_options=options)
             )
-            groups.append(saved)
         state_dict["param_groups"] = groups
         super().load_state_dict(state_dict)
         for g in self.param_groups:  # new group dicts, with the saved settings: the plans follow them

@@ -1,17 +1,8 @@
-r"""The distributed exchange of a `ManifoldMuon` step: which rank solves each matrix (`owners`), how its new
-weights and warm-start state reach the other ranks (`share_bucketed`: one gather per bucket; `share`: the
-per-matrix broadcasts, kept for comparison), then the statistics all-reduce (`geomtrain.optim.exchange`).
-
-**Buckets.** The step's matrices are grouped by ``(shape, dtype, device)`` of their parameter; buckets are
-taken largest matrix first (ties: first appearance), and inside the run of buckets matrix $j$ (counted over
-all buckets) is owned by rank $j \bmod N$, so each bucket splits as evenly as it can (each rank owns
-$\lfloor b/N \rfloor$ or $\lceil b/N \rceil$ of its $b$ matrices) and the ranks that get one more in a bucket
-change from bucket to bucket. After the solve, each rank writes the bytes of what it owns in a bucket (per
-matrix: the weights, then every warm-start `StateSlot` of its solver) into one flat ``uint8`` buffer, padded
-to the longest rank's, and ONE ``all_gather`` per bucket carries them all. Every rank derives the layout from
-the parameters alone, so nothing else is sent.
-
-The counts (`geomtrain.optim.exchange.CommCount`) are those of every exchange.
+r"""The DDP exchange of a `ManifoldMuon` step. The step's matrices are grouped by ``(shape, dtype, device)`` into
+`buckets`, largest first; matrix $j$, counted over the buckets in order, is owned by rank $j \bmod N$ (`owners`). After
+the solve each rank writes what it owns in a bucket (weights, then warm-start slots) into one flat ``uint8`` buffer,
+padded to the longest rank's, and ONE ``all_gather`` per bucket carries them all (`share_bucketed`; `share`: one
+broadcast per matrix and slot); then `reduce_stats`.
 """
 
 from __future__ import annotations
@@ -36,8 +27,7 @@ def buckets(items: list[MatrixItem]) -> list[list[MatrixItem]]:
 
 
 def owners(items: list[MatrixItem], world: int, bucketed: bool = True) -> list[int]:
-    """The rank that solves each item (by ``item.index``): round-robin through the `buckets` in order
-    (bucketed), else ``index % world`` (the per-matrix broadcast path)."""
+    """The rank that solves each item: round-robin through the `buckets`, else ``index % world``."""
     if not bucketed:
         return [it.index % world for it in items]
     out = [0] * len(items)
@@ -49,8 +39,7 @@ def owners(items: list[MatrixItem], world: int, bucketed: bool = True) -> list[i
 
 
 def _slot_tensor(st: dict, key: str, shape: tuple, dtype: torch.dtype, device) -> torch.Tensor:
-    """The state entry to send (or receive into): allocated as zeros where this rank has none yet (a
-    non-owner's first step, or an owner that kept none: ``has_state`` 0 drops it after the exchange)."""
+    """The state entry to send or receive into, zeros where this rank has none yet."""
     if key not in st:
         st[key] = torch.zeros(shape, dtype=dtype, device=device)
     return st[key]
@@ -61,8 +50,7 @@ def _nbytes(shape: tuple, dtype: torch.dtype) -> int:
 
 
 def share_bucketed(items: list[MatrixItem], states: dict, table: StatsTable, world: int, owner: list[int]) -> CommCount:
-    """One all-gather per bucket of every owner's new weights and warm-start state (see the module
-    docstring), then `reduce_stats`. Writes only what other ranks own; returns what was sent."""
+    """One all-gather per bucket, then `reduce_stats`; writes what other ranks own, returns what was sent."""
     rank, comm = dist.get_rank(), CommCount()
     for bucket in buckets(items):
         parts: list[list[tuple]] = [[] for _ in range(world)]  # per rank: (tensor or None, key, shape, dtype)
@@ -100,9 +88,7 @@ def share_bucketed(items: list[MatrixItem], states: dict, table: StatsTable, wor
 
 
 def all_gather_flat(send: torch.Tensor, world: int) -> torch.Tensor:
-    """The ``world`` equal-length flat buffers of the ranks, concatenated in rank order: one
-    ``all_gather_single`` (``all_gather_into_tensor`` before torch 2.13), or ``all_gather`` into a list where
-    the backend has no single-tensor gather."""
+    """The ranks' equal-length flat buffers, concatenated in rank order (one all-gather)."""
     out = torch.empty(world * send.numel(), dtype=send.dtype, device=send.device)
     single = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor
     try:
@@ -113,8 +99,7 @@ def all_gather_flat(send: torch.Tensor, world: int) -> torch.Tensor:
 
 
 def share(items: list[MatrixItem], states: dict, table: StatsTable, world: int, owner: list[int]) -> CommCount:
-    """The per-matrix path: broadcast each matrix's new weights and each warm-start state slot from its owner
-    (1-3 broadcasts per matrix), then `reduce_stats`; returns what was sent."""
+    """One broadcast per matrix and state slot from its owner, then `reduce_stats`; returns what was sent."""
     comm = CommCount()
     for it in items:
         dist.broadcast(it.p.data, src=owner[it.index])

@@ -1,39 +1,17 @@
-r"""`ManifoldMuon` on FSDP2 parameters (``torch.distributed.fsdp.fully_shard``): DTensors split by rows,
-placement ``Shard(0)`` on a 1-D mesh over all ranks. A manifold direction and its retraction need the whole
-matrix, so every matrix of the step has an owner rank that assembles it, solves, retracts and hands the new
-rows back.
+r"""`ManifoldMuon` on FSDP2 parameters: DTensors split by rows like ``torch.chunk`` (`chunk_rows`), ``Shard(0)`` on a
+1-D mesh over all ranks; momentum and warm-start ``"matrix"`` slots are split the same way, ``"flag"`` slots are plain.
 
-**Layout.** A tensor of $R$ rows (dim 0; the leading dim of a ``(k, m, n)`` batch) is split like
-``torch.chunk``: rank $r$ holds rows $[rc, \min(R, (r+1)c))$, $c = \lceil R/N \rceil$ (`chunk_rows`: the
-last ranks fewer or none). The momentum buffer is a DTensor of the parameter's placement, computed on the
-local rows (it is elementwise); each warm-start ``"matrix"`` slot ``(*lead, n, n)`` is a DTensor split on its
-own dim 0 the same way; ``"flag"`` slots are plain tensors, the same on every rank.
+**A step** (all ranks, in order; a direction needs the whole matrix, so each has an owner rank):
 
-**A step** (all ranks, in this order):
+1. ONE all-reduce (min) of each rank's flags (finite gradient, update exactly zero) makes both checks global.
+2. Owners (`owners_by_size`), from the shapes alone: the same on every rank.
+3. ONE ``all_to_all_single`` sends each owner every rank's rows of $W$, of the update and of the matrix slots.
+4. Each owner solves and retracts as one process does, and ONE ``all_to_all_single`` sends every rank its rows of the
+   new $W$ and matrix slots (zeros where it keeps none) and every flag slot whole.
+5. Every rank writes its rows (`Commit` s), then `reduce_stats`. A matrix with $u = 0$ is not sent: its owner only
+   fills its statistics row (a Euclidean one decays on every rank's rows).
 
-1. Agreement: each rank checks its rows (finite gradient, update exactly zero); ONE all-reduce (min) of the
-   flags makes both checks global, so a NaN in one rank's rows skips that matrix everywhere.
-2. Owners (`owners_by_size`): the matrices to solve, largest first (ties: lower index), each to the rank
-   with the fewest elements assigned so far (ties: lower rank). Shapes only: the same on every rank.
-3. Gather: every rank sends each owner its rows of $W$, of the update $u$ and of the warm-start matrix slots
-   it has, packed per destination as ``uint8`` into one buffer: ONE ``all_to_all_single`` with split sizes
-   (gloo runs it on the CPU, uneven splits included), no padding.
-4. Each owner concatenates the rows and solves and retracts with `group_batches`, `batched_directions` and
-   `apply_directions`, as one process does; it sends every rank its rows of the new $W$ and of each warm-start
-   matrix slot (zeros where it keeps none) and every flag slot whole: ONE ``all_to_all_single``.
-5. Every rank writes its rows (as `Commit` s, with the momentum), then `reduce_stats` (one all-reduce) agrees
-   the statistics and drops the state of matrices whose owner kept none. A matrix with $u = 0$ is not sent:
-   its owner only fills its statistics row (a Euclidean one decays on every rank's rows).
-
-**Bytes.** Matrix $i$: $|W_i|$ bytes (its update as many), warm-start matrix slots $|S_i|$, flag slots
-$f_i$, owner $o_i$; $\rho_r(X)$ is rank $r$'s share of the rows of $X$ (`chunk_rows`). Rank $r$ sends
-$\sum_{i: o_i \ne r} 2\rho_r(W_i)|W_i| + \rho_r(S_i)|S_i|$ in the gather and
-$\sum_{i: o_i = r} (1 - \rho_r(W_i))|W_i| + (1 - \rho_r(S_i))|S_i| + (N-1) f_i$ in the scatter; all ranks
-together $\sum_i 3(1 - \rho_{o_i}(W_i))|W_i| + 2(1 - \rho_{o_i}(S_i))|S_i| + (N-1) f_i
-\approx \frac{N-1}{N}(3|W| + 2|S|)$ per step, against about $(N-1)(|W| + |S|)$ for DDP's all-gathers (all
-ranks together). Plus the flags all-reduce (two int32 per parameter with a gradient) and the statistics
-all-reduce. `CommCount` kind ``"all_to_all"``: ``bytes_in`` is this rank's send buffer,
-``bytes_sent`` its part for the other ranks (so it differs between ranks).
+All ranks together send about $\frac{N-1}{N}(3|W| + 2|S|)$ bytes per step ($|S|$: the warm-start matrices).
 """
 
 from __future__ import annotations
@@ -81,14 +59,13 @@ SUPPORTED = (
 
 
 def chunk_rows(rows: int, world: int) -> list[int]:
-    """Rows of each rank under ``torch.chunk`` semantics: $\\lceil R/N \\rceil$ each, the last ranks fewer or 0."""
+    """Rows of each rank under ``torch.chunk``: $\\lceil R/N \\rceil$ each, the last ranks fewer or 0."""
     c = -(-rows // world)
     return [max(0, min(c, rows - r * c)) for r in range(world)]
 
 
 def owners_by_size(sizes: list[int], world: int) -> list[int]:
-    """The owner rank of each matrix of ``sizes`` elements: largest first (ties: lower index), each to the
-    least-loaded rank (ties: lower rank). Greedy, so the loads differ by at most the largest size."""
+    """The owner of each matrix of ``sizes`` elements: largest first, each to the least-loaded rank (ties: lower)."""
     load, out = [0] * world, [0] * len(sizes)
     for i in sorted(range(len(sizes)), key=lambda i: (-sizes[i], i)):
         r = min(range(world), key=lambda r: (load[r], r))
@@ -97,15 +74,13 @@ def owners_by_size(sizes: list[int], world: int) -> list[int]:
 
 
 def is_dtensor(t) -> bool:
-    """``t`` is a DTensor. None can exist before ``torch.distributed.tensor`` is imported (FSDP2 imports it), so
-    this never imports it (about 0.5 s)."""
+    """``t`` is a DTensor (without importing ``torch.distributed.tensor``: none exists before FSDP2 imports it)."""
     mod = sys.modules.get("torch.distributed.tensor")
     return mod is not None and isinstance(t, mod.DTensor)
 
 
 def check_sharded(params: list[torch.Tensor]):
-    """The device mesh of FSDP2 parameters (None: all are plain tensors); a one-line error for a mix or for any
-    other DTensor layout."""
+    """The device mesh of FSDP2 parameters (None: all plain); a one-line error for a mix or another DTensor layout."""
     dts = [p for p in params if is_dtensor(p)]
     if not dts:
         return None
@@ -175,14 +150,13 @@ def agree(flags: list[torch.Tensor], comm: CommCount) -> list[bool]:
 
 
 def _slots(it: MatrixItem) -> tuple[list, list]:
-    """The warm-start slots of `state_slots`: ``(matrix slots, flag slots)`` (flags are the uint8 ones)."""
+    """`state_slots` as ``(matrix slots, flag slots)``."""
     slots = state_slots(it)
     return [s for s in slots if s[2] != torch.uint8], [s for s in slots if s[2] == torch.uint8]
 
 
 def _exchange(parts: list[list[torch.Tensor]], recv: list[int], comm: CommCount) -> list[torch.Tensor]:
-    """ONE ``all_to_all_single``: ``parts[d]`` (tensors, sent as their bytes) to rank ``d``; ``recv[s]`` bytes
-    from each rank ``s``. Returns the received bytes per source rank."""
+    """ONE ``all_to_all_single``: ``parts[d]`` (as bytes) to rank ``d``; returns ``recv[s]`` bytes from each ``s``."""
     rank, world, device = dist.get_rank(), dist.get_world_size(), comm_device()
     flat = [[t.contiguous().reshape(-1).view(torch.uint8).to(device) for t in ts] for ts in parts]
     sizes = [sum(t.numel() for t in ts) for ts in flat]
@@ -194,8 +168,6 @@ def _exchange(parts: list[list[torch.Tensor]], recv: list[int], comm: CommCount)
 
 
 class _Reader:
-    """Reads tensors in order from one rank's received bytes."""
-
     def __init__(self, buf: torch.Tensor):
         self.buf, self.offset = buf, 0
 
@@ -207,7 +179,6 @@ class _Reader:
 
 
 def _piece(shape: tuple, rank: int, world: int) -> tuple:
-    """The shape of rank ``rank``'s rows of a tensor of ``shape``."""
     return (chunk_rows(shape[0], world)[rank], *shape[1:])
 
 
@@ -219,9 +190,7 @@ def _bytes(fields: list[tuple], rank: int | None, world: int) -> int:
 def solve_sharded(
     items: list[MatrixItem], states: dict, table: StatsTable, certify_now: bool
 ) -> tuple[list[int], list[Commit], CommCount]:
-    """Steps 2-4 of the module docstring for the step's items (``item.p`` a DTensor, ``item.update`` this
-    rank's rows of $u$ in the parameter's shape): each item's owner, the `Commit` s of this rank's rows (new
-    weights and warm-start state; `reduce_stats` comes after they are written) and what was sent."""
+    """Steps 2-4 of the module docstring: each item's owner, the `Commit` s of this rank's rows and what was sent."""
     rank, world, comm = dist.get_rank(), dist.get_world_size(), CommCount()
     moving = [it for it in items if not it.still]
     owner = [it.index % world for it in items]  # a zero update: its owner only fills its statistics row
@@ -246,13 +215,11 @@ def solve_sharded(
 
 
 def _present(it: MatrixItem, states: dict) -> list[tuple]:
-    """The warm-start matrix slots ``(key, shape, dtype)`` that ``it`` has (the same keys on every rank)."""
     return [(k, s, d) for k, s, d in _slots(it)[0] if k in states[it.p]]
 
 
 def _gather(moving, mine, owner, states, comm) -> list[MatrixItem]:
-    """Step 3: every rank's rows of W, u and the present matrix slots to the owners (ONE all-to-all); the
-    owner's items as whole matrices (plain tensors; flag slots from its own state)."""
+    """Step 3; returns the owner's items as whole plain matrices (flag slots from its own state)."""
     world = dist.get_world_size()
     parts = [[] for _ in range(world)]
     for it in moving:
@@ -277,8 +244,7 @@ def _gather(moving, mine, owner, states, comm) -> list[MatrixItem]:
 
 
 def _solve(full: list[MatrixItem], table: StatsTable, certify_now: bool) -> list[tuple]:
-    """Step 4, on the owner: solve and retract the whole matrices as one process does; per item its new
-    weights and warm-start state (the `Commit` s applied to copies), and its ``has_state`` row."""
+    """Step 4, on the owner: per item its new weights and warm-start state, and its ``has_state`` row."""
     solved = []
     for batch in group_batches(full):
         A, st, sizes = batched_directions(batch, certify_now)
@@ -299,8 +265,7 @@ def _solve(full: list[MatrixItem], table: StatsTable, certify_now: bool) -> list
 
 
 def _scatter(moving, mine, owner, new, comm) -> list[Commit]:
-    """Step 4, back: each rank's rows of the new W and of every matrix slot (zeros where the owner keeps
-    none), every flag slot whole (ONE all-to-all); this rank's `Commit` s."""
+    """Step 4, back to every rank; returns this rank's `Commit` s."""
     rank, world = dist.get_rank(), dist.get_world_size()
     parts = [[] for _ in range(world)]
     for it, (W, st) in zip(mine, new):
@@ -330,10 +295,8 @@ PLACEHOLDER_FLAG = 255  # a flag slot is 0 or 1
 
 
 def placeholder_slots(p: DTensor, group: dict, plan: MatrixPlan, entry: dict) -> dict:
-    """A parameter's state entry with every warm-start slot it lacks as a placeholder (a ``"matrix"`` slot:
-    NaN, sharded; a flag: `PLACEHOLDER_FLAG`). DCP loads only the keys of the state dict it loads into, and a
-    fresh optimizer has no warm-start state yet: with these its state dict has every key a checkpoint may have.
-    A real slot is never non-finite (`apply_directions` writes none), so `settle_loaded` can tell them."""
+    """A state entry with every warm-start slot it lacks as a placeholder (NaN, or `PLACEHOLDER_FLAG`): DCP loads only
+    the keys a state dict has, so a fresh optimizer's must have every key a checkpoint may have."""
     it = MatrixItem(0, p, group, plan, None, "", entry)
     matrix, flag = _slots(it)
     out = dict(entry)
@@ -347,13 +310,8 @@ def placeholder_slots(p: DTensor, group: dict, plan: MatrixPlan, entry: dict) ->
 
 
 def settle_loaded(entries: list[tuple]) -> list[tuple[int, str]]:
-    """Loaded state entries ``(p, group, plan, state)`` as this optimizer keeps them, in place (every rank
-    calls it): a momentum or warm-start matrix given whole as a plain tensor (a loader of whole tensors, a
-    ``.pt`` checkpoint) becomes this rank's rows as a DTensor; flags go back to uint8 (``Optimizer.load_state_dict``
-    casts them to the parameter's dtype); a matrix slot that is not finite on some rank is dropped (ONE
-    all-reduce): `placeholder_slots`' placeholders (NaN throughout) and damaged slots (a NaN or Inf among finite
-    entries: that matrix starts cold); a flag holding `PLACEHOLDER_FLAG` too. Returns ``(entry index, slot)``
-    of the damaged ones (`cold_slot`)."""
+    """Loaded entries ``(p, group, plan, state)`` made this rank's DTensor rows in place (a collective); placeholders
+    and non-finite matrix slots are dropped. Returns ``(entry index, slot)`` of the damaged ones (`cold_slot`)."""
     rank, world = dist.get_rank(), dist.get_world_size()
 
     def rows(t: torch.Tensor, shape: tuple, what: str) -> torch.Tensor:
@@ -388,12 +346,8 @@ def settle_loaded(entries: list[tuple]) -> list[tuple[int, str]]:
 
 
 def drop_placeholders(entries: list[dict]) -> list[tuple[int, str]]:
-    """Drop, in place, the warm-start slots an unsharded optimizer cannot start from, from loaded state entries
-    (one process, DDP; a checkpoint an FSDP2 run wrote is loaded whole): `placeholder_slots`' placeholders (a
-    matrix slot NaN throughout; a flag slot, one value per matrix in whatever dtype ``Optimizer.load_state_dict``
-    cast it to, holding `PLACEHOLDER_FLAG`) and damaged matrix slots (a NaN or Inf among finite entries: that
-    matrix starts cold). The momentum buffer is never dropped. Returns ``(entry index, slot)`` of the damaged
-    ones (`cold_slot`)."""
+    """Drop `placeholder_slots`' placeholders and damaged (non-finite) warm-start slots from loaded state entries of an
+    unsharded optimizer, in place. Returns ``(entry index, slot)`` of the damaged ones (`cold_slot`)."""
     damaged = []
     for i, entry in enumerate(entries):
         for key in [k for k, v in entry.items() if isinstance(v, torch.Tensor) and k != "momentum_buffer"]:

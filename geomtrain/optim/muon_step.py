@@ -1,10 +1,4 @@
-r"""The pieces of one `ManifoldMuon` step, in the shape of ``torch.optim.Muon``: each parameter's plan, fixed
-when its param group is added (`MatrixPlan`, `make_plan`), the gathered matrices (`MatrixItem`), the batches they are
-solved in (`group_batches`), the pure batched direction kernel (`batched_directions`: the solver call), the apply
-phase (`apply_directions`: retraction and guards, returning `Commit` s, writing nothing) and the step's statistics
-(`StatsTable` per matrix, `StepStats` for ``last_stats``). The distributed exchanges are
-`geomtrain.optim.muon_dist` and `geomtrain.optim.muon_fsdp`.
-"""
+"""The pieces of one `ManifoldMuon` step: plans, items, batches, the direction kernel, the apply phase, statistics."""
 
 from __future__ import annotations
 
@@ -43,9 +37,7 @@ __all__ = [
 ]
 
 SHAPE_SCALES = ("muon", "match_rms_adamw", "none")
-"""Euclidean step scale s for an (out, in) = (A, B) weight: "muon" sqrt(max(1, A/B)) (Keller Jordan's,
-torch.optim.Muon's ``adjust_lr_fn="original"``), "match_rms_adamw" 0.2 sqrt(max(A, B)) (torch's
-``adjust_lr_fn="match_rms_adamw"``, Moonshot's), "none" 1."""
+"""Euclidean step scale s of an (out, in) = (A, B) weight: sqrt(max(1, A/B)), 0.2 sqrt(max(A, B)) (as torch's), 1."""
 
 
 def shape_factor(rule: str, rows: int, cols: int) -> float:
@@ -64,7 +56,7 @@ SKIP_REASONS = {
     SKIP_REFUSED: "retraction refused the point",
     SKIP_RETRACTION: "non-finite retraction",
 }
-"""Why a matrix update was skipped, by the code stored in its statistics row (``last_stats["skipped"]``)."""
+"""Why a matrix update was skipped, by the code in its statistics row."""
 
 
 def skip_record(name: str, code: int) -> dict:
@@ -74,11 +66,8 @@ def skip_record(name: str, code: int) -> dict:
 
 @dataclass(frozen=True)
 class MatrixPlan:
-    """How every step updates one parameter, decided once when its param group is added (and again when a state
-    dict replaces the groups): its geometry, its solver (the group's, else `default_solver` of the manifold; an
-    unconstrained manifold's direction is msign whatever it is), the solver's options (the optimizer's msign
-    settings where the solver takes them, then the group's ``solver_options``), whether it keeps the solver's
-    warm-start state, and the part of its batch key that setup fixes (`batch_key` adds shape, dtype, device)."""
+    """How every step updates one parameter, fixed when its param group is set: manifold, solver (unconstrained
+    matrices use msign whatever it is), options (msign settings, then ``solver_options``), warm start, batch key."""
 
     manifold: GramManifold
     solver: Solver
@@ -88,28 +77,19 @@ class MatrixPlan:
 
     @property
     def kept_slots(self) -> tuple:
-        """The `StateSlot` s carried from step to step (none without warm start or on an unconstrained manifold)."""
+        """The `StateSlot` s carried from step to step."""
         return () if not self.warm or self.manifold.unconstrained else self.solver.state
 
 
 def make_plan(group: dict, manifold: GramManifold) -> MatrixPlan:
-    """The `MatrixPlan` of a parameter of ``group`` on ``manifold`` (the group's settings already checked)."""
+    """The `MatrixPlan` of a parameter of ``group`` (already checked) on ``manifold``."""
     named = group["solver"] or default_solver(manifold)
     spec = get_solver(named)
-    # the optimizer's msign settings replace the solver's own where they are set (None: the solver's default)
     msign = {"msign": group["msign_method"], "msign_steps": group["msign_steps"], "msign_dtype": group["msign_dtype"]}
     options = {k: v for k, v in msign.items() if v is not None and k in spec.options and spec.optimizer_msign}
     options.update(group["solver_options"])
     mkey = manifold.key() if callable(getattr(manifold, "key", None)) else id(manifold)
-    key = (
-        mkey,
-        named,
-        repr(sorted(group["solver_options"].items())),
-        group["warm_start"],
-        group["msign_method"],
-        group["msign_steps"],
-        group["msign_dtype"],
-    )
+    key = (mkey, named, repr(sorted(group["solver_options"].items())), group["warm_start"], *msign.values())
     return MatrixPlan(manifold, spec, MappingProxyType(options), keeps_warm_state(group, spec), key)
 
 
@@ -133,8 +113,8 @@ class MatrixItem:
 
 @dataclass
 class Commit:
-    """What a step writes to one parameter, applied only once every matrix of the step is solved: the new
-    weights (None: unchanged) and state entries (a value of None removes the entry)."""
+    """What a step writes to one parameter once every matrix is solved: weights (None: unchanged), state entries (None
+    removes one)."""
 
     p: torch.Tensor
     weights: torch.Tensor | None = None
@@ -142,12 +122,8 @@ class Commit:
 
 
 class StatsTable:
-    """Per-parameter statistics of a step, one float64 row per `MatrixItem` (a tensor, so DDP sums it):
-    ``matrices``, ``msign_calls`` (summed), ``calls_max``, ``residual`` and ``dual_gap`` (worst),
-    ``converged`` (all), ``off_manifold``, ``skipped`` (0 or a `SKIP_REASONS` code), ``has_state``,
-    ``certified_gap`` and ``certified_residual`` (worst; NaN where unknown, like ``dual_gap``), ``solved``
-    (matrices whose direction was applied), ``length_sum`` and ``length_min`` (of `direction_length`; NaN:
-    none applied)."""
+    """Per-parameter statistics of a step: one float64 row per `MatrixItem` (a tensor, so DDP sums it), columns
+    `FIELDS`; ``skipped`` holds a `SKIP_REASONS` code, the `UNKNOWN` ones are NaN until known."""
 
     FIELDS = (
         "matrices",
@@ -181,10 +157,8 @@ class StatsTable:
 
 @dataclass
 class StepStats:
-    """A step's statistics (``ManifoldMuon.step_stats``; ``last_stats`` is its `as_dict`), plain Python
-        numbers, JSON-ready. See the `geomtrain.optim.muon` docstring for each entry; ``certified_gap_max`` and
-        ``certified_residual_max`` are set on the steps of ``certify_every`` only (else None); ``comm`` is what this
-    rank sent (`geomtrain.optim.exchange.CommCount`: zeros in one process)."""
+    """A step's statistics (``ManifoldMuon.step_stats``; ``last_stats`` is its `as_dict`): plain Python numbers, each
+    described in docs/manifold-muon.md (*The optimizer*); ``comm``: `geomtrain.optim.exchange.CommCount`."""
 
     n_matrices: int = 0
     msign_calls: int = 0
@@ -205,15 +179,13 @@ class StepStats:
     comm: dict = field(default_factory=dict)
 
     def as_dict(self) -> dict:
-        """``last_stats``: the fields as a plain dict."""
         return {f.name: getattr(self, f.name) for f in fields(self)}
 
     @classmethod
     def from_table(
         cls, table: StatsTable, skipped: list[dict], names: list[str], total: int, comm: dict | None = None
     ) -> StepStats:
-        """From the per-parameter rows (row i is the item named ``names[i]``) and what was sent (``comm``), read
-        with one host transfer (the table is on the CPU; a reduction per field would be a read each)."""
+        """From the rows (row i: the item named ``names[i]``) and what was sent (``comm``), in one host read."""
         rows = table.rows if table.rows.shape[0] else StatsTable(1).rows  # an empty step: zeros, unknowns NaN
 
         def col(name: str) -> torch.Tensor:
@@ -261,9 +233,7 @@ class StepStats:
 
 
 def batch_key(it: MatrixItem) -> tuple:
-    """Items with equal keys are solved in one call and retracted together: equal geometry (class and every
-    public setting, e.g. BoundedDGram's bound; a manifold without ``key()`` batches only with itself) and solver
-    settings (`MatrixPlan.key`), shape, dtype and device."""
+    """Items with equal keys are solved and retracted together: `MatrixPlan.key`, shape, dtype and device."""
     return (it.plan.key, tuple(to_tall(it.update).shape[-2:]), it.p.dtype, it.p.device)
 
 
@@ -275,20 +245,17 @@ def group_batches(items: list[MatrixItem]) -> list[list[MatrixItem]]:
 
 
 def _stacked(t: torch.Tensor) -> torch.Tensor:
-    """A parameter's matrices in tall form, stacked: ``(k, m, n)``."""
     tall = to_tall(t)
     return tall.reshape(-1, *tall.shape[-2:])
 
 
 def keeps_warm_state(group: dict, spec) -> bool:
-    """Whether a group's matrices carry their solver's warm-start state from step to step: the group's
-    ``warm_start`` and `Solver.keeps_state` under its ``solver_options``."""
+    """Whether a group's matrices carry their solver's state: ``warm_start`` and `Solver.keeps_state`."""
     return bool(group["warm_start"]) and spec.keeps_state(group["solver_options"])
 
 
 def warm_options(batch: list[MatrixItem]) -> dict:
-    """The warm-start options of a batch: every `StateSlot` of the solver where every item has it (the
-    ``"matrix"`` ones first: without them the batch starts cold), as float64 matrices and bool flags."""
+    """The warm-start options of a batch: each `StateSlot` every item has (none if a ``"matrix"`` one is missing)."""
     plan = batch[0].plan
     if not plan.warm:
         return {}
@@ -308,9 +275,8 @@ def warm_options(batch: list[MatrixItem]) -> dict:
 
 
 def batched_directions(batch: list[MatrixItem], certify_now: bool) -> tuple[torch.Tensor, dict, list[int]]:
-    """The direction kernel: the batch's directions ``A`` (tall, stacked), the solver's per-matrix statistics
-    (``msign_calls``, ``residual``, ``converged``, ``dual_gap``, ``state``, and with ``certify_now`` the
-    exact ``certified_gap``/``certified_residual``) and each item's matrix count. Reads, writes nothing."""
+    """The direction kernel: the batch's directions ``A`` (tall, stacked), the per-matrix statistics and state, and
+    each item's matrix count. Writes nothing."""
     g0, plan = batch[0].group, batch[0].plan
     m = plan.manifold
     U = torch.cat([_stacked(it.update) for it in batch])
@@ -330,10 +296,9 @@ def batched_directions(batch: list[MatrixItem], certify_now: bool) -> tuple[torc
 
 
 def apply_directions(batch: list[MatrixItem], A: torch.Tensor, st: dict, sizes: list[int], table: StatsTable):
-    """The apply phase of one batch: guards, retraction (or the Euclidean update), the statistics rows and
-    each matrix's new weights and warm-start state, returned as `Commit` s (nothing is written here). A
-    matrix whose direction is exactly zero is not retracted and keeps its warm-start state. (The guards and
-    the statistics in one pass over the batch: longer than 60 lines on purpose.)"""
+    """The apply phase of one batch: guards, retraction (or the Euclidean update), the statistics rows, and each
+    matrix's new weights and warm-start state returned as `Commit` s (a matrix with $A = 0$ keeps both). The guards and
+    the statistics in one pass over the batch: longer than 60 lines on purpose."""
     m = batch[0].manifold
     euclid = m.unconstrained
     bounds = [0, *itertools.accumulate(sizes)]
@@ -352,8 +317,6 @@ def apply_directions(batch: list[MatrixItem], A: torch.Tensor, st: dict, sizes: 
     new_state = st.get("state")
     keep = bool(batch[0].plan.kept_slots) and new_state is not None
     matrices = [key for key, v in (new_state or {}).items() if v.dim() > 1]  # the "matrix" slots
-    # one host read (all float64, by name) for each retracted matrix's finite check, constraint violation and
-    # warm-start state check, and every matrix's `direction_length`; only the matrices that pass use the last two
     reads = HostRead()
     for i in computed:
         reads.add(("finite", i), torch.isfinite(updates[i]).all().double())
@@ -363,7 +326,7 @@ def apply_directions(batch: list[MatrixItem], A: torch.Tensor, st: dict, sizes: 
             finite = [torch.isfinite(new_state[k][bounds[i] : bounds[i + 1]]).all() for k in matrices]
             ok = torch.stack(finite).all().double() if finite else torch.ones((), dtype=torch.float64)
             reads.add(("state_ok", i), ok)
-    # the statistics a solver left on the device (a products-only solver's residual) join the same read
+    # statistics a solver left on the device join the same read
     fields = [f for f in ("residual", "dual_gap", "certified_gap", "certified_residual") if st.get(f) is not None]
     on_device = [f for f in fields if st[f].device.type != "cpu"]
     for f in on_device:
@@ -383,7 +346,6 @@ def apply_directions(batch: list[MatrixItem], A: torch.Tensor, st: dict, sizes: 
     for i, it in enumerate(batch):
         sl = slice(bounds[i], bounds[i + 1])
         table.set(it.index, "matrices", sizes[i])
-        # tensor to tensor, no Python numbers read (the solver's statistics are on the CPU)
         table.set(it.index, "msign_calls", st["msign_calls"][sl].double().sum())
         table.set(it.index, "calls_max", st["msign_calls"][sl].double().max())
         for f in fields:
@@ -405,16 +367,13 @@ def apply_directions(batch: list[MatrixItem], A: torch.Tensor, st: dict, sizes: 
 
 
 def direction_length(A: torch.Tensor) -> torch.Tensor:
-    r"""The RMS singular value $\|A\|_F / \sqrt{n}$ of each tall ``(B, m, n)`` direction: 1 for a direction that
-    uses the whole spectral budget (every singular value 1, as the exact solver's and msign's), less for one
-    the unit spectral ball cut short (a projected direction rescaled by its largest singular value)."""
+    r"""The RMS singular value $\|A\|_F / \sqrt{n}$ of each tall ``(B, m, n)`` direction (1: the whole budget used)."""
     return torch.linalg.vector_norm(A.flatten(1), dim=1) / A.shape[-1] ** 0.5
 
 
 def warm_state(it: MatrixItem, state: dict, rows: slice, still) -> dict:
-    """The state entries of a solved parameter: its rows of each `StateSlot` (``"matrix"`` ones as
-    ``(*lead, n, n)`` in the parameter's dtype, ``"flag"`` ones as one uint8 per matrix, broadcast by DDP);
-    its matrices in ``still`` (bool per matrix, None: none) keep their previous entries."""
+    """A solved parameter's rows of each kept `StateSlot` (matrices in its dtype, flags as uint8); its matrices in
+    ``still`` (bool per matrix, or None) keep their previous entries."""
     lead = to_tall(it.p).shape[:-2]
     new = {}
     for slot in it.plan.kept_slots:
@@ -435,12 +394,8 @@ def warm_state(it: MatrixItem, state: dict, rows: slice, still) -> dict:
 
 
 def retract(batch: list[MatrixItem], directions: list[torch.Tensor], skips: list[int], m, tall) -> list:
-    r"""The new weights of each matrix (None where ``skips`` is set or no matrix moves; sets ``SKIP_REFUSED``
-    in ``skips`` where the retraction raises ``ValueError``). ``tall``: None for Euclidean batches, else the
-    solve's stacked tall weights and directions, the row bounds of each parameter and which matrices have
-    $A \ne 0$ (None: all); only those are retracted, the others keep their weights bitwise. The manifold
-    matrices of a batch are retracted in one call (its input checks read the host once, not once per
-    matrix); if that call refuses, each parameter is retracted alone to find the one refused."""
+    r"""The new weights of each parameter (None if skipped or still; ``SKIP_REFUSED`` where the retraction raises
+    ``ValueError``). ``tall``: None (Euclidean) or the stacked weights, directions, row bounds and mask $A \ne 0$."""
     go = [i for i in range(len(batch)) if not skips[i]]
     updates: list[torch.Tensor | None] = [None] * len(batch)
     if tall is None:

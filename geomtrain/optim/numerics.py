@@ -1,7 +1,5 @@
-r"""Numerical kernels of the direction solvers: batched symmetric parts and inner products, scale
-normalisation, a guarded symmetric eigendecomposition, Anderson mixing, preconditioned CG and the
-per-evaluation trace. Pure functions and small classes on ``(B, n, n)`` tensors; nothing here
-knows about manifolds."""
+r"""Numerical kernels of the direction solvers on ``(B, n, n)`` tensors, knowing nothing of manifolds: symmetric parts,
+normalisation, a guarded symmetric eigendecomposition, Anderson mixing, batched host reads, CG and the trace."""
 
 from __future__ import annotations
 
@@ -47,12 +45,8 @@ def normalise(G: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
 
 
 def spectral_norm_estimate(X: torch.Tensor, iters: int) -> torch.Tensor:
-    r"""A lower bound on $\|X\|_{\mathrm{op}}$ per matrix: the larger of $\|Xv\|$ after ``iters`` power
-    iterations $v \leftarrow X^\top X v / \|X^\top X v\|$ and $\|X\|_F / \sqrt{\min(m, n)}$ (positive for every
-    $X \ne 0$). The start $v$ is the vector of column norms, normalised: deterministic, and not orthogonal to the
-    top singular vector as the all-ones vector is for row-centred matrices (LayerNorm-like gradients).
-    $O(mn)$ per iteration, no decomposition, no host synchronisation. A start or a scale: exact only in the
-    limit, and slow where the top singular values are close."""
+    r"""A lower bound on $\|X\|_{\mathrm{op}}$ per matrix: the larger of $\|X\|_F / \sqrt{\min(m, n)}$ and $\|Xv\|$
+    after ``iters`` power iterations from the normalised column norms (all-ones misses row-centred matrices)."""
     tiny = torch.finfo(X.dtype).tiny
     v = X.norm(dim=-2).unsqueeze(-1)
     v = v / v.norm(dim=-2, keepdim=True).clamp_min(tiny)
@@ -63,25 +57,16 @@ def spectral_norm_estimate(X: torch.Tensor, iters: int) -> torch.Tensor:
 
 
 def eigh_dtype(device: torch.device, dtype: torch.dtype) -> torch.dtype:
-    r"""The dtype a symmetric eigendecomposition of a ``dtype`` matrix on ``device`` is computed in:
-    float64 for float32 on a CUDA device, else ``dtype`` itself.
-
-    On a GPU the decomposition is latency-bound, so float64 costs what float32 does (cuSOLVER on an
-    H200: 8.2 against 7.8 ms at n = 768, 1.7 against 1.9 ms at n = 128, `scripts/gpu_profile.py`),
-    and cuSOLVER's float32 eigenpairs are not accurate enough for the rounding floor of the solvers:
-    with them a square Stiefel direction on LayerNorm-like gradients had $\|A\|_{\mathrm{op}}$ up
-    to 1.04 (`bench optimizer --spectrum layernorm`, H200). On a CPU float32 LAPACK is twice as fast
-    as float64 and accurate enough (the same benchmark: at most 1.00013)."""
+    r"""The dtype of a symmetric eigendecomposition: float64 for float32 on CUDA (latency-bound there, and cuSOLVER's
+    float32 eigenpairs are too inaccurate for the solvers' rounding floor), else ``dtype``."""
     if device.type == "cuda" and dtype == torch.float32:
         return torch.float64
     return dtype
 
 
 def symmetric_eigen(decompose, M: torch.Tensor):
-    """``decompose`` (``torch.linalg.eigh`` or ``eigvalsh``) of a batch of symmetric matrices, computed in
-    `eigh_dtype` and returned in ``M.dtype``. A float32 batch that fails (LAPACK error or non-finite
-    output, as MKL's float32 solvers occasionally give on clustered spectra) is redone in float64 and
-    cast back. Eigenvalues ascending, as torch returns them."""
+    """``decompose`` (``torch.linalg.eigh`` or ``eigvalsh``) of symmetric matrices in `eigh_dtype`, returned in
+    ``M.dtype``; a float32 batch that fails (LAPACK error or non-finite output) is redone in float64."""
     work = eigh_dtype(M.device, M.dtype)
 
     def back(out):  # eigh returns (eigenvalues, eigenvectors), eigvalsh a tensor: in M's dtype either way
@@ -109,12 +94,8 @@ def eigvalsh_psd(M: torch.Tensor) -> torch.Tensor:
 
 
 class Anderson:
-    """Type-II Anderson mixing of the fixed point x -> x + f(x), one history per batch entry.
-
-    The last ``depth`` differences of iterates and steps are kept in a ring buffer (their order
-    does not matter to the least-squares fit); ``reset`` forgets an entry's history. The small
-    least-squares fit is done in float64 whatever the iterates' dtype.
-    """
+    """Type-II Anderson mixing of the fixed point x -> x + f(x), one history per batch entry: the last ``depth``
+    differences of iterates and steps in a ring buffer (order does not matter to the fit), fitted in float64."""
 
     def __init__(self, depth: int, like: torch.Tensor):
         self.depth = depth
@@ -147,9 +128,8 @@ class Anderson:
             setattr(self, name, getattr(self, name)[keep])
 
     def mix(self, idx: torch.Tensor, X: torch.Tensor, F: torch.Tensor) -> torch.Tensor:
-        """Next iterate for entries ``idx`` (an integer index) at points X with plain steps F (shapes
-        (len(idx), ...)). No host synchronisation: an entry without history gets the plain step $X + F$
-        from the same arithmetic (its empty history has zero weights)."""
+        """Next iterate for entries ``idx`` (an integer index) at points X with plain steps F (shapes (len(idx), ...)).
+        No host synchronisation: an entry without history gets the plain step $X + F$ (zero weights)."""
         if self.depth == 0:
             return X + F
         b = len(idx)
@@ -162,9 +142,7 @@ class Anderson:
         self.count[idx] += hp.long()
         self.prev_x[idx], self.prev_f[idx], self.has_prev[idx] = x, f, True
         k = self.count[idx].clamp(max=self.depth)
-        # Products with the whole history, then the rows of idx: the history is never copied. prev_f holds
-        # f for every entry of idx (just set), so the right-hand side needs no gather of f either. A slot
-        # not filled yet gets a unit diagonal and a zero right-hand side: its weight is 0.
+        # Products with the whole history, then the rows of idx (never copied); an unfilled slot gets weight 0
         valid = (torch.arange(self.depth, device=k.device)[None, :] < k[:, None]).double()
         Gm = (self.dF @ self.dF.mT)[idx].double() * (valid[:, :, None] * valid[:, None, :])
         reg = 1e-10 * Gm.diagonal(dim1=-2, dim2=-1).amax(-1, keepdim=True) + 1e-300
@@ -179,12 +157,8 @@ class Anderson:
 
 
 class WorkingSet:
-    """The entries of a batch that are still iterating, their per-entry state kept compact.
-
-    ``idx`` holds their positions in the batch and ``state`` tensors whose first dimension runs over
-    them; ``out`` holds the full-batch tensors of the same names. An iteration works on the compact
-    state in place of gathering and scattering rows every time (on a GPU each boolean-mask index is
-    a host synchronisation): `shrink` is its only synchronisation, once per iteration."""
+    """The entries of a batch still iterating, their state compact: ``idx`` their positions in the batch, ``state``
+    tensors over them, ``out`` the full-batch tensors of the same names. `shrink` is the one host synchronisation."""
 
     def __init__(self, idx: torch.Tensor, state: dict[str, torch.Tensor], out: dict[str, torch.Tensor]):
         self.idx, self.state, self.out = idx, state, out
@@ -205,8 +179,8 @@ class WorkingSet:
                 self.out[name][self.idx] = value.to(self.out[name].dtype)
 
     def shrink(self, go: torch.Tensor) -> torch.Tensor | None:
-        """Keep the entries where ``go``: returns their positions in the working set (for the caller's
-        own per-entry objects), or None when every entry goes on. The leavers' state is in ``out``."""
+        """Keep the entries where ``go``: their positions in the working set (for the caller's own per-entry objects),
+        or None when every entry goes on. The leavers' state goes to ``out``."""
         keep = go.nonzero().squeeze(-1)
         if keep.numel() == len(self):
             return None
@@ -217,8 +191,7 @@ class WorkingSet:
 
 
 def start_safeguard(ws: WorkingSet, X: torch.Tensor) -> None:
-    """The per-entry state of `safeguarded_mix` at the start point ``X`` (compact, like ``ws``): ``X`` is
-    the anchor, no residual norm seen yet, the first point not a plain step from the anchor."""
+    """The per-entry state of `safeguarded_mix` at the start point ``X`` (compact, like ``ws``): ``X`` the anchor."""
     ws["anchor_x"], ws["anchor_F"] = X, torch.zeros_like(X)
     ws["best_f"] = torch.full((X.shape[0],), float("inf"), dtype=X.dtype, device=X.device)
     ws["from_anchor"] = torch.zeros(X.shape[0], dtype=torch.bool, device=X.device)
@@ -227,14 +200,9 @@ def start_safeguard(ws: WorkingSet, X: torch.Tensor) -> None:
 def safeguarded_mix(
     mixer: Anderson, ws: WorkingSet, X: torch.Tensor, F: torch.Tensor, fn: torch.Tensor, relax: float
 ) -> torch.Tensor:
-    r"""The next iterate of a fixed-point iteration $X \to X + \lambda F$ (``relax`` $= \lambda$) with
-    Anderson mixing and its safeguard, for every entry of the compact batch ``ws``: where ``fn`` (the
-    norm of the fixed-point residual $F$) is at most the best so far (``ws["best_f"]``) the point becomes
-    the anchor (``ws["anchor_x"]``, ``ws["anchor_F"]``) and the mixed step is taken; elsewhere the mixing
-    did worse, so the entry's history is forgotten and a plain step is taken from the anchor. A point
-    that is itself that plain step (``ws["from_anchor"]``) is always accepted: retrying it would repeat
-    the same point until the budget ran out (a plain step can raise ``fn`` by rounding at the iteration's
-    floor). No host synchronisation."""
+    r"""The next iterate of $X \to X + \lambda F$ (``relax`` $= \lambda$), per entry of ``ws``: the mixed step where
+    ``fn`` $= \|F\|$ is at most the best so far or the point is the plain step from the anchor (it becomes the
+    anchor), else the plain step from the anchor with the history reset."""
     ok = (fn <= ws["best_f"]) | ws["from_anchor"]
     okm = ok.view(-1, *([1] * (X.dim() - 1)))
     ws["best_f"] = torch.where(ok, fn, ws["best_f"])
@@ -247,8 +215,8 @@ def safeguarded_mix(
 
 
 def host_values(scalars: list[torch.Tensor]) -> list:
-    """Python numbers of a list of 0-dim tensors, read with one host transfer per device and dtype (on a
-    GPU, one synchronisation in place of one per tensor); bool tensors give bools. An empty list gives []."""
+    """Python numbers of a list of 0-dim tensors, read with one host transfer per device and dtype; bools for bool
+    tensors."""
     out: list = [None] * len(scalars)
     groups: dict[tuple, list[int]] = {}
     for i, t in enumerate(scalars):
@@ -261,8 +229,7 @@ def host_values(scalars: list[torch.Tensor]) -> list:
 
 class HostRead:
     """Scalars read to the host together, by name: `add` collects 0-dim tensors under a key, `read` returns
-    ``{key: number}`` with one transfer per device and dtype (`host_values`), so a caller indexes what it
-    read by what it is, not by its position in one long list."""
+    ``{key: number}`` (`host_values`)."""
 
     def __init__(self) -> None:
         self._keys: list = []

@@ -1,15 +1,6 @@
-r"""The solver registry: one place that turns a name (``"exact"``, ``"tangent"``) into a `Solver`.
-
-The product's four: ``exact`` (the reference: `geomtrain.optim.gram_newton`, certified; ``gram_newton`` is an alias that
-old configs, run folders and checkpoints use), the products-only ``filled_split``, and ``tangent`` and ``published``
-(`geomtrain.optim.baselines`, the paper's baselines). What training uses by default is per mask (`manifolds.MaskForm`),
-`default_solver`: ``filled_split`` on Stiefel, DGram and custom-mask matrices, ``exact`` on Oblique. Retired solvers and
-options (`RETIRED_SOLVERS`, `RETIRED_OPTIONS`) are refused with the commit that still runs them.
-
-A new solver is one module defining ``SOLVER = Solver(...)`` (see `geomtrain.optim.solver`) and one call
-``register_solver(SOLVER)``: built-in ones are listed in ``_BUILTINS`` below, a user's anywhere before the
-optimizer is built. Everything that lists or validates solvers (`spectral_direction`, `ManifoldMuon`,
-`TrainConfig.validate`, the CLI, the benchmarks) reads this registry.
+r"""The solver registry: one place that turns a name (``"exact"``, ``"tangent"``) into a `Solver`. The built-in
+solvers are listed in ``_BUILTINS``, training's default is per mask (`default_solver`), and retired solvers and options
+(`RETIRED_SOLVERS`, `RETIRED_OPTIONS`) are refused with the commit that still runs them.
 """
 
 from __future__ import annotations
@@ -42,13 +33,8 @@ __all__ = [
     "retired_note",
 ]
 
-REFERENCE_SOLVER = "exact"  # the certified optimum: `spectral_direction`'s default, and training's where
-# TRAINING_DEFAULTS names no solver for a mask
-# Training's default per mask (`manifolds.MaskForm`, the manifold's `mask_form`): the products-only filled_split on
-# Stiefel and DGram (how it was chosen, and how it compares with exact: docs/manifold-muon.md and docs/results.md,
-# Findings) and on custom masks (a manifold's own project_gram, through the split of geomtrain.optim.column_split,
-# chosen the same way: docs/manifold-muon.md); Oblique keeps exact.
-TRAINING_DEFAULTS: Mapping[MaskForm, str] = MappingProxyType(
+REFERENCE_SOLVER = "exact"  # `spectral_direction`'s default, and training's where TRAINING_DEFAULTS names none
+TRAINING_DEFAULTS: Mapping[MaskForm, str] = MappingProxyType(  # per mask (why: docs/manifold-muon.md)
     {MaskForm.FULL: "filled_split", MaskForm.OFF_DIAGONAL: "filled_split", MaskForm.CUSTOM: "filled_split"}
 )
 _NAME = re.compile(r"[a-z0-9_\-]+")
@@ -62,8 +48,7 @@ def solver_names() -> tuple[str, ...]:
 
 
 def default_solver(manifold: GramManifold) -> str:
-    """The solver training uses on a matrix of ``manifold`` when none is named: `TRAINING_DEFAULTS` by its
-    mask (``filled_split`` on Stiefel, DGram and custom masks), else `REFERENCE_SOLVER` (``exact``)."""
+    """The solver training uses on ``manifold`` when none is named: `TRAINING_DEFAULTS`, else `REFERENCE_SOLVER`."""
     return TRAINING_DEFAULTS.get(manifold.mask_form, REFERENCE_SOLVER)
 
 
@@ -80,8 +65,7 @@ def _unknown(name: object) -> str:
 
 
 def get_solver(name: str | Solver) -> Solver:
-    """The `Solver` registered under ``name`` or one of its aliases (a `Solver` is returned as it is);
-    a one-line ``ValueError`` naming the valid ones otherwise."""
+    """The `Solver` registered under ``name`` or an alias (a `Solver` as it is); else a one-line ``ValueError``."""
     if isinstance(name, Solver):
         return name
     key = _ALIASES.get(name, name) if isinstance(name, str) else None
@@ -91,11 +75,8 @@ def get_solver(name: str | Solver) -> Solver:
 
 
 def register_solver(solver: Solver, *, overwrite: bool = False) -> Solver:
-    """Register ``solver`` under ``solver.name`` and its aliases; returns it.
-
-    Checks up front that the name is well formed, not taken (unless ``overwrite``), and that every option
-    has a rule (`Solver.rule`), so its values are checked before any work, and that no option shares a name
-    with a state slot (`Solver.state`: the state is never an option)."""
+    """Register ``solver`` under its name and aliases (checked: well formed, free unless ``overwrite``, every option
+    with a rule, none a state slot); returns it."""
     if not isinstance(solver, Solver):
         raise TypeError(f"register_solver takes a geomtrain.optim.solver.Solver; got {type(solver).__name__}")
     for name in (solver.name, *solver.aliases):
@@ -132,9 +113,7 @@ def unregister_solver(name: str) -> None:
 
 
 def check_solver_options(solver: str | Solver, options: Mapping) -> None:
-    """Raise a one-line ``ValueError`` naming the valid choices for an unknown solver, an unknown option or
-    a value out of range (``tol=0``, ``anderson=-1``, ``msign="foo"``, ...); the state options (``dual``,
-    ``escalate``) are checked against the problem by `spectral_direction`."""
+    """A one-line ``ValueError`` for an unknown solver or option, or a value out of range, naming the valid ones."""
     spec = get_solver(solver)
     valid = [*spec.options, *spec.state_options()]
     unknown = set(options) - set(valid)
@@ -175,9 +154,7 @@ class _Names(Sequence):
 
 
 class _Options(Mapping):
-    """`SOLVER_OPTIONS`: name (or alias) -> every option with its default (`Solver.options`). The warm-start
-    state slots (`Solver.state_options`: ``dual``, ``escalate``, ``correction``) are not options and are not
-    listed: `spectral_direction` takes them back as keywords, the optimizer carries them itself."""
+    """`SOLVER_OPTIONS`: name (or alias) -> every option with its default."""
 
     def __getitem__(self, name: str) -> dict:
         try:
@@ -203,8 +180,7 @@ _BUILTINS = (
     ("baselines", "PUBLISHED"),
     ("filled_split", "SOLVER"),
 )
-# Solvers and options the product no longer has, and the last commit that registered them: a config or run folder
-# that names one is refused in one line that says which checkout runs it.
+# Solvers and options the product no longer has, and the last commit that registered them (named when refused)
 RETIRED_AT = "64b2e8a"
 RETIRED_SOLVERS = ("split_tangent", "projected_tangent", "dual_ascent", "admm")
 RETIRED_OPTIONS = {"filled_split": ("square", "refine", "rounds", "sub_steps", "carry_step")}

@@ -1,20 +1,11 @@
-r"""What a direction solver is: the `Solver` record every solver module defines and
-`geomtrain.optim.registry` registers, and the shared rules its options are checked by.
+r"""The `Solver` record every solver module defines, and the shared rules its options are checked by.
 
-A solver maximises $\langle G, A\rangle$ over $\|A\|_{\mathrm{op}} \le 1$, $L_W(A) = 0$ for a batch of
-tall problems. Its ``solve(manifold, W, G, state, options) -> (A, stats, state)`` receives
-
-- ``W``, ``G``: ``(B, m, n)`` tall, on the manifold, finite, **every** $G \ne 0$ (`spectral_direction`
-  answers $G = 0$ with $A = 0$ itself and never calls a solver with such a matrix; it may call it with
-  ``B = 0``);
-- ``state``: the warm-start state, ``{slot.key: tensor}`` for the solver's `StateSlot` s (``(B, n, n)``
-  for a ``"matrix"`` slot, ``(B,)`` bool for a ``"flag"`` one), or None for a cold start;
-- ``options``: every option of `Solver.options`, defaults filled in, already checked;
-
-and returns ``A`` (``(B, m, n)``, ``W``'s dtype), ``stats`` (``evaluations`` long and ``converged`` bool on the
-CPU, ``residual`` float64 on the CPU or on ``A``'s device (read with the optimizer's other per-batch values),
-each ``(B,)``, plus the keys of `Solver.reports` and ``trace`` where asked) and the new state
-(``{slot.key: tensor}``, or None).
+``solve(manifold, W, G, state, options) -> (A, stats, state)`` maximises $\langle G, A\rangle$ over
+$\|A\|_{\mathrm{op}} \le 1$, $L_W(A) = 0$ for ``(B, m, n)`` tall ``W``, ``G`` on the manifold, finite, every $G \ne 0$
+(``B`` may be 0); ``state`` is ``{slot.key: tensor}`` (``(B, n, n)`` or ``(B,)`` bool per `StateSlot`) or None, and
+``options`` every option, defaults filled in, checked. It returns ``A`` (``W``'s shape and dtype), ``stats``
+(``evaluations`` long, ``converged`` bool, on the CPU, ``residual`` float64 on the CPU or ``A``'s device, each ``(B,)``;
+the `Solver.reports`; ``trace`` where asked) and the new state or None.
 """
 
 from __future__ import annotations
@@ -68,22 +59,19 @@ OPTION_RULES: dict[str, Rule] = {
     "steps": (lambda v: is_int(v) and v >= 1, "an integer >= 1"),
     "alpha": (_finite_above(0.0, False), "a finite number > 0"),
 }
-"""The rules of the options shared by several solvers, by name; a `Solver` overrides or adds its own in
-``rules`` (``published``'s ``tol`` may be 0)."""
+"""The rules of the options shared by several solvers; a `Solver` overrides or adds its own in ``rules``."""
 
 NON_NEGATIVE = _finite_above(0.0, True)
 POSITIVE = _finite_above(0.0, False)
 
 STAT_KEYS = ("evaluations", "residual", "converged")
-"""The statistics every solver returns; `Solver.reports` names the others (``dual_gap``, ``multiplier``)."""
+"""The statistics every solver returns."""
 
 
 @dataclass(frozen=True)
 class StateSlot:
-    """One warm-start tensor of a solver: ``key`` in the returned state, `DirectionStats.state` and the
-    optimizer's per-parameter state; ``option`` the `spectral_direction` keyword that passes it back;
-    ``kind`` ``"matrix"`` (float ``(n, n)`` per matrix, kept by the optimizer in the parameter's dtype) or
-    ``"flag"`` (one bool per matrix, kept as uint8)."""
+    """One warm-start tensor of a solver: its ``key`` in the state, the `spectral_direction` ``option`` that passes it
+    back, and its ``kind``: ``"matrix"`` (``(n, n)`` per matrix) or ``"flag"`` (one bool per matrix)."""
 
     key: str
     option: str
@@ -100,18 +88,15 @@ class Solver:
 
     Attributes:
         name: its registered name (lower case: letters, digits, ``_``, ``-``).
-        solve: ``solve(manifold, W, G, state, options) -> (A, stats, state)`` (the module docstring).
-        options: every scalar option with its default (``trace`` included where supported).
+        solve: the solve function (the module docstring).
+        options: every scalar option with its default.
         rules: rules for options that `OPTION_RULES` lacks or that differ here.
-        state: the warm-start slots (empty: the solver starts cold every time).
-        warm_starts: the optimizer carries ``state`` from step to step (``ManifoldMuon(warm_start=True)``).
-        carries: with ``warm_starts``, the options under which it does (``carries(options)``, every option
-            given, defaults filled in; None: always): ``filled_split`` keeps state with ``carry=True`` only.
-        reports: statistics beyond `STAT_KEYS`: ``dual_gap`` (certified relative gap, float64) and
-            ``multiplier`` (the dual point $S$, ``(B, n, n)``, at which it is certified).
-        aliases: other names that resolve to it (old configs, checkpoints).
-        optimizer_msign: `ManifoldMuon`'s ``msign_method``/``msign_steps``/``msign_dtype`` set the
-            solver's ``msign`` options (False: it keeps its own defaults, as ``published``'s bf16 msign).
+        state: the warm-start slots (empty: always cold).
+        warm_starts: the optimizer carries ``state`` from step to step.
+        carries: with ``warm_starts``, whether it does under the given options (None: always).
+        reports: statistics beyond `STAT_KEYS` (``dual_gap``, ``multiplier``).
+        aliases: other names that resolve to it.
+        optimizer_msign: `ManifoldMuon`'s msign settings set the solver's ``msign`` options.
         summary: one line for help texts.
     """
 
@@ -132,8 +117,7 @@ class Solver:
         return self.rules[option] if option in self.rules else OPTION_RULES[option]
 
     def keeps_state(self, options: Mapping) -> bool:
-        """Whether the optimizer carries this solver's state from step to step under ``options`` (a group's
-        ``solver_options``; the defaults fill the rest): `warm_starts`, a slot, and `carries` where set."""
+        """Whether the optimizer carries this solver's state under ``options`` (a group's ``solver_options``)."""
         if not (self.warm_starts and self.state):
             return False
         return self.carries is None or bool(self.carries({**self.options, **options}))
@@ -144,8 +128,8 @@ class Solver:
 
 
 def option_rule(solver: Solver, name: str, value) -> str | None:
-    """None where ``value`` is valid for the scalar option ``name`` of ``solver``, else what it must be
-    (``"an integer >= 1"``). The state options (``dual``, ``escalate``) are always None here."""
+    """None where ``value`` is valid for the option ``name`` of ``solver`` (always for a state option), else what it
+    must be (``"an integer >= 1"``)."""
     if name in solver.state_options():
         return None
     valid, must = solver.rule(name)

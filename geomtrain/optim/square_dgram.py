@@ -1,28 +1,15 @@
 r"""Square DGram: the whole problem in $n \times n$ matrices, solved by Douglas-Rachford with a warm start.
 
-For a square point $W = Q\,\operatorname{diag}(s)$ ($Q$ orthogonal, $s$ the column norms) every
-direction is $A = QC$, and with $K = Q^\top \hat G$ the problem is
+For $W = Q\,\operatorname{diag}(s)$ ($Q$ orthogonal) every direction is $A = QC$, and with $K = Q^\top \hat G$ the
+problem is $\max_C \langle K, C\rangle$ s.t. $\|C\|_{\mathrm{op}} \le 1$, $\operatorname{Off}(sC + C^\top s) = 0$, whose
+dual is typically degenerate. Douglas-Rachford ($\rho = n^{-1/2}$, relaxation $\lambda$ = ``SQUARE_RELAX``, Anderson):
 
-$$\max_C \langle K, C\rangle \quad\text{s.t.}\quad \|C\|_{\mathrm{op}} \le 1,\quad
-\operatorname{Off}(sC + C^\top s) = 0,$$
+$$x = \Pi_T(z + K/\rho),\quad y = \Pi_{\mathrm{ball}}(2x - z),\quad z \leftarrow z + \lambda\,(y - x),$$
 
-all in $n \times n$ matrices (the $m \times n$ work is $K = Q^\top \hat G$ and $A = QC$). Its dual
-$\min_S \|K + sS\|_*$ is typically degenerate (the minimiser loses rank, and a large block of the
-optimal $C$ is fixed only by the constraint), where dual iterations crawl. Douglas-Rachford
-between the tangent space and the unit ball, $\rho = n^{-1/2}$, relaxation $1.5$, Anderson depth 4:
-
-$$x = \Pi_T(z + K/\rho),\quad y = \Pi_{\mathrm{ball}}(2x - z),\quad z \leftarrow z + 1.5\,(y - x),$$
-
-with $\Pi_T(F) = F - s\Lambda$, $\Lambda_{ij} = \operatorname{Off}(sF + F^\top s)_{ij} / (s_i^2 + s_j^2)$
-(elementwise) and $\Pi_{\mathrm{ball}}(F) = F\,h(F^\top F)$, $h(\lambda) = \min(1, \lambda^{-1/2})$ (one
-eigendecomposition, no squared conditioning at small singular values: they are not clipped).
-One iteration is one eigendecomposition and three products, about half the Gram-coefficient
-form of `douglas_rachford`. The state $z$ carries the whole solution ($x = A$, and
-$S = -\rho\Lambda(z + K/\rho)$ is the dual multiplier), so it is what ``stats.dual`` returns and
-what warm-starts the next step: measured at 768x768, 17-18 iterations cold, 8-9 warm.
-
-The returned $C$ is the ball point $y$ with the lowest tangent residual; the certificate is the
-variational bound of `geomtrain.optim.gram` at the implied multiplier (one more eigendecomposition).
+$\Pi_T(F) = F - s\Lambda$, $\Lambda_{ij} = \operatorname{Off}(sF + F^\top s)_{ij} / (s_i^2 + s_j^2)$, and
+$\Pi_{\mathrm{ball}}(F) = F\,h(F^\top F)$, $h(\lambda) = \min(1, \lambda^{-1/2})$. $z$ carries the solution
+($S = -\rho\Lambda(z + K/\rho)$ is the dual multiplier) and is the warm-start state. $C$ is the ball point $y$ of
+lowest tangent residual; the certificate is `geomtrain.optim.gram`'s bound at $S$.
 """
 
 from __future__ import annotations
@@ -36,13 +23,9 @@ from .numerics import Anderson, Trace, WorkingSet, eigh_psd, safeguarded_mix, sp
 
 __all__ = ["solve_square_dgram", "SquareFrame", "SQUARE_RELAX", "SQUARE_ANDERSON"]
 
-SQUARE_RELAX = 1.5  # over-relaxation; 1.0 and 1.8 needed as many or more iterations (measured, 768x768)
-SQUARE_ANDERSON = 4  # depth 4 warm-started in 8 iterations at 768x768; depth 2 needed the same cold
-# (measured); rho = 0.5 / 2 / 4 x n^-1/2 needed 28 / 19 / 23 iterations cold against 18 at n^-1/2 (n = 256)
-# The cold start's scale ||Pi_T(K)||_op by power iteration instead of an SVD: at 768x768 the SVD took 98 ms, about
-# one iteration, and 20 power iterations 3 ms; 5, 10 and 20 iterations gave the same evaluations as the exact norm
-# (768 and 256, Gaussian and rank 4-8 gradients, and the `mini` attn.c_proj momenta at step 41; measured).
-START_POWER_ITERS = 10
+SQUARE_RELAX = 1.5  # over-relaxation of the Douglas-Rachford step
+SQUARE_ANDERSON = 4  # Anderson depth (the solver's ``anderson`` option caps it)
+START_POWER_ITERS = 10  # the cold start's scale ||Pi_T(K)||_op: any start is valid, so an estimate does
 
 
 def _off(M: torch.Tensor) -> torch.Tensor:
@@ -50,9 +33,8 @@ def _off(M: torch.Tensor) -> torch.Tensor:
 
 
 class SquareFrame:
-    r"""The square problem in the frame $Q$: $K = Q^\top\hat G$, the column norms $s$ and the two
-    projections, for a batch ``(B, n, n)`` or one ``(n, n)`` problem (``T`` the point, ``Gh`` the
-    normalised gradient)."""
+    r"""The square problem in the frame $Q$: $K = Q^\top\hat G$, the column norms $s$ and the two projections, for a
+    batch ``(B, n, n)`` or one ``(n, n)`` problem (``T`` the point, ``Gh`` the normalised gradient)."""
 
     def __init__(self, T: torch.Tensor, Gh: torch.Tensor, res_scale: torch.Tensor | None = None):
         s = T.norm(dim=-2)
@@ -92,10 +74,7 @@ class SquareFrame:
 
     def upper_bound(self, S: torch.Tensor) -> torch.Tensor:
         r"""$\tfrac12(\langle XR, X\rangle + \operatorname{tr}R^{-1}) \ge \|K + sS\|_* = \|\hat G + WS\|_*$, in float64,
-        with $R$ smoothed at $\tau = $ ``CERTIFICATE_SMOOTHING`` $\cdot\, n^{-1/2}$: the bound exceeds the nuclear
-        norm by up to $\tau/2$ for each of the many zero singular values of a degenerate dual, so it takes a
-        small $\tau$ and float64 (in float32 the rounding floor, $\sim 2\cdot10^{-3}\sigma_{\max}$, gave 2.6e-3
-        instead of 7.1e-4 at 768x768)."""
+        with $R$ smoothed at $\tau = $ ``CERTIFICATE_SMOOTHING`` $\cdot\, n^{-1/2}$."""
         X = (self.K + self.s[..., :, None] * S).double()
         lam, V = eigh_psd(X.mT @ X)
         r = inverse_sqrt_weights(lam, CERTIFICATE_SMOOTHING**2 / self.n, ROUNDING_FLOOR * torch.finfo(X.dtype).eps)
@@ -117,16 +96,12 @@ def solve_square_dgram(
     res_scale: torch.Tensor | None = None,
     depth: int = SQUARE_ANDERSON,
 ):
-    """Square DGram problems ``(B, n, n)`` (``Gh`` normalised); returns ``(A, raw statistics)`` with the
-    Douglas-Rachford state as ``dual``; ``res_scale`` (per matrix) scales the residuals
-    (``relative_tol``); ``depth`` is the Anderson depth (the solver passes ``min(anderson, SQUARE_ANDERSON)``).
-    (The iteration, its safeguard and the certificate share their per-entry state: one function, longer
-    than 60 lines on purpose.)"""
+    """Square DGram problems ``(B, n, n)``: ``(A, raw statistics)``, the Douglas-Rachford state as ``dual``. The
+    iteration and the certificate share their per-entry state: one function, longer than 60 lines on purpose."""
     B, n = T.shape[0], T.shape[-1]
     fr = SquareFrame(T, Gh, res_scale)
     rho = n**-0.5
-    if z0 is None:  # the fixed point implied by the tangent projection: z = x - K/rho with x = Pi_T(K), scaled
-        # (any z is a valid start, so the scale needs no exactness: a power-iteration estimate of |x|_op)
+    if z0 is None:  # the fixed point implied by the tangent projection: z = x - K/rho, x = Pi_T(K) scaled
         x = fr.proj_tangent(fr.K)
         top = spectral_norm_estimate(x, START_POWER_ITERS).clamp_min(torch.finfo(x.dtype).tiny)
         z = x / top[:, None, None] - fr.K / rho
@@ -156,7 +131,6 @@ def solve_square_dgram(
         ws["best_res"] = torch.where(imp, res, ws["best_res"])
         ws["best_y"] = torch.where(imp[:, None, None], y, ws["best_y"])
         ws["best_z"] = torch.where(imp[:, None, None], za, ws["best_z"])
-        # safeguard of the mixing on the fixed-point residual |y - x|_F
         ws["z"] = safeguarded_mix(mixer, ws, za, F, F.norm(dim=(-2, -1)), SQUARE_RELAX)
         keep = ws.shrink((res > stop) & (ws["used"] < max_iter))  # the iteration's one host synchronisation
         if keep is not None:
