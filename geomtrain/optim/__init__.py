@@ -1,23 +1,23 @@
 """Manifold Muon: the spectral steepest-descent direction on a Gram-space manifold (`spectral_direction`), its solver
 registry and the optimizer (`ManifoldMuon`)."""
 
-from .direction import (
+from .direction import DirectionStats, spectral_direction, tangent_residual
+from .muon import SHAPE_SCALES, SKIP_REASONS, ManifoldMuon
+from .registry import (
     REFERENCE_SOLVER,
+    RETIRED_SOLVERS,
     SOLVER_OPTIONS,
     SOLVERS,
     TRAINING_DEFAULTS,
-    DirectionStats,
     check_solver_options,
     default_solver,
     describe_default,
     get_solver,
     register_solver,
+    retired_note,
     solver_names,
-    spectral_direction,
-    tangent_residual,
+    unregister_solver,
 )
-from .muon import SHAPE_SCALES, SKIP_REASONS, ManifoldMuon
-from .registry import RETIRED_SOLVERS, retired_note, unregister_solver
 from .solver import Solver, StateSlot
 
 __all__ = [

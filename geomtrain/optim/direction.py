@@ -23,38 +23,10 @@ from manifolds.base import from_tall, to_tall
 from .baselines import msign_with
 from .gram import tangent_residual
 from .numerics import Trace, host_values
-from .registry import (
-    REFERENCE_SOLVER,
-    SOLVER_OPTIONS,
-    SOLVERS,
-    TRAINING_DEFAULTS,
-    check_solver_options,
-    default_solver,
-    describe_default,
-    get_solver,
-    register_solver,
-    solver_names,
-    solver_option_rule,
-)
+from .registry import REFERENCE_SOLVER, check_solver_options, get_solver
 from .solver import STAT_KEYS, Solver
 
-__all__ = [
-    "spectral_direction",
-    "DirectionStats",
-    "SOLVERS",
-    "REFERENCE_SOLVER",
-    "TRAINING_DEFAULTS",
-    "default_solver",
-    "describe_default",
-    "SOLVER_OPTIONS",
-    "check_solver_options",
-    "solver_option_rule",
-    "get_solver",
-    "register_solver",
-    "solver_names",
-    "on_manifold_probe",
-    "tangent_residual",
-]
+__all__ = ["spectral_direction", "DirectionStats", "on_manifold_probe", "tangent_residual"]
 
 
 @dataclass

@@ -8,8 +8,8 @@ $$\text{manifold: } W \leftarrow R_W(-\eta A),\quad A = \texttt{spectral\_direct
 Manifolds and plans (`MatrixPlan`) are fixed when a param group is added, never at step time. A step gathers
 (`_init_group`), solves (`batched_directions`), applies (`apply_directions`) and only then writes (`Commit`): a step
 that raises changes nothing. A matrix whose update or direction is exactly zero is neither solved nor retracted; a
-non-finite one is skipped. With several ranks each matrix has an owner that solves it (`geomtrain.optim.muon_dist`,
-`geomtrain.optim.muon_fsdp`).
+non-finite one is skipped. An exchange decides which rank solves each matrix and shares the
+results: `geomtrain.optim.muon_dist.OwnerExchange` (one process, DDP), `geomtrain.optim.muon_fsdp.ShardedExchange`.
 """
 
 from __future__ import annotations
@@ -21,22 +21,14 @@ from collections.abc import Iterable
 
 import geoopt
 import torch
-import torch.distributed as dist
 
 from manifolds import Euclidean, GramManifold
-from manifolds.base import to_tall
 from manifolds.matrix_sign import MSIGN_METHODS
 
-from .direction import (
-    SOLVER_OPTIONS,
-    check_solver_options,
-    default_solver,
-    get_solver,
-    solver_option_rule,
-)
-from .exchange import CommCount, reduce_stats
-from .muon_dist import owners, share, share_bucketed
+from .exchange import CommCount
+from .muon_dist import OwnerExchange
 from .muon_fsdp import (
+    ShardedExchange,
     agree,
     check_sharded,
     cold_slot,
@@ -45,7 +37,6 @@ from .muon_fsdp import (
     placeholder_slots,
     settle_loaded,
     sharded_like,
-    solve_sharded,
     whole,
 )
 from .muon_step import (
@@ -57,14 +48,12 @@ from .muon_step import (
     MatrixPlan,
     StatsTable,
     StepStats,
-    apply_directions,
-    batched_directions,
-    group_batches,
     make_plan,
     shape_factor,
     skip_record,
 )
 from .numerics import host_values
+from .registry import SOLVER_OPTIONS, check_solver_options, default_solver, get_solver, solver_option_rule
 from .solver import is_int
 
 __all__ = ["ManifoldMuon", "SHAPE_SCALES", "SKIP_REASONS", "StepStats", "shape_factor"]
@@ -239,35 +228,12 @@ class ManifoldMuon(torch.optim.Optimizer):
         self.step_count += 1
         certify_now = self.certify_every > 0 and self.step_count % self.certify_every == 0
         comm = CommCount()
-        items, commits, skipped = self._init_group(comm)
+        items, commits, skipped = self._init_group(comm)  # gather
         table = StatsTable(len(items))
-        distributed = dist.is_available() and dist.is_initialized()
-        world, rank = (dist.get_world_size(), dist.get_rank()) if distributed else (1, 0)
-        if self.mesh is not None:  # FSDP2: each matrix's rows to its owner and back (geomtrain.optim.muon_fsdp)
-            owner, sharded, sent = solve_sharded(items, self.state, table, certify_now)
-            self._commit(commits + sharded)
-            reduce_stats(items, self.state, table, world, owner, comm)
-            for key, value in sent.as_dict().items():
-                setattr(comm, key, getattr(comm, key) + value)
-            return self._finish(items, table, skipped, comm, loss)
-        owner = owners(items, world, self.bucketed)
-        mine = [it for it in items if owner[it.index] == rank]
-        for it in mine:
-            if it.still:  # a zero update: A = 0, no solve, no retraction, the warm-start state as it is
-                table.set(it.index, "matrices", math.prod(to_tall(it.update).shape[:-2]))
-                table.set(it.index, "converged", 1.0)
-                decay = it.group["lr"] * it.group["weight_decay"]
-                if it.manifold.unconstrained and decay:  # decoupled weight decay still applies
-                    commits.append(Commit(it.p, weights=it.p * (1 - decay)))
-        for batch in group_batches([it for it in mine if not it.still]):
-            A, st, sizes = batched_directions(batch, certify_now)
-            commits += apply_directions(batch, A, st, sizes, table)
-        self._commit(commits)
-        for it in mine:
-            slots = it.plan.solver.state
-            table.set(it.index, "has_state", float(bool(slots) and all(s.key in self.state[it.p] for s in slots)))
-        if world > 1:
-            comm = (share_bucketed if self.bucketed else share)(items, self.state, table, world, owner)
+        exchange = OwnerExchange(self.bucketed) if self.mesh is None else ShardedExchange()
+        solved, owner = exchange.solve(items, self.state, table, certify_now)  # batches -> solve -> apply
+        self._commit(commits + solved)
+        comm = exchange.share(items, self.state, table, owner, comm)
         return self._finish(items, table, skipped, comm, loss)
 
     def _finish(self, items: list[MatrixItem], table: StatsTable, skipped: list[dict], comm: CommCount, loss):

@@ -1,8 +1,8 @@
-r"""The DDP exchange of a `ManifoldMuon` step. The step's matrices are grouped by ``(shape, dtype, device)`` into
-`buckets`, largest first; matrix $j$, counted over the buckets in order, is owned by rank $j \bmod N$ (`owners`). After
-the solve each rank writes what it owns in a bucket (weights, then warm-start slots) into one flat ``uint8`` buffer,
-padded to the longest rank's, and ONE ``all_gather`` per bucket carries them all (`share_bucketed`; `share`: one
-broadcast per matrix and slot); then `reduce_stats`.
+r"""The exchange of a `ManifoldMuon` step in one process and under DDP (`OwnerExchange`). The step's matrices are
+grouped by ``(shape, dtype, device)`` into `buckets`, largest first; matrix $j$, counted over the buckets in order, is
+owned by rank $j \bmod N$ (`owners`). After the solve each rank writes what it owns in a bucket (weights, then
+warm-start slots) into one flat ``uint8`` buffer, padded to the longest rank's, and ONE ``all_gather`` per bucket
+carries them all (`share_bucketed`; `share`: one broadcast per matrix and slot); then `reduce_stats`.
 """
 
 from __future__ import annotations
@@ -13,9 +13,32 @@ import torch
 import torch.distributed as dist
 
 from .exchange import CommCount, comm_device, reduce_stats, state_slots
-from .muon_step import MatrixItem, StatsTable
+from .muon_step import MatrixItem, StatsTable, solve_owned
 
-__all__ = ["owners", "buckets", "share", "share_bucketed", "all_gather_flat"]
+__all__ = ["OwnerExchange", "owners", "buckets", "share", "share_bucketed", "all_gather_flat"]
+
+
+class OwnerExchange:
+    """One process (every matrix is rank 0's) or DDP: `solve` the matrices this rank owns (`owners`); once their
+    commits are written, `share` marks which kept their warm-start state and, with several ranks, sends every rank
+    the owners' weights, state and statistics (`share_bucketed`, else `share`)."""
+
+    def __init__(self, bucketed: bool):
+        self.bucketed = bucketed
+        on = dist.is_available() and dist.is_initialized()
+        self.world, self.rank = (dist.get_world_size(), dist.get_rank()) if on else (1, 0)
+
+    def solve(self, items: list[MatrixItem], states: dict, table: StatsTable, certify_now: bool):
+        owner = owners(items, self.world, self.bucketed)
+        return solve_owned([it for it in items if owner[it.index] == self.rank], table, certify_now), owner
+
+    def share(self, items: list[MatrixItem], states: dict, table: StatsTable, owner: list[int], comm: CommCount):
+        for it in (it for it in items if owner[it.index] == self.rank):
+            slots = it.plan.solver.state
+            table.set(it.index, "has_state", float(bool(slots) and all(s.key in states[it.p] for s in slots)))
+        if self.world == 1:
+            return comm
+        return (share_bucketed if self.bucketed else share)(items, states, table, self.world, owner)
 
 
 def buckets(items: list[MatrixItem]) -> list[list[MatrixItem]]:

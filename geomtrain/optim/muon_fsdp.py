@@ -23,7 +23,7 @@ from typing import TYPE_CHECKING
 import torch
 import torch.distributed as dist
 
-from .exchange import CommCount, comm_device, state_slots
+from .exchange import CommCount, comm_device, reduce_stats, state_slots
 from .muon_step import (
     Commit,
     MatrixItem,
@@ -46,6 +46,7 @@ __all__ = [
     "local_grad",
     "sharded_like",
     "agree",
+    "ShardedExchange",
     "solve_sharded",
     "placeholder_slots",
     "settle_loaded",
@@ -185,6 +186,21 @@ def _piece(shape: tuple, rank: int, world: int) -> tuple:
 def _bytes(fields: list[tuple], rank: int | None, world: int) -> int:
     """Bytes of ``fields`` (``(shape, dtype)``): rank ``rank``'s rows of each, or each whole (``rank`` None)."""
     return sum(math.prod(s if rank is None else _piece(s, rank, world)) * d.itemsize for s, d in fields)
+
+
+class ShardedExchange:
+    """FSDP2: `solve` moves each matrix's rows to its owner and back (`solve_sharded`); `share`, once the commits are
+    written, sums the statistics rows (`reduce_stats`) and adds what `solve` sent to the step's count."""
+
+    def solve(self, items: list[MatrixItem], states: dict, table: StatsTable, certify_now: bool):
+        owner, commits, self.sent = solve_sharded(items, states, table, certify_now)
+        return commits, owner
+
+    def share(self, items: list[MatrixItem], states: dict, table: StatsTable, owner: list[int], comm: CommCount):
+        reduce_stats(items, states, table, dist.get_world_size(), owner, comm)
+        for key, value in self.sent.as_dict().items():
+            setattr(comm, key, getattr(comm, key) + value)
+        return comm
 
 
 def solve_sharded(

@@ -14,8 +14,9 @@ from manifolds import GramManifold, msign
 from manifolds.base import from_tall, to_tall
 
 from .certificate import certify
-from .direction import default_solver, get_solver, spectral_direction
+from .direction import spectral_direction
 from .numerics import HostRead, host_values
+from .registry import default_solver, get_solver
 from .solver import Solver
 
 __all__ = [
@@ -32,6 +33,7 @@ __all__ = [
     "keeps_warm_state",
     "batched_directions",
     "apply_directions",
+    "solve_owned",
     "skip_record",
     "SKIP_GRADIENT",
 ]
@@ -364,6 +366,22 @@ def apply_directions(batch: list[MatrixItem], A: torch.Tensor, st: dict, sizes: 
             elif keep:  # a non-finite state is never written: the previous one goes too (start cold)
                 commits[i].state = {slot.key: None for slot in it.plan.kept_slots}
     return list(commits.values())
+
+
+def solve_owned(items: list[MatrixItem], table: StatsTable, certify_now: bool) -> list[Commit]:
+    """Solve and apply the matrices this rank owns, batch by batch: their `Commit` s (nothing written). A zero update
+    (``still``) is not solved: its row says so, and a Euclidean one still gets its decoupled weight decay."""
+    commits = []
+    for it in (it for it in items if it.still):
+        table.set(it.index, "matrices", math.prod(to_tall(it.update).shape[:-2]))
+        table.set(it.index, "converged", 1.0)
+        decay = it.group["lr"] * it.group["weight_decay"]
+        if it.manifold.unconstrained and decay:
+            commits.append(Commit(it.p, weights=it.p * (1 - decay)))
+    for batch in group_batches([it for it in items if not it.still]):
+        A, st, sizes = batched_directions(batch, certify_now)
+        commits += apply_directions(batch, A, st, sizes, table)
+    return commits
 
 
 def direction_length(A: torch.Tensor) -> torch.Tensor:
