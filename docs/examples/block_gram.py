@@ -14,9 +14,9 @@ come from the generic maps of :class:`manifolds.GramManifold` (products only: co
 on ``n x n`` Gram matrices; milliseconds at 128 columns). ``FastBlockGram`` adds the closed forms
 (per block-pair Sylvester solves and a polar retraction), for larger matrices on a CPU.
 
-Importing this module registers ``FastBlockGram`` as ``blockgram``, so that
-``manifolds.get_manifold("blockgram@16")`` (and a training rule ``*.attn.*=blockgram@16``) is
-``FastBlockGram(16)``.
+Importing this module registers ``FastBlockGram`` as ``blockgram`` and ``BlockGram`` as ``blockgram-generic``, so
+that ``manifolds.get_manifold("blockgram@16")`` (and a training rule ``*.attn.*=blockgram@16``) is
+``FastBlockGram(16)``, and ``blockgram-generic@16`` is ``BlockGram(16)``.
 """
 
 from __future__ import annotations
@@ -102,4 +102,6 @@ class FastBlockGram(BlockGram):
 # --8<-- [start:register]
 # "blockgram@16" -> FastBlockGram(16): the arguments after "@" are passed to the class.
 register("blockgram", FastBlockGram)
+# "blockgram-generic@16" -> BlockGram(16): the same manifold by the generic maps (project_gram alone).
+register("blockgram-generic", BlockGram)
 # --8<-- [end:register]

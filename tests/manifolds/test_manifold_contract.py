@@ -125,9 +125,11 @@ def test_a_projection_that_is_not_a_mask_is_refused_by_the_kit_and_the_solver(ma
 
 @pytest.fixture(scope="module", autouse=True)
 def forget_docs_example():
-    """The docs example registers "blockgram" in the process-wide registry when imported: undo that after this
-    module, so that tests elsewhere (the error messages listing the valid names) see the built-ins only."""
+    """The docs example registers "blockgram" and "blockgram-generic" in the process-wide registry when imported:
+    undo that after this module, so that tests elsewhere (the error messages listing the valid names) see the
+    built-ins only."""
     yield
+    forget_manifold("blockgram-generic")
     forget_manifold("blockgram", "block_gram")
 
 
@@ -159,3 +161,6 @@ def test_docs_example_registers_itself():
     assert get_manifold("blockgram@4").key() == manifold.key() != get_manifold("blockgram@2").key()
     with pytest.raises(ValueError, match=r"bad manifold spec 'blockgram@0': block_size must be an integer >= 1"):
         get_manifold("blockgram@0")
+    # the guide's generic arm: the same mask by the generic maps, for timing the two from the command line
+    generic = get_manifold("blockgram-generic@4")
+    assert type(generic) is example.BlockGram and generic.block_size == 4 and generic.key() != manifold.key()
