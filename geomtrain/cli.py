@@ -292,9 +292,9 @@ def _add_rebuild_manifest(sub) -> None:
 
 
 def _cmd_rebuild_manifest(args) -> int:
-    from .sharding import rebuild_dcp_manifest
+    from .runfolder import RunFolder
 
-    folder = rebuild_dcp_manifest(args.run_dir)
+    folder = RunFolder(args.run_dir).rebuild_dcp_manifest()
     print(f"rebuilt {args.run_dir}/ckpt.dcp.json from {folder.name}: resume with --out-dir {args.run_dir} --resume")
     return 0
 

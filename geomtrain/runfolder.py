@@ -7,10 +7,9 @@ A run folder holds::
     assignment.json/.txt parameter, shape, optimizer, manifold
     metrics.jsonl        {"kind": "train", "step", "loss", ...} and {"kind": "eval", "step", "val_loss"}
     diagnostics.jsonl    spectral and attention diagnostics per evaluation
-    ckpt.pt              the last good checkpoint (atomic), verified against ckpt.json on load
-    ckpt.json            {"sha256", "bytes", "step", "previous": {...}, "config"}: checksum and config
+    ckpt.pt, ckpt.json   the last good checkpoint (atomic) and its checksum record (`geomtrain.checkpoint`)
     ckpt.dcp/, .json     an ``fsdp`` run's checkpoint instead: step-N/ (DCP shards, trainer.pt) and the
-                         manifest naming it with its files' sha256 (`geomtrain.sharding`)
+                         manifest naming it with its files' sha256 (`geomtrain.checkpoint`)
     status.json          running | finished | diverged | interrupted | failed, step, pid, losses
     tensorboard/         with ``tensorboard=True``: every number of metrics and diagnostics as a scalar
 
@@ -24,14 +23,10 @@ Guarantees (tested in ``tests/train/test_faults.py`` and ``tests/train/test_run_
   resumes it or asks to overwrite it.
 - **Never half-written**: every file but the JSONL logs is written atomically (temporary file,
   fsync, rename); a torn last JSONL line (a killed process) is cut with a warning on resume.
-- **DCP checkpoints**: every rank writes a new ``ckpt.dcp/step-N``; then rank 0 writes its files'
-  sha256 into ``ckpt.dcp.json`` (atomic: the commit) and deletes the previous folder. A folder it
-  does not name is never loaded (deleted at the next open); a file that does not match is refused.
-  A damaged manifest, or a missing one beside a complete folder, is refused and deletes nothing.
-- **Never unverified**: ``ckpt.json`` is written *before* the checkpoint is renamed into place
-  and names both the new checkpoint's sha256 and the previous one's, so a kill between the two
-  renames leaves a checkpoint that still verifies; anything else that does not match is
-  corruption, refused with one line naming the file, and nothing is overwritten.
+- **Never unverified**: every checkpoint read and write goes through `RunFolder.checkpoint`
+  (`geomtrain.checkpoint.Checkpoint`): written atomically with its checksums, verified on load;
+  anything that does not match is corruption, refused with one line naming the file, and nothing
+  is overwritten. A DCP folder its manifest does not name is deleted at the next open.
 - **Never silently changed**: the checkpoint's own config is the run's config. A resume whose
   run-defining keys differ from it is refused naming them, unless allowed; any change (allowed
   run-defining keys, or settings such as ``eval_interval``) is recorded in ``config_history.jsonl``.
@@ -41,46 +36,36 @@ Guarantees (tested in ``tests/train/test_faults.py`` and ``tests/train/test_run_
 from __future__ import annotations
 
 import dataclasses
-import hashlib
-import io
 import math
 import os
 import shutil
 import socket
 import time
-import warnings
 from pathlib import Path
 from typing import Any
-
-import torch
 
 from ._io import (
     FileLock,
     append_jsonl,
-    atomic_write_bytes,
     atomic_write_json,
     atomic_write_text,
     read_json,
     read_jsonl,
     truncate_jsonl,
 )
+from .checkpoint import CHECKPOINT_FILES, DCP_MANIFEST, PT, Checkpoint
 from .config import INVOCATION_KEYS, RUN_DEFINING_KEYS, TrainConfig, load_toml, make_config, saved_config
 
 __all__ = [
     "RunFolder",
     "RunFolderError",
-    "CheckpointError",
     "config_changes",
     "resume_config",
     "pid_alive",
-    "load_verified_checkpoint",
     "flatten_numbers",
     "runs_table",
 ]
 
-CHECKPOINT_FORMAT = 2
-DCP_MANIFEST, DCP_DIR = "ckpt.dcp.json", "ckpt.dcp"  # an FSDP run's checkpoint: manifest and folder of folders
-DCP_SMALL_STATE = "trainer.pt"  # in a DCP checkpoint folder, beside the shards: the state that is not tensors
 _RUN_FILES = (
     "config.json",
     "env.json",
@@ -88,9 +73,7 @@ _RUN_FILES = (
     "assignment.txt",
     "metrics.jsonl",
     "diagnostics.jsonl",
-    "ckpt.pt",
-    "ckpt.json",
-    DCP_MANIFEST,
+    *CHECKPOINT_FILES,
     "status.json",
     "config_history.jsonl",
     "init_from.json",
@@ -99,10 +82,6 @@ _RUN_FILES = (
 
 class RunFolderError(ValueError):
     """A run folder that cannot be used as asked (exists, differs, unwritable): one line."""
-
-
-class CheckpointError(RunFolderError):
-    """A checkpoint that is corrupted, unverifiable or of another run."""
 
 
 def config_changes(old: dict, new: dict, keys=RUN_DEFINING_KEYS) -> dict[str, tuple[Any, Any]]:
@@ -160,14 +139,6 @@ def flatten_numbers(record: Any, prefix: str) -> list[tuple[str, float]]:
     return out
 
 
-def _valid_dcp_manifest(manifest: Any) -> bool:
-    return isinstance(manifest, dict) and isinstance(manifest.get("files"), dict) and bool(manifest.get("folder"))
-
-
-def _sha256(data: bytes) -> str:
-    return hashlib.sha256(data).hexdigest()
-
-
 class RunFolder:
     """All I/O of one run folder. Only the writer (``master``, rank 0 under DDP) touches files;
     reads work on every rank."""
@@ -177,7 +148,7 @@ class RunFolder:
         self.master = master
         self.tensorboard = None  # a torch.utils.tensorboard.SummaryWriter once enabled
         self._pending_history: dict | None = None  # a change allowed by check_resume_config, recorded by write_run_info
-        self.in_place: dict | None = None  # {"sha256", "bytes", "step"} of the checkpoint known to be on disk
+        self.checkpoint = Checkpoint(self.path, master)  # ckpt.pt or ckpt.dcp/: every checkpoint read and write
         self.lock = FileLock(self.path / ".lock")  # held by the writer from `open` to `close`
         self.notes: list[str] = []  # things the caller should tell the user (a lock taken over, a rebuilt file)
 
@@ -190,24 +161,7 @@ class RunFolder:
     # ------------------------------------------------------------------ state of the folder
     def holds_run(self) -> bool:
         """True when any run file is present (a run started here before)."""
-        return any(
-            self.file(n).exists() for n in ("config.json", "metrics.jsonl", "ckpt.pt", DCP_MANIFEST, "status.json")
-        )
-
-    def has_checkpoint(self) -> bool:
-        return self.checkpoint_format() is not None
-
-    def checkpoint_format(self) -> str | None:
-        """``"pt"`` (``ckpt.pt``), ``"dcp"`` (``ckpt.dcp.json``: an FSDP run's, also when it is damaged or missing
-        beside a complete folder, `dcp_in_doubt`: loading it is refused) or None; when both are there (a kill
-        between a save and the removal of the other format), the later step's."""
-        pt, dcp = self.file("ckpt.pt").exists(), self.file(DCP_MANIFEST).exists()
-        if self.dcp_in_doubt():
-            return "dcp"
-        if pt and dcp:
-            steps = [float((read_json(self.file(n)) or {}).get("step") or 0) for n in ("ckpt.json", DCP_MANIFEST)]
-            return "dcp" if steps[1] >= steps[0] else "pt"
-        return "pt" if pt else "dcp" if dcp else None
+        return any(self.file(n).exists() for n in ("config.json", "metrics.jsonl", PT, DCP_MANIFEST, "status.json"))
 
     def read_config(self) -> dict | None:
         """``config.json``, keys added since it was written filled with their defaults (`saved_config`)."""
@@ -266,7 +220,7 @@ class RunFolder:
             self.remove_stale_temporaries()
         if overwrite:
             self._remove_run_files()
-        if resume and self.has_checkpoint():
+        if resume and self.checkpoint.exists():
             return True
         if resume and self.holds_run():
             self._remove_run_files()  # nothing to resume from: a clean start, no duplicated log lines
@@ -323,72 +277,20 @@ class RunFolder:
             if name in _RUN_FILES and pid.isdigit() and pid_alive(int(pid)) is False:
                 tmp.unlink(missing_ok=True)
                 removed.append(tmp.name)
-        return removed + self.remove_uncommitted_dcp()
-
-    def remove_uncommitted_dcp(self) -> list[str]:
-        """Delete the ``ckpt.dcp/`` folders ``ckpt.dcp.json`` does not name (a save killed before its commit, or
-        the previous checkpoint once a new one is committed); none while the manifest is in doubt (`dcp_in_doubt`):
-        shards are never deleted on the word of a manifest that cannot be read. Returns their names."""
-        if self.dcp_in_doubt():
-            return []
-        named = (read_json(self.file(DCP_MANIFEST)) or {}).get("folder")
-        stale = [d for d in sorted(self.file(DCP_DIR).glob("step-*")) if f"{DCP_DIR}/{d.name}" != named]
-        for d in stale:
-            shutil.rmtree(d, ignore_errors=True)
-        return [f"{DCP_DIR}/{d.name}" for d in stale]
-
-    def complete_dcp_folders(self) -> list[Path]:
-        """The ``ckpt.dcp/step-N`` folders whose writes all ended, oldest first: DCP's ``.metadata`` (written once
-        every rank's shards are) and ``trainer.pt`` (written last) are there. Committed or not."""
-        found = sorted(self.file(DCP_DIR).glob("step-*"))
-        return [d for d in found if (d / ".metadata").is_file() and (d / DCP_SMALL_STATE).is_file()]
-
-    def dcp_in_doubt(self) -> bool:
-        """Whether ``ckpt.dcp.json`` is damaged, or missing while ``ckpt.dcp/`` holds a complete folder and there is
-        no ``ckpt.pt`` (a missing manifest beside a ``ckpt.pt`` is a save killed before its first commit)."""
-        if self.file(DCP_MANIFEST).exists():
-            return not _valid_dcp_manifest(read_json(self.file(DCP_MANIFEST)))
-        return not self.file("ckpt.pt").exists() and bool(self.complete_dcp_folders())
-
-    def dcp_manifest(self) -> dict:
-        """``ckpt.dcp.json``; a `CheckpointError` naming it when it is missing or damaged (nothing is changed: the
-        advice keeps the shards, `geomtrain.sharding.rebuild_dcp_manifest`)."""
-        manifest = read_json(self.file(DCP_MANIFEST))
-        if _valid_dcp_manifest(manifest):
-            return manifest
-        what = "is damaged (unreadable, or names no checkpoint folder)"
-        if not self.file(DCP_MANIFEST).exists():
-            what = "is missing (deleted, or a save was killed before its first commit)"
-        complete = self.complete_dcp_folders()
-        way = "start over with --overwrite"
-        if complete:
-            way = (
-                f"rebuild it from {DCP_DIR}/{complete[-1].name} (its files then trusted unverified) with: "
-                f"geomtrain rebuild-manifest {self.path} (geomtrain.sharding.rebuild_dcp_manifest)"
-            )
-        raise CheckpointError(
-            f"{self.file(DCP_MANIFEST)} {what}, so the checkpoint in {self.file(DCP_DIR)} cannot be verified; "
-            f"nothing was changed or deleted: restore it, or {way}"
-        )
+        return removed + self.checkpoint.remove_uncommitted_dcp()
 
     def _remove_run_files(self) -> None:
         if self.master:
             for name in _RUN_FILES:
                 self.file(name).unlink(missing_ok=True)
             shutil.rmtree(self.file("tensorboard"), ignore_errors=True)
-            shutil.rmtree(self.file(DCP_DIR), ignore_errors=True)
+            self.checkpoint.remove()
 
     def run_config(self) -> dict | None:
-        """The run's config: the checkpoint's own (from ``ckpt.json``, or the verified ``ckpt.pt`` of
-        a checkpoint written before ``ckpt.json`` carried it), else ``config.json``; ``None`` when
+        """The run's config: the checkpoint's own (`Checkpoint.saved_config`), else ``config.json``; ``None`` when
         the folder holds neither. Keys added since are filled with their defaults (`saved_config`)."""
-        if self.has_checkpoint():
-            manifest = read_json(self.file("ckpt.json" if self.checkpoint_format() == "pt" else DCP_MANIFEST))
-            if isinstance(manifest, dict) and isinstance(manifest.get("config"), dict):
-                return saved_config(manifest["config"])
-            if self.checkpoint_format() == "dcp":
-                self.dcp_manifest()  # a damaged or missing manifest: refused naming it, not ckpt.pt
-            return saved_config(self.load_checkpoint().get("config"))
+        if self.checkpoint.exists():
+            return saved_config(self.checkpoint.saved_config())
         return self.read_config()
 
     def check_resume_config(self, config: dict, saved: dict | None, allow: bool) -> None:
@@ -414,7 +316,7 @@ class RunFolder:
         if changes:
             # recorded by write_run_info, i.e. once the checkpoint loaded into the changed run
             self._pending_history = {
-                "step": (self.in_place or {}).get("step"),
+                "step": (self.checkpoint.in_place or {}).get("step"),
                 "time": time.time(),
                 "changes": {k: {"old": a, "new": b} for k, (a, b) in changes.items()},
             }
@@ -423,7 +325,7 @@ class RunFolder:
     def write_run_info(self, config: dict, environment: dict, assignment: list[dict], table: str) -> None:
         if self.master:
             if self._pending_history is not None:
-                loaded_step = (self.in_place or {}).get("step")  # the checkpoint the changed run continues
+                loaded_step = (self.checkpoint.in_place or {}).get("step")  # the checkpoint the changed run continues
                 append_jsonl(
                     self.file("config_history.jsonl"),
                     {**self._pending_history, **({"step": loaded_step} if loaded_step is not None else {})},
@@ -491,77 +393,14 @@ class RunFolder:
         return record
 
     # ------------------------------------------------------------------ checkpoints
-    def save_checkpoint(self, state: dict) -> None:
-        """Serialise ``state``; write ``ckpt.json`` (new and previous sha256) and then ``ckpt.pt``, atomically."""
-        if not self.master:
-            return
-        buf = io.BytesIO()
-        torch.save(state, buf)
-        data = buf.getvalue()
-        # "previous" is the checkpoint actually on disk (known from the last load or save), not what
-        # ckpt.json says: after a failed write (full disk) ckpt.json names a checkpoint that never landed
-        previous = self.in_place
-        if previous is None:
-            manifest = read_json(self.file("ckpt.json"))
-            previous = {k: manifest.get(k) for k in ("sha256", "bytes", "step")} if isinstance(manifest, dict) else None
-        entry = {"sha256": _sha256(data), "bytes": len(data), "step": state.get("step")}
-        manifest = {"format": CHECKPOINT_FORMAT, **entry, "previous": previous, "config": state.get("config")}
-        atomic_write_json(self.file("ckpt.json"), manifest)
-        atomic_write_bytes(self.file("ckpt.pt"), data)
-        self.in_place = entry
-        self.file(DCP_MANIFEST).unlink(missing_ok=True)  # a DCP checkpoint of this run (--fsdp before) is older now
-        shutil.rmtree(self.file(DCP_DIR), ignore_errors=True)
-
-    def load_checkpoint(self, map_location: Any = "cpu") -> dict:
-        """The verified checkpoint; `CheckpointError` (one line, naming the file) when it does not verify."""
-        data, digest = _verified_bytes(self.file("ckpt.pt"))
-        state = _unpickle(self.file("ckpt.pt"), data, map_location)
-        step = state.get("step") if isinstance(state, dict) else None
-        self.in_place = {"sha256": digest, "bytes": len(data), "step": step}
-        return state
-
-
-def load_verified_checkpoint(path: str | os.PathLike, map_location: Any = "cpu") -> dict:
-    """Load ``path`` after checking it against the ``ckpt.json`` beside it.
-
-    A checkpoint without ``ckpt.json`` (written before checksums existed) loads with a warning."""
-    path = Path(path)
-    return _unpickle(path, _verified_bytes(path)[0], map_location)
-
-
-def _verified_bytes(path: Path) -> tuple[bytes, str]:
-    """The bytes of checkpoint ``path`` and their sha256, checked against ``ckpt.json`` beside it."""
-    try:
-        data = path.read_bytes()
-    except FileNotFoundError:
-        raise CheckpointError(f"no checkpoint at {path}") from None
-    except OSError as exc:
-        raise CheckpointError(f"cannot read checkpoint {path}: {exc.strerror or exc}") from None
-    digest = _sha256(data)
-    manifest_path = path.with_name(path.stem + ".json")
-    manifest = read_json(manifest_path)
-    if manifest_path.exists() and not (isinstance(manifest, dict) and manifest.get("sha256")):
-        raise CheckpointError(
-            f"{manifest_path} is unreadable or holds no sha256, so {path} cannot be verified; "
-            "restore it, or delete it to load the checkpoint unverified"
-        )
-    if isinstance(manifest, dict) and manifest.get("sha256"):
-        known = {manifest["sha256"], (manifest.get("previous") or {}).get("sha256")}
-        if digest not in known:
-            raise CheckpointError(
-                f"checkpoint {path} is corrupted (sha256 {digest[:12]}... matches neither "
-                f"{path.stem}.json entry); nothing was changed: restore it or start over with --overwrite"
-            )
-    else:
-        warnings.warn(f"{path}: no checksum file beside it; loading unverified", RuntimeWarning, stacklevel=3)
-    return data, digest
-
-
-def _unpickle(path: Path, data: bytes, map_location: Any) -> dict:
-    try:
-        return torch.load(io.BytesIO(data), map_location=map_location, weights_only=False)
-    except Exception as exc:  # an unverified file that does not unpickle: still one line
-        raise CheckpointError(f"checkpoint {path} cannot be read ({type(exc).__name__}: {str(exc)[:120]})") from None
+    def rebuild_dcp_manifest(self) -> Path:
+        """`Checkpoint.rebuild_dcp_manifest` under the folder's lock (``geomtrain rebuild-manifest RUN``): a damaged
+        or deleted ``ckpt.dcp.json`` made again from the newest complete ``ckpt.dcp/step-N``. Returns the folder."""
+        self.take_lock()
+        try:
+            return self.checkpoint.rebuild_dcp_manifest()
+        finally:
+            self.release_lock()
 
 
 def runs_table(paths) -> str:

@@ -18,8 +18,8 @@ run diverged.
 Batches are a pure function of ``(seed, step, rank)`` (`geomtrain.data.get_batch`), so a resumed run sees
 exactly the batches the uninterrupted run would have seen and continues bit-exactly. Under ``torchrun`` the
 run is DDP (gloo on CPU, nccl on GPU), or with ``fsdp`` FSDP2 (`geomtrain.sharding`: parameters, gradients
-and optimizer state sharded; DCP checkpoints); rank 0 writes the outputs. Every collective (the non-finite
-check, clipping, evaluation, the diagnostics' gathers) runs on every rank.
+and optimizer state sharded; DCP checkpoints by `geomtrain.checkpoint`); rank 0 writes the outputs. Every
+collective (the non-finite check, clipping, evaluation, the diagnostics' gathers) runs on every rank.
 """
 
 from __future__ import annotations
@@ -40,24 +40,15 @@ import torch.distributed as dist
 from . import data as gdata
 from ._io import environment_record, to_jsonable
 from .assign import assign, assignment_label, format_table, is_gpt_matrix
+from .checkpoint import CheckpointError, check_same_run, load_checkpoint, rng_state, set_rng_state
 from .config import TrainConfig, import_manifold_modules
 from .diagnostics import collect_diagnostics, gradient_norms
 from .groups import build_optimizers, project_onto_manifolds
 from .hardware import matmul_precision, mfu, model_flops_per_token, model_matmul_precision, peak_bf16_flops
 from .model import GPT, load_hf_gpt2_folder, match_qkv_layout, model_config
-from .runfolder import CheckpointError, RunFolder, RunFolderError
+from .runfolder import RunFolder, RunFolderError
 from .runtime import StopSignals, any_rank, distributed_from_env, resolve_device
-from .sharding import (
-    check_same_run,
-    full_copy,
-    load_checkpoint,
-    load_run_checkpoint,
-    local,
-    rng_state,
-    save_dcp,
-    set_rng_state,
-    shard_model,
-)
+from .sharding import full_copy, local, shard_model
 from .slow_paths import slow_path_notes
 
 __all__ = [
@@ -337,7 +328,7 @@ class Trainer:
         }
 
     def load_state_dict(self, ckpt: dict) -> None:
-        """Restore a `state_dict` (its tensors laid out as this run's: `geomtrain.sharding.load_run_checkpoint`);
+        """Restore a `state_dict` (its tensors laid out as this run's: `geomtrain.checkpoint.Checkpoint.load_into`);
         a checkpoint of another model, assignment or solver is a `CheckpointError` (`check_same_run`)."""
         check_same_run(ckpt, self.model_cfg.to_dict(), self.assignments)
         self.model.load_state_dict(ckpt["model"])
@@ -352,11 +343,11 @@ class Trainer:
         """This state into ``folder``: a DCP checkpoint with ``fsdp`` (every rank writes), else ``ckpt.pt`` (rank 0
         writes). A write that fails (a full disk) raises on every rank (`any_rank`), so none waits in a collective."""
         if self.cfg.fsdp:
-            save_dcp(folder, self.state_dict())
+            folder.checkpoint.save_sharded(self.state_dict())
             return
         error = None
         try:
-            folder.save_checkpoint(self.state_dict())
+            folder.checkpoint.save(self.state_dict())
         except OSError as exc:
             error = exc
         if any_rank(error is not None):
@@ -390,9 +381,8 @@ def train(
     sync()
     try:
         if has_checkpoint:
-            ckpt = load_run_checkpoint(
-                folder, trainer.model, {"adamw": trainer.adamw, "muon": trainer.muon}, trainer.device
-            )
+            optimizers = {"adamw": trainer.adamw, "muon": trainer.muon}
+            ckpt = folder.checkpoint.load_into(trainer.model, optimizers, trainer.device)
             folder.check_resume_config(cfg.to_dict(), ckpt.get("config"), allow_config_change)
             with warnings.catch_warnings(record=True) as caught:  # e.g. a matrix whose warm start is damaged
                 warnings.simplefilter("always", RuntimeWarning)

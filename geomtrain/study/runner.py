@@ -19,6 +19,7 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 
 from .._io import FileLock, atomic_write_json, environment_record, read_json, read_jsonl
+from ..checkpoint import CheckpointError
 from ..config import INVOCATION_KEYS
 from ..runfolder import RunFolder, RunFolderError
 from .collect import collect
@@ -95,7 +96,7 @@ def train_one(cfg, state: str, print_fn: Callable = print) -> dict:
     run_dir = cfg.resolved_out_dir()
     try:
         return train(cfg, resume=state == "resume", overwrite=state == "new", print_fn=_silent)
-    except RunFolderError:
+    except (RunFolderError, CheckpointError):  # the folder or its checkpoint: not the run's failure
         raise
     except (ValueError, RuntimeError, FloatingPointError) as exc:
         step = _last_logged_step(run_dir)

@@ -17,7 +17,7 @@ FAULT is one of
                                 a test can send a signal at a known point of a run
 
 Only public names are patched: ``os.replace``, ``geomtrain.train.Trainer.step`` and
-``geomtrain.runfolder.RunFolder.save_checkpoint``.
+``geomtrain.checkpoint.Checkpoint.save``.
 """
 
 import errno
@@ -72,29 +72,29 @@ def install(fault: str, argv: list[str]) -> None:
 
         os.replace = replace
     elif kind == "kill-after-checkpoint":
-        from geomtrain.runfolder import RunFolder
+        from geomtrain.checkpoint import Checkpoint
 
-        original, seen = RunFolder.save_checkpoint, [0]
+        original, seen = Checkpoint.save, [0]
 
-        def save_checkpoint(self, state):
+        def save(self, state):
             original(self, state)
             seen[0] += 1
             if seen[0] == int(arg):
                 _die()
 
-        RunFolder.save_checkpoint = save_checkpoint
+        Checkpoint.save = save
     elif kind == "full-disk-at-checkpoint":
-        from geomtrain.runfolder import RunFolder
+        from geomtrain.checkpoint import Checkpoint
 
-        original, seen = RunFolder.save_checkpoint, [0]
+        original, seen = Checkpoint.save, [0]
 
-        def save_checkpoint(self, state):
+        def save(self, state):
             seen[0] += 1
             if seen[0] == int(arg) and self.master:
                 raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC), str(self.file("ckpt.pt")))
             original(self, state)
 
-        RunFolder.save_checkpoint = save_checkpoint
+        Checkpoint.save = save
     elif kind == "slow-after-step":
         n, marker = int(arg), _out_dir(argv) / f".reached-{arg}"
 

@@ -203,14 +203,14 @@ def test_overwrite_starts_over_without_duplicates(data_dir, reference, stopped_r
 
 @pytest.mark.slow
 def test_resume_before_the_first_checkpoint_starts_clean(data_dir, reference, tmp_path, monkeypatch, capsys):
-    from geomtrain.runfolder import RunFolder
+    from geomtrain.checkpoint import Checkpoint
 
     run = tmp_path / "run"
 
     def no_checkpoint(self, state):
         raise KeyboardInterrupt  # the run dies at its first checkpoint, before writing it
 
-    monkeypatch.setattr(RunFolder, "save_checkpoint", no_checkpoint)
+    monkeypatch.setattr(Checkpoint, "save", no_checkpoint)
     code, _, err = cli(run_args(data_dir, run), capsys)
     assert (code, err.splitlines()[-1]) == (130, "geomtrain train: interrupted")  # one line, no traceback
     monkeypatch.undo()

@@ -140,7 +140,7 @@ def _assert_whole(run: Path, last_step: int) -> None:
     """One run's files: one record per step, a checkpoint that verifies, config.json its config."""
     steps = [r["step"] for r in read_jsonl(run / "metrics.jsonl") if r["kind"] == "train"]
     assert steps == list(range(1, last_step + 1))
-    ckpt = RunFolder(run).load_checkpoint()
+    ckpt = RunFolder(run).checkpoint.load()
     assert ckpt["step"] == last_step
     assert json.loads((run / "config.json").read_text()) == ckpt["config"]
     assert not (run / ".lock").exists()
@@ -288,7 +288,7 @@ def test_a_deleted_config_json_is_rebuilt_from_the_checkpoint(data_dir, stopped_
     (stopped_run / "config.json").unlink()
     code, out, _ = cli(["train", "--out-dir", stopped_run, "--resume"], capsys)
     assert code == 0 and "config.json was missing or unreadable: rebuilt from the checkpoint" in out
-    assert json.loads((stopped_run / "config.json").read_text()) == RunFolder(stopped_run).load_checkpoint()["config"]
+    assert json.loads((stopped_run / "config.json").read_text()) == RunFolder(stopped_run).checkpoint.load()["config"]
     assert_same_run(stopped_run, reference)
 
 

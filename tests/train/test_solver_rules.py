@@ -174,7 +174,7 @@ def test_without_a_solver_each_kind_gets_its_default_and_an_exact_checkpoint_nam
     # assignment (so the table and the checkpoint name it). A checkpoint of a run begun with other solvers (exact
     # everywhere, the first default; or exact on the DGram matrices, the second) is refused in one line that
     # says how to continue it.
-    from geomtrain.sharding import CheckpointError
+    from geomtrain.checkpoint import CheckpointError
     from geomtrain.train import Trainer
 
     trainer = Trainer(tiny_config(data_dir, preset="hetero"))

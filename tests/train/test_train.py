@@ -202,11 +202,11 @@ class _Killed(BaseException):
 def test_checkpoint_interval_holds_between_evaluations(data_dir, tmp_path, monkeypatch):
     """``checkpoint_interval`` 2 with ``eval_interval`` 6: a checkpoint every 2 steps, not only at evaluations,
     so a run killed after step 5 resumes from step 4."""
-    from geomtrain.runfolder import RunFolder
+    from geomtrain.checkpoint import Checkpoint
     from geomtrain.train import Trainer
 
     cfg = _cfg(data_dir, tmp_path / "run", checkpoint_interval=2, eval_interval=6, max_iters=8, diagnostics=False)
-    saved, original_save, original_step = [], RunFolder.save_checkpoint, Trainer.step
+    saved, original_save, original_step = [], Checkpoint.save, Trainer.step
 
     def save(self, state):
         saved.append(state["step"])
@@ -217,7 +217,7 @@ def test_checkpoint_interval_holds_between_evaluations(data_dir, tmp_path, monke
             raise _Killed
         return original_step(self, *args, **kwargs)
 
-    monkeypatch.setattr(RunFolder, "save_checkpoint", save)
+    monkeypatch.setattr(Checkpoint, "save", save)
     monkeypatch.setattr(Trainer, "step", step)
     with pytest.raises(_Killed):
         train(cfg, print_fn=lambda *a: None)

@@ -17,9 +17,10 @@ import pytest
 import torch
 from ranks import kill_processes_of, launch_command, run_ranks, worker_env
 
+from geomtrain.checkpoint import CheckpointError
 from geomtrain.cli import main as cli_main
 from geomtrain.config import make_config
-from geomtrain.runfolder import CheckpointError, RunFolder, resume_config
+from geomtrain.runfolder import RunFolder, resume_config
 from geomtrain.train import load_checkpoint, train
 
 pytestmark = pytest.mark.slow  # torchrun jobs of 2 ranks: `make test` runs them, `make check` does not
