@@ -175,12 +175,13 @@ class Checkpoint:
     def saved_config(self) -> dict | None:
         """The config the checkpoint was saved with (from its manifest, or the verified ``ckpt.pt`` of a checkpoint
         written before ``ckpt.json`` carried it); None without a checkpoint."""
-        if not self.exists():
+        kind = self.format()
+        if kind is None:
             return None
-        manifest = read_json(self.file(PT_MANIFEST if self.format() == "pt" else DCP_MANIFEST))
+        manifest = read_json(self.file(PT_MANIFEST if kind == "pt" else DCP_MANIFEST))
         if isinstance(manifest, dict) and isinstance(manifest.get("config"), dict):
             return manifest["config"]
-        if self.format() == "dcp":
+        if kind == "dcp":
             self.dcp_manifest()  # a damaged or missing manifest: refused naming it, not ckpt.pt
         return self.load().get("config")
 
