@@ -211,6 +211,11 @@ def gram_filled_split_direction(
     return scale_to_ball(A, bound="near_unit").to(W.dtype), alpha.to(W.dtype), correction
 
 
+def is_split(manifold: GramManifold) -> bool:
+    """Whether the solver splits the direction (and carries a multiplier): not on Oblique's or Euclidean's mask."""
+    return manifold.mask_form not in (MaskForm.DIAGONAL, MaskForm.ZERO)
+
+
 def in_gram_space(opts: dict) -> bool:
     """Whether the $m \times n$ msigns run in Gram space: ``space="gram"`` and an msign of `GRAM_MSIGNS`."""
     return opts["space"] == "gram" and opts["msign"] in GRAM_MSIGNS
@@ -227,7 +232,7 @@ def solve_filled_split(
 ) -> tuple[torch.Tensor, dict, dict | None]:
     """The solver (``(B, m, n)`` tall batches): the direction, its statistics and, with ``carry`` on a tall matrix,
     the state ``{"correction": C}``."""
-    if manifold.mask_form in (MaskForm.DIAGONAL, MaskForm.ZERO):  # no split there (not selected by training)
+    if not is_split(manifold):  # not selected by training
         A = unsplit_direction(manifold, T, G, opts)
         return A, feasible_stats(manifold, T, G, A, 1, opts), None
     direction = gram_filled_split_direction if in_gram_space(opts) else filled_split_direction
@@ -250,6 +255,7 @@ SOLVER = Solver(
     },
     state=(StateSlot("correction", "correction", "matrix"),),
     warm_starts=True,
-    carries=lambda options: options["carry"],  # otherwise it returns no state and ignores the one passed in
+    # otherwise it returns no state and ignores the one passed in
+    carries=lambda options, manifold: options["carry"] and is_split(manifold),
     summary="products only: the square part from a joint msign at its best share; the complement fills the rest",
 )

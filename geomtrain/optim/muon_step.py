@@ -92,7 +92,7 @@ def make_plan(group: dict, manifold: GramManifold) -> MatrixPlan:
     options.update(group["solver_options"])
     mkey = manifold.key() if callable(getattr(manifold, "key", None)) else id(manifold)
     key = (mkey, named, repr(sorted(group["solver_options"].items())), group["warm_start"], *msign.values())
-    return MatrixPlan(manifold, spec, MappingProxyType(options), keeps_warm_state(group, spec), key)
+    return MatrixPlan(manifold, spec, MappingProxyType(options), keeps_warm_state(group, spec, manifold), key)
 
 
 @dataclass
@@ -251,9 +251,9 @@ def _stacked(t: torch.Tensor) -> torch.Tensor:
     return tall.reshape(-1, *tall.shape[-2:])
 
 
-def keeps_warm_state(group: dict, spec) -> bool:
-    """Whether a group's matrices carry their solver's state: ``warm_start`` and `Solver.keeps_state`."""
-    return bool(group["warm_start"]) and spec.keeps_state(group["solver_options"])
+def keeps_warm_state(group: dict, spec, manifold: GramManifold) -> bool:
+    """Whether a group's matrices on ``manifold`` carry their solver's state (``warm_start``, `Solver.keeps_state`)."""
+    return bool(group["warm_start"]) and spec.keeps_state(group["solver_options"], manifold)
 
 
 def warm_options(batch: list[MatrixItem]) -> dict:

@@ -17,6 +17,7 @@ from dataclasses import dataclass, field
 
 import torch
 
+from manifolds import GramManifold
 from manifolds.matrix_sign import MSIGN_METHODS
 
 __all__ = ["Solver", "StateSlot", "OPTION_RULES", "STAT_KEYS", "option_rule"]
@@ -93,7 +94,8 @@ class Solver:
         rules: rules for options that `OPTION_RULES` lacks or that differ here.
         state: the warm-start slots (empty: always cold).
         warm_starts: the optimizer carries ``state`` from step to step.
-        carries: with ``warm_starts``, whether it does under the given options (None: always).
+        carries: with ``warm_starts``, whether it does under the given options on the given manifold (None:
+            always).
         reports: statistics beyond `STAT_KEYS` (``dual_gap``, ``multiplier``).
         aliases: other names that resolve to it.
         optimizer_msign: `ManifoldMuon`'s msign settings set the solver's ``msign`` options.
@@ -106,7 +108,7 @@ class Solver:
     rules: Mapping[str, Rule] = field(default_factory=dict)
     state: tuple[StateSlot, ...] = ()
     warm_starts: bool = False
-    carries: Callable[[Mapping], bool] | None = None
+    carries: Callable[[Mapping, GramManifold], bool] | None = None
     reports: tuple[str, ...] = ()
     aliases: tuple[str, ...] = ()
     optimizer_msign: bool = True
@@ -116,11 +118,12 @@ class Solver:
         """The rule of ``option`` (``KeyError`` if it has none)."""
         return self.rules[option] if option in self.rules else OPTION_RULES[option]
 
-    def keeps_state(self, options: Mapping) -> bool:
-        """Whether the optimizer carries this solver's state under ``options`` (a group's ``solver_options``)."""
+    def keeps_state(self, options: Mapping, manifold: GramManifold) -> bool:
+        """Whether the optimizer carries this solver's state under ``options`` (a group's ``solver_options``) for a
+        matrix on ``manifold``."""
         if not (self.warm_starts and self.state):
             return False
-        return self.carries is None or bool(self.carries({**self.options, **options}))
+        return self.carries is None or bool(self.carries({**self.options, **options}, manifold))
 
     def state_options(self) -> dict[str, StateSlot]:
         """``{slot.option: slot}``: the tensor options of `spectral_direction` that carry the state."""

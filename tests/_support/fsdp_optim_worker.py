@@ -23,7 +23,7 @@ from manifolds import DGram, Oblique, Stiefel
 
 STEPS = 3
 NAN_STEP = 1
-SOLVERS = ("exact", "tangent")  # a stateful and a stateless solver
+SOLVERS = ("exact", "tangent", "filled_split")  # stateful, stateless, and the default (stateful except on Oblique)
 SHAPES = {"st0": (13, 5), "st1": (13, 5), "dg": (5, 12), "ob": (3, 9, 4), "eu": (7, 6), "z": (5, 3)}
 GROUPS = (("st", Stiefel()), ("dg", DGram()), ("ob", Oblique()))  # then eu and z: Euclidean, weight decay
 

@@ -23,8 +23,29 @@ def test_plans_resolve_the_default_solver_and_its_options_once_per_parameter():
         # the optimizer's msign settings reach the solver's options where it takes them, and nowhere else
         assert ("msign_steps" in plan.options) == ("msign_steps" in plan.solver.options and plan.solver.optimizer_msign)
         assert plan.options.get("msign_steps", 7) == 7
-    # warm start is kept by filled_split (carry) on Stiefel and DGram; Euclidean keeps nothing
-    assert opt._plan_of[id(params[0])].kept_slots and not opt._plan_of[id(params[3])].kept_slots
+    # filled_split (carry) on Stiefel and DGram and exact on Oblique keep a warm start; Euclidean keeps nothing
+    assert [bool(opt._plan_of[id(p)].kept_slots) for p in params] == [True, True, True, False]
+
+
+def test_filled_split_keeps_state_only_where_it_splits():
+    manifolds = (Stiefel(), DGram(), Oblique())
+    params = [_params(m) for m in manifolds]
+    groups = [{"params": [p], "manifold": m} for p, m in zip(params, manifolds)]
+    opt = ManifoldMuon(groups, lr=0.01, solver="filled_split")
+    assert [bool(opt._plan_of[id(p)].kept_slots) for p in params] == [True, True, False]
+    for p in params:
+        p.grad = torch.randn_like(p)
+    opt.step()
+    # Oblique's direction is unsplit: no multiplier, so no slot is kept, sent between ranks or checkpointed
+    assert [set(opt.state[p]) for p in params] == [{"momentum_buffer", "correction"}] * 2 + [{"momentum_buffer"}]
+
+
+def test_a_solver_that_carries_no_state_under_its_options_keeps_no_slots():
+    group = {"solver": "filled_split", "solver_options": {"carry": False}, "warm_start": True}
+    group.update(msign_method="polar_express", msign_steps=None, msign_dtype=None)
+    assert not make_plan(group, DGram()).kept_slots
+    assert make_plan(dict(group, solver_options={}), DGram()).kept_slots
+    assert not make_plan(dict(group, solver_options={}, warm_start=False), DGram()).kept_slots
 
 
 def test_equal_settings_batch_together_and_a_named_solver_does_not():
