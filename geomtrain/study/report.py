@@ -188,15 +188,18 @@ def format_tuning(tuning: dict) -> str:
     """Each arm's selection: its grid with the score at every value, the choice and where it lay."""
     head = ["arm", "key", "grid: mean final val loss on the selection seeds", "chosen", "where"]
     body = []
-    for arm, t in (tuning.get("arms") or {}).items():
-        scores = ", ".join(
-            f"{v}: {'div.' if s is not None and s == float('inf') else _num(s, '.4f')}" for v, s in t["scores"].items()
-        )
-        chosen = "-" if t.get("best") is None else f"{t['best']:g}"
-        where = t.get("where") or "-"
-        if t.get("extended"):
-            where += f" (grid grown by {t['extended']})"
-        body.append([arm, t["key"], scores, chosen, where])
+    for arm, record in (tuning.get("arms") or {}).items():
+        for t in record.get("stages", [record]):  # several keys: one row each, in search order
+            scores = ", ".join(
+                f"{v}: {'div.' if s is not None and s == float('inf') else _num(s, '.4f')}"
+                for v, s in t["scores"].items()
+            )
+            fixed = ", ".join(f"{k}={v:g}" for k, v in (t.get("fixed") or {}).items())
+            chosen = "-" if t.get("best") is None else f"{t['best']:g}"
+            where = t.get("where") or "-"
+            if t.get("extended"):
+                where += f" (grid grown by {t['extended']})"
+            body.append([arm, t["key"] + (f" (at {fixed})" if fixed else ""), scores, chosen, where])
     for arm in tuning.get("untuned") or []:
         body.append([arm, "-", "untuned (no grid applies)", "-", "-"])
     return _markdown(head, body)
@@ -245,10 +248,13 @@ def results_markdown(summary: dict) -> str:
     tuning = st.get("tuning")
     if tuning:
         p = tuning.get("protocol", {})
+        several = any("stages" in t for t in (tuning.get("arms") or {}).values())
+        order = "An arm with several keys searches them in turn, the keys before at their chosen values. "
         md += [
             f"Tuning (selection runs, not in the table above): seeds {', '.join(map(str, p.get('select_seeds', [])))} "
             f"at {p.get('fraction')} of the horizon; a best value at a grid end grows the grid (at most "
-            f"{p.get('max_extend')} points). Each arm is then confirmed at its chosen value on the seeds above.",
+            f"{p.get('max_extend')} points). {order if several else ''}Each arm is then confirmed at its chosen "
+            "value on the seeds above.",
             "",
             format_tuning(tuning),
             "",

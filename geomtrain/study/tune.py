@@ -10,16 +10,20 @@ An *arm* is one thing compared (a preset, with a solver: ``hetero``, ``hetero+ex
    that end (geometric when the grid is, else by its end step) and the new runs train, until the
    best value is interior or the arm has grown ``max_extend`` times (recorded as stopped at the
    edge).
-2. **Confirmation.** Each arm trains at the full horizon at its own best value on the
+   With several keys for one arm (``--tune muon_lr=... --tune lr=...``) the search is
+   coordinate-wise, one key after the other in the order given: each key's grid search runs
+   with the keys before it at their chosen values and the keys after it at the study's values.
+2. **Confirmation.** Each arm trains at the full horizon at its own best values on the
    *confirmation seeds* (the study's ``--seeds``), which must not share a seed with the
    selection seeds. Only these runs enter the results table and the paired statistics
    (`geomtrain.study.stats`).
 
 A grid applies to every arm, or to the arms of one preset (``adamw:lr=3e-4,6e-4,1.2e-3``: the
 AdamW baseline has no Muon matrices, so ``muon_*`` grids pass it by; without a grid of its own
-it is confirmed untuned, and the record says so). Everything is in ``study.json``'s ``tuning``:
-the protocol, every score, each arm's grid, choice and where it stopped. Rerunning the command
-resumes; the grid's growth is decided again from the recorded runs, so it is the same.
+it is confirmed untuned, and the record says so). A preset's grids replace the shared ones.
+Everything is in ``study.json``'s ``tuning``: the protocol, every score, each arm's grids, choices
+and where each stopped. Rerunning the command resumes; the grids' growth and the order of the keys
+are decided again from the recorded runs, so they are the same.
 """
 
 from __future__ import annotations
@@ -57,7 +61,7 @@ ALL_ARMS = "*"
 class TuneProtocol:
     """What the selection phase does (stored in ``study.json`` before any run)."""
 
-    grids: dict[str, dict]  # scope ("*" or a preset) -> {"key", "values"}
+    grids: dict[str, list[dict]]  # scope ("*" or a preset) -> [{"key", "values"}, ...] in search order
     select_seeds: list[int]
     fraction: float = DEFAULT_FRACTION
     max_extend: int = DEFAULT_MAX_EXTEND
@@ -67,17 +71,18 @@ class TuneProtocol:
 
     @classmethod
     def from_dict(cls, d: dict) -> TuneProtocol:
-        return cls(**{f.name: d[f.name] for f in dataclasses.fields(cls) if f.name in d})
+        """The protocol of a ``study.json`` (one grid per scope stored as a dict reads as a list of one)."""
+        out = cls(**{f.name: d[f.name] for f in dataclasses.fields(cls) if f.name in d})
+        out.grids = {scope: [g] if isinstance(g, dict) else list(g) for scope, g in out.grids.items()}
+        return out
 
-    def grid_of(self, arm: Variant) -> dict | None:
-        """The grid ``{"key", "values"}`` that tunes ``arm``: its preset's, else the shared one
-        unless that tunes Muon and the arm has no Muon matrices; None: confirmed untuned."""
+    def grids_of(self, arm: Variant) -> list[dict]:
+        """The grids ``[{"key", "values"}, ...]`` that tune ``arm``, in search order: its preset's, else the shared
+        ones less the ``muon_*`` ones where the arm has no Muon matrices; empty: confirmed untuned."""
         if arm.preset in self.grids:
             return self.grids[arm.preset]
-        shared = self.grids.get(ALL_ARMS)
-        if shared and arm.preset == "adamw" and shared["key"].startswith("muon_"):
-            return None
-        return shared
+        shared = self.grids.get(ALL_ARMS, [])
+        return [g for g in shared if not g["key"].startswith("muon_")] if arm.preset == "adamw" else shared
 
     def check(self, confirm_seeds: Sequence[int]) -> TuneProtocol:
         """``StudyError`` on a fraction outside (0, 1], a negative ``max_extend`` or shared seeds."""
@@ -94,9 +99,10 @@ class TuneProtocol:
         return self
 
 
-def parse_tune(texts: Sequence[str]) -> dict[str, dict]:
-    """``["muon_lr=0.01,0.02", "adamw:lr=3e-4,6e-4"]`` -> ``{"*": {"key": "muon_lr", "values":
-    [0.01, 0.02]}, "adamw": {...}}`` (values typed by `geomtrain.config.parse_value`, sorted)."""
+def parse_tune(texts: Sequence[str]) -> dict[str, list[dict]]:
+    """``["muon_lr=0.01,0.02,0.04", "adamw:lr=3e-4,6e-4,1.2e-3"]`` -> ``{"*": [{"key": "muon_lr", "values":
+    [0.01, 0.02, 0.04]}], "adamw": [{...}]}`` (values typed by `geomtrain.config.parse_value`, sorted; a scope's
+    grids in the order given, which is the order of the coordinate-wise search)."""
     from ..assign import PRESETS
     from ..config import parse_value
 
@@ -110,14 +116,14 @@ def parse_tune(texts: Sequence[str]) -> dict[str, dict]:
             raise StudyError(f"--tune {text!r} must look like [PRESET:]KEY=V1,V2,..., e.g. muon_lr=0.01,0.02,0.04")
         if scope != ALL_ARMS and scope not in PRESETS:
             raise StudyError(f"--tune {text!r}: unknown preset {scope!r}; valid: {', '.join(PRESETS)}")
-        if scope in grids:
-            raise StudyError(f"--tune gives two grids for {'every arm' if scope == ALL_ARMS else scope}")
+        if any(g["key"] == key for g in grids.get(scope, [])):
+            raise StudyError(f"--tune gives two grids of {key} for {'every arm' if scope == ALL_ARMS else scope}")
         parsed = sorted({parse_value(key, v.strip()) for v in values.split(",") if v.strip()})
         if len(parsed) < 3:
             raise StudyError(f"--tune {text!r}: give at least 3 values, so that a best value can be interior")
         if not all(isinstance(v, (int, float)) and math.isfinite(v) for v in parsed):
             raise StudyError(f"--tune {text!r}: the values must be finite numbers")
-        grids[scope] = {"key": key, "values": parsed}
+        grids.setdefault(scope, []).append({"key": key, "values": parsed})
     return grids
 
 
@@ -176,15 +182,23 @@ def _scaled(base: dict, fraction: float) -> dict:
     return out
 
 
-def selection_variant(arm: Variant, key: str, value, protocol: TuneProtocol, base: dict) -> Variant:
-    """The run of ``arm`` at ``key=value`` on the selection seeds, at ``fraction`` of the horizon."""
+def _assignments(values: dict) -> list[str]:
+    return [f"{k}={format_value(v)}" for k, v in values.items()]
+
+
+def selection_variant(
+    arm: Variant, key: str, value, protocol: TuneProtocol, base: dict, fixed: dict | None = None
+) -> Variant:
+    """The run of ``arm`` at ``key=value`` (and the keys searched before it at their chosen values, ``fixed``) on the
+    selection seeds, at ``fraction`` of the horizon: ``select-ARM__K1-V1__KEY-VALUE``."""
     scaled = _scaled(base, protocol.fraction)
+    at = {**(fixed or {}), key: value}
     return Variant(
-        f"select-{arm.name}__{key}-{format_value(value)}",
+        "__".join([f"select-{arm.name}", *(f"{k}-{format_value(v)}" for k, v in at.items())]),
         arm.preset,
         rules=list(arm.rules),
-        overrides={**arm.overrides, key: value, **scaled},
-        label=f"{arm.label or arm.name}, {key}={format_value(value)} (selection, {scaled['max_iters']} steps)",
+        overrides={**arm.overrides, **at, **scaled},
+        label=f"{arm.label or arm.name}, {', '.join(_assignments(at))} (selection, {scaled['max_iters']} steps)",
         base=arm.name,
         sweep={"key": key, "value": value},
         seeds=list(protocol.select_seeds),
@@ -192,25 +206,28 @@ def selection_variant(arm: Variant, key: str, value, protocol: TuneProtocol, bas
     )
 
 
-def confirmation_variant(arm: Variant, key: str | None, value) -> Variant:
-    """``arm`` at its chosen value (unchanged when untuned), on the study's confirmation seeds."""
-    if key is None:
+def confirmation_variant(arm: Variant, chosen: dict) -> Variant:
+    """``arm`` at its chosen values ``{key: value}`` (unchanged when untuned), on the study's confirmation seeds."""
+    if not chosen:
         return arm
     return dataclasses.replace(
         arm,
-        overrides={**arm.overrides, key: value},
-        label=f"{arm.label or arm.name} ({key}={format_value(value)})",
+        overrides={**arm.overrides, **chosen},
+        label=f"{arm.label or arm.name} ({', '.join(_assignments(chosen))})",
     )
 
 
 def validate_selection(study: StudyPlan) -> StudyPlan:
-    """Every selection run of the first grids gets a config (and so is validated) before any
-    training; ``StudyError`` names the arm and value. Returns ``study``."""
+    """Every value of every grid gets a config (and so is validated) before any training, each key's with the keys
+    before it at their grids' first values; ``StudyError`` names the arm and value. Returns ``study``."""
     protocol = TuneProtocol.from_dict(study.options["tune"]).check(study.seeds)
     for arm in study.variants:
-        grid = protocol.grid_of(arm)
-        for value in grid["values"] if grid else []:
-            study.config(selection_variant(arm, grid["key"], value, protocol, study.base), protocol.select_seeds[0])
+        fixed: dict = {}
+        for grid in protocol.grids_of(arm):
+            for value in grid["values"]:
+                variant = selection_variant(arm, grid["key"], value, protocol, study.base, fixed)
+                study.config(variant, protocol.select_seeds[0])
+            fixed[grid["key"]] = grid["values"][0]
     return study
 
 
@@ -229,22 +246,74 @@ def _score(study: StudyPlan, v: Variant) -> float | None:
 
 
 @dataclass
-class _ArmSearch:
-    arm: Variant
+class _KeySearch:
+    """The grid search of one key of an arm, the keys searched before it at their chosen values (``fixed``)."""
+
     key: str
     values: list
-    initial: int
+    fixed: dict
+    initial: int = field(init=False)  # the grid's size before it grew
     scores: dict = field(default_factory=dict)
     outcome: dict = field(default_factory=dict)
+
+    def __post_init__(self):
+        self.initial = len(self.values)
 
     def record(self) -> dict:
         return {
             "key": self.key,
+            **({"fixed": self.fixed} if self.fixed else {}),
             "grid": self.values,
             "scores": {format_value(v): self.scores.get(v) for v in self.values},
             "extended": len(self.values) - self.initial,
             **{k: self.outcome.get(k) for k in ("best", "where")},
         }
+
+
+@dataclass
+class _ArmSearch:
+    """An arm's coordinate-wise search: one `_KeySearch` per grid, each started when the one before it is done."""
+
+    arm: Variant
+    grids: list[dict]
+    stages: list[_KeySearch] = field(default_factory=list)
+    done: bool = False
+
+    def __post_init__(self):
+        self.stages = [_KeySearch(self.grids[0]["key"], list(self.grids[0]["values"]), {})]
+
+    def selection(self, protocol: TuneProtocol, base: dict) -> list[Variant]:
+        return [selection_variant(self.arm, k.key, v, protocol, base, k.fixed) for k in self.stages for v in k.values]
+
+    def update(self, study: StudyPlan, protocol: TuneProtocol, print_fn: Callable) -> bool:
+        """Score the current key's grid; grow it, or start the next key, or finish. True when there are new runs."""
+        k = self.stages[-1]
+        k.scores = {
+            v: _score(study, selection_variant(self.arm, k.key, v, protocol, study.base, k.fixed)) for v in k.values
+        }
+        k.outcome = choose(k.values, k.scores, len(k.values) - k.initial, protocol.max_extend)
+        if k.outcome["grow"]:
+            new = extend_grid(k.values, k.outcome["grow"])
+            k.values = sorted([*k.values, new])
+            print_fn(f"tuning {self.arm.name}: best {k.key} at the {k.outcome['grow']} edge; grid grows to {new:g}")
+            return True
+        if k.outcome["best"] is not None and len(self.stages) < len(self.grids):
+            grid, fixed = self.grids[len(self.stages)], {**k.fixed, k.key: k.outcome["best"]}
+            self.stages.append(_KeySearch(grid["key"], list(grid["values"]), fixed))
+            print_fn(f"tuning {self.arm.name}: {', '.join(_assignments(fixed))}; now {grid['key']}")
+            return True
+        self.done = True
+        return False
+
+    def chosen(self) -> dict | None:
+        """``{key: best value}`` of every key, or None where a key's every value diverged."""
+        best = {k.key: k.outcome.get("best") for k in self.stages}
+        return None if any(v is None for v in best.values()) else best
+
+    def record(self) -> dict:
+        """One key: its `_KeySearch` record; several: ``{"stages": [...]}`` in search order."""
+        records = [k.record() for k in self.stages]
+        return records[0] if len(self.grids) == 1 else {"stages": records}
 
 
 def run_tuning(
@@ -259,12 +328,12 @@ def run_tuning(
     ``save()`` writes ``record``. Returns 0, or the code of an interrupted phase."""
     protocol = TuneProtocol.from_dict(study.options["tune"])
     arms = [v for v in study.variants if v.role is None]
-    grids = {a.name: protocol.grid_of(a) for a in arms}
-    searches = [_ArmSearch(a, g["key"], list(g["values"]), len(g["values"])) for a in arms if (g := grids[a.name])]
+    searches = [_ArmSearch(a, grids) for a in arms if (grids := protocol.grids_of(a))]
     tuning = record.setdefault("tuning", {})
     tuning["protocol"] = protocol.to_dict()
+    tuning["untuned"] = [a.name for a in arms if not protocol.grids_of(a)]
     while True:
-        selection = [selection_variant(s.arm, s.key, v, protocol, study.base) for s in searches for v in s.values]
+        selection = [v for s in searches for v in s.selection(protocol, study.base)]
         study.variants = arms + selection
         study.validate()
         record["variants"] = [v.to_dict() for v in study.variants]
@@ -272,30 +341,20 @@ def run_tuning(
         code = train_jobs([(v, seed) for seed in protocol.select_seeds for v in selection])
         if code:
             return code
-        grown = False
-        for s in searches:
-            s.scores = {v: _score(study, selection_variant(s.arm, s.key, v, protocol, study.base)) for v in s.values}
-            s.outcome = choose(s.values, s.scores, len(s.values) - s.initial, protocol.max_extend)
-            if s.outcome["grow"]:
-                new = extend_grid(s.values, s.outcome["grow"])
-                s.values = sorted([*s.values, new])
-                grown = True
-                print_fn(f"tuning {s.arm.name}: best {s.key} at the {s.outcome['grow']} edge; grid grows to {new:g}")
+        moved = [s.update(study, protocol, print_fn) for s in searches if not s.done]
         tuning["arms"] = {s.arm.name: s.record() for s in searches}
-        tuning["untuned"] = [a.name for a in arms if grids[a.name] is None]
-        if not grown:
+        if not any(moved):
             break
-    chosen = {s.arm.name: s for s in searches}
+    chosen = {s.arm.name: s.chosen() for s in searches}
     confirm = []
     for a in arms:
-        s = chosen.get(a.name)
-        if s is not None and s.outcome["best"] is None:
-            print_fn(f"tuning {a.name}: every value diverged in selection; not confirmed")
+        if a.name in chosen and chosen[a.name] is None:
+            print_fn(f"tuning {a.name}: every value of a key diverged in selection; not confirmed")
             continue
-        confirm.append(confirmation_variant(a, s.key if s else None, s.outcome["best"] if s else None))
+        confirm.append(confirmation_variant(a, chosen.get(a.name) or {}))
     for s in searches:
-        where = s.outcome["where"]
-        print_fn(f"tuning {s.arm.name}: {s.key}={format_value(s.outcome['best'])} ({where})")
+        picks = ", ".join(f"{k.key}={format_value(k.outcome['best'])} ({k.outcome['where']})" for k in s.stages)
+        print_fn(f"tuning {s.arm.name}: {picks}")
     study.variants = confirm + [v for v in study.variants if v.role == "select"]
     study.validate()
     record["variants"] = [v.to_dict() for v in study.variants]

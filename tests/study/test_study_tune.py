@@ -8,6 +8,7 @@ from conftest import tiny_study
 
 from geomtrain._io import atomic_write_json, read_json
 from geomtrain.study import StudyError, plan
+from geomtrain.study.report import format_tuning
 from geomtrain.study.runner import save_record
 from geomtrain.study.tune import (
     TuneProtocol,
@@ -23,9 +24,11 @@ from geomtrain.study.tune import (
 def test_parse_tune_scopes_and_errors():
     grids = parse_tune(["muon_lr=0.04,0.01,0.02", "adamw:lr=3e-4,6e-4,1.2e-3"])
     assert grids == {
-        "*": {"key": "muon_lr", "values": [0.01, 0.02, 0.04]},
-        "adamw": {"key": "lr", "values": [3e-4, 6e-4, 1.2e-3]},
+        "*": [{"key": "muon_lr", "values": [0.01, 0.02, 0.04]}],
+        "adamw": [{"key": "lr", "values": [3e-4, 6e-4, 1.2e-3]}],
     }
+    two = parse_tune(["muon_lr=0.01,0.02,0.04", "lr=1e-3,2e-3,4e-3"])["*"]  # several keys: in the order given
+    assert [g["key"] for g in two] == ["muon_lr", "lr"]
     for bad, match in [
         ("muon_lr", "must look like"),
         ("muon_lr=0.01,0.02", "at least 3 values"),
@@ -34,8 +37,10 @@ def test_parse_tune_scopes_and_errors():
     ]:
         with pytest.raises((StudyError, ValueError), match=match):
             parse_tune([bad])
-    with pytest.raises(StudyError, match="two grids"):
+    with pytest.raises(StudyError, match="two grids of muon_lr for every arm"):
         parse_tune(["muon_lr=1,2,3", "muon_lr=4,5,6"])
+    old = {"grids": {"*": {"key": "muon_lr", "values": [1, 2, 3]}}, "select_seeds": [9]}  # an older study.json
+    assert TuneProtocol.from_dict(old).grids == {"*": [{"key": "muon_lr", "values": [1, 2, 3]}]}
 
 
 def test_selection_seeds_are_apart_from_confirmation_seeds():
@@ -67,9 +72,10 @@ def test_choose_interior_edge_and_diverged():
     assert choose(grid, {v: math.inf for v in grid}, 0, 2) == {"best": None, "where": "diverged", "grow": None}
 
 
-def _fake_study(tmp_path, data_dir, max_extend=2, optimum=0.1):
-    """A tuned study whose "training" writes a final val loss (x - log optimum)^2 in x = log muon_lr."""
-    protocol = TuneProtocol(grids=parse_tune(["muon_lr=0.01,0.02,0.04"]), select_seeds=[1000], max_extend=max_extend)
+def _fake_study(tmp_path, data_dir, max_extend=2, optimum=0.1, tune=("muon_lr=0.01,0.02,0.04",), lr_optimum=None):
+    """A tuned study whose "training" writes a final val loss (x - log optimum)^2 in x = log muon_lr (plus the same
+    in log lr about ``lr_optimum``, where given)."""
+    protocol = TuneProtocol(grids=parse_tune(tune), select_seeds=[1000], max_extend=max_extend)
     base = {"model": "tiny", "data_dir": data_dir, "max_iters": 40, "warmup_iters": 4, "eval_interval": 2}
     study = plan(
         tmp_path / "s",
@@ -87,6 +93,8 @@ def _fake_study(tmp_path, data_dir, max_extend=2, optimum=0.1):
             cfg = study.config(v, seed)
             trained.append((v.name, seed, cfg.max_iters, cfg.warmup_iters))
             loss = (math.log(cfg.muon_lr) - math.log(optimum)) ** 2 + 0.001 * seed
+            if lr_optimum is not None:
+                loss += (math.log(cfg.lr) - math.log(lr_optimum)) ** 2
             run = study.run_dir(v, seed)
             run.mkdir(parents=True, exist_ok=True)
             atomic_write_json(
@@ -121,6 +129,36 @@ def test_the_search_stops_at_the_edge_after_max_extend(tmp_path, data_dir):
     run_tuning(study, record, train_jobs, lambda: None, print_fn=lambda *a: None)
     arm = record["tuning"]["arms"]["unconstrained"]
     assert arm["grid"][-1] == 0.08 and arm["best"] == 0.08 and arm["where"] == "edge" and arm["extended"] == 1
+
+
+def test_several_keys_are_searched_one_after_the_other(tmp_path, data_dir):
+    # muon_lr first (lr at the study's 6e-4: its optimum 0.08 is independent of lr here), then lr at muon_lr 0.08
+    tune = ("muon_lr=0.01,0.02,0.04", "lr=3e-4,6e-4,1.2e-3")
+    study, _, train_jobs, trained = _fake_study(tmp_path, data_dir, optimum=0.08, tune=tune, lr_optimum=2.4e-3)
+    record = {"invocations": [{"id": "me"}], "timing": {"runs": {}}}
+    assert run_tuning(study, record, train_jobs, lambda: None, print_fn=lambda *a: None) == 0
+    first, second = record["tuning"]["arms"]["unconstrained"]["stages"]
+    assert first["key"] == "muon_lr" and "fixed" not in first and first["best"] == 0.08 and first["where"] == "interior"
+    assert second["key"] == "lr" and second["fixed"] == {"muon_lr": 0.08}
+    assert second["grid"] == [3e-4, 6e-4, 1.2e-3, 2.4e-3, 4.8e-3] and second["best"] == 2.4e-3
+    adamw = record["tuning"]["arms"]["adamw"]  # the shared muon_lr grid passes it by; lr alone: a one-key record
+    assert "stages" not in adamw and adamw["key"] == "lr" and adamw["best"] == 2.4e-3
+    names = {t[0] for t in trained if t[0].startswith("select-unconstrained")}
+    assert "select-unconstrained__muon_lr-0.04" in names and "select-unconstrained__muon_lr-0.08__lr-0.0024" in names
+    assert len(names) == 5 + 5  # each grid grew by one; every value trained once
+    final = {v.name: v for v in study.variants if v.role is None}
+    assert final["unconstrained"].overrides == {"muon_lr": 0.08, "lr": 2.4e-3}
+    assert final["adamw"].overrides == {"lr": 2.4e-3}
+    assert [(t[0], t[1]) for t in trained if not t[0].startswith("select-")] == [
+        (n, s) for s in (0, 1) for n in ("unconstrained", "adamw")
+    ]
+    table = format_tuning(record["tuning"])
+    assert "| unconstrained | lr (at muon_lr=0.08) |" in table and table.count("| unconstrained |") == 2
+    count = len(trained)  # resuming replays the same search from the recorded runs and trains nothing
+    fresh, _, _, _ = _fake_study(tmp_path, data_dir, optimum=0.08, tune=tune, lr_optimum=2.4e-3)
+    again = {"invocations": [{"id": "me"}], "timing": {"runs": {}}}
+    assert run_tuning(fresh, again, train_jobs, lambda: None, print_fn=lambda *a: None) == 0
+    assert len(trained) == count and again["tuning"]["arms"] == record["tuning"]["arms"]
 
 
 def test_overlapping_seeds_are_refused_before_any_folder(data_dir, tmp_path, capsys):
@@ -166,3 +204,23 @@ def test_a_tuned_study_end_to_end(data_dir, tmp_path):
     assert "Tuning (selection runs" in text and "Paired comparisons" in text
     assert tiny_study(data_dir, out, *args, "--seeds", "2") == 0  # a rerun trains nothing more
     assert len(read_json(out / "study.json")["invocations"]) == 2
+
+
+@pytest.mark.slow
+def test_a_tuned_study_of_two_keys_end_to_end(data_dir, tmp_path):
+    """`--tune muon_lr=... --tune lr=...` from the command line: the Muon arm searches both keys in turn, `adamw` the
+    shared `lr` grid alone; the report shows a row per key."""
+    out = tmp_path / "s"
+    grids = ["--tune", "muon_lr=0.01,0.02,0.04", "--tune", "lr=1e-3,2e-3,4e-3", "--tune-max-extend", "0"]
+    assert tiny_study(data_dir, out, "--presets", "adamw,hetero", *grids, "--seeds", "1") == 0
+    arms = read_json(out / "study.json")["tuning"]["arms"]
+    first, second = arms["hetero"]["stages"]
+    assert (first["key"], second["key"], second["fixed"]) == ("muon_lr", "lr", {"muon_lr": first["best"]})
+    assert arms["adamw"]["key"] == "lr" and "stages" not in arms["adamw"]
+    picked = f"select-hetero__muon_lr-{first['best']:g}__lr-"
+    runs = sorted(p.name for p in (out / "runs").iterdir() if p.name.startswith("select-hetero"))
+    assert len(runs) == 6 and sum(r.startswith(picked) for r in runs) == 3
+    text = (out / "results.md").read_text()
+    assert f"| hetero | lr (at muon_lr={first['best']:g}) |" in text and "searches them in turn" in text
+    (hetero,) = [r for r in json.loads((out / "summary.json").read_text())["table"] if r["variant"] == "hetero"]
+    assert f"lr={second['best']:g}" in hetero["label"] and f"muon_lr={first['best']:g}" in hetero["label"]
