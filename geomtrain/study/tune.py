@@ -20,7 +20,7 @@ An *arm* is one thing compared (a preset, with a solver: ``hetero``, ``hetero+ex
 
 A grid applies to every arm, or to the arms of one preset (``adamw:lr=3e-4,6e-4,1.2e-3``: the
 AdamW baseline has no Muon matrices, so ``muon_*`` grids pass it by; without a grid of its own
-it is confirmed untuned, and the record says so). A preset's grids replace the shared ones.
+it is confirmed untuned, and the record says so). A preset's grid of a key replaces the shared grid of that key.
 Everything is in ``study.json``'s ``tuning``: the protocol, every score, each arm's grids, choices
 and where each stopped. Rerunning the command resumes; the grids' growth and the order of the keys
 are decided again from the recorded runs, so they are the same.
@@ -77,12 +77,13 @@ class TuneProtocol:
         return out
 
     def grids_of(self, arm: Variant) -> list[dict]:
-        """The grids ``[{"key", "values"}, ...]`` that tune ``arm``, in search order: its preset's, else the shared
-        ones less the ``muon_*`` ones where the arm has no Muon matrices; empty: confirmed untuned."""
-        if arm.preset in self.grids:
-            return self.grids[arm.preset]
-        shared = self.grids.get(ALL_ARMS, [])
-        return [g for g in shared if not g["key"].startswith("muon_")] if arm.preset == "adamw" else shared
+        """The grids ``[{"key", "values"}, ...]`` that tune ``arm``, in search order: the shared ones (less the
+        ``muon_*`` ones where the arm has no Muon matrices), each replaced by its preset's grid of the same key, then
+        the preset's grids of other keys; empty: confirmed untuned."""
+        skip_muon = arm.preset == "adamw"
+        shared = [g for g in self.grids.get(ALL_ARMS, []) if not (skip_muon and g["key"].startswith("muon_"))]
+        own = {g["key"]: g for g in self.grids.get(arm.preset, [])}
+        return [own.pop(g["key"], g) for g in shared] + list(own.values())
 
     def check(self, confirm_seeds: Sequence[int]) -> TuneProtocol:
         """``StudyError`` on a fraction outside (0, 1], a negative ``max_extend`` or shared seeds."""

@@ -8,6 +8,7 @@ from conftest import tiny_study
 
 from geomtrain._io import atomic_write_json, read_json
 from geomtrain.study import StudyError, plan
+from geomtrain.study.plan import Variant
 from geomtrain.study.report import format_tuning
 from geomtrain.study.runner import save_record
 from geomtrain.study.tune import (
@@ -39,6 +40,11 @@ def test_parse_tune_scopes_and_errors():
             parse_tune([bad])
     with pytest.raises(StudyError, match="two grids of muon_lr for every arm"):
         parse_tune(["muon_lr=1,2,3", "muon_lr=4,5,6"])
+    texts = ["muon_lr=0.1,0.2,0.4", "lr=1,2,4", "hetero:weight_decay=0,1,2", "hetero:muon_lr=7,8,9"]
+    protocol = TuneProtocol(grids=parse_tune(texts), select_seeds=[9])
+    keys = {p: [(g["key"], g["values"][0]) for g in protocol.grids_of(Variant(p, p))] for p in ("hetero", "adamw")}
+    # a preset's grid of a key replaces the shared one in its place; its other keys come after the shared ones
+    assert keys["hetero"] == [("muon_lr", 7), ("lr", 1), ("weight_decay", 0)] and keys["adamw"] == [("lr", 1)]
     old = {"grids": {"*": {"key": "muon_lr", "values": [1, 2, 3]}}, "select_seeds": [9]}  # an older study.json
     assert TuneProtocol.from_dict(old).grids == {"*": [{"key": "muon_lr", "values": [1, 2, 3]}]}
 
