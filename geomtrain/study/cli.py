@@ -28,7 +28,7 @@ from .plan import (
     plan,
     shared_config,
 )
-from .tune import TuneProtocol, parse_tune, selection_seeds, validate_selection
+from .tune import TuneProtocol, describe_tuning, parse_tune, selection_seeds, validate_selection
 
 __all__ = ["DEFAULT_TOKENIZER", "add_study_parser", "add_report_parser", "command_argv", "main"]
 
@@ -300,6 +300,7 @@ def run_study_command(args) -> int:
         print("shared config: " + json.dumps(study.base))
         if study.options.get("tune"):
             print("tuning: " + json.dumps(study.options["tune"]))
+            print("\n".join(describe_tuning(study)))
         return 0
     say = (lambda *a, **k: None) if args.quiet else print
     # the default data folder is prepared when missing; an explicit one only with --tokenizer

@@ -48,6 +48,7 @@ __all__ = [
     "selection_variant",
     "confirmation_variant",
     "validate_selection",
+    "describe_tuning",
     "run_tuning",
 ]
 
@@ -230,6 +231,26 @@ def validate_selection(study: StudyPlan) -> StudyPlan:
                 study.config(variant, protocol.select_seeds[0])
             fixed[grid["key"]] = grid["values"][0]
     return study
+
+
+def describe_tuning(study: StudyPlan) -> list[str]:
+    """The selection plan in words, a line per arm and one for the totals: what a dry run prints for a budget
+    (the least number of runs; each grid may grow by ``max_extend`` points)."""
+    protocol = TuneProtocol.from_dict(study.options["tune"])
+    select_steps, seeds = _scaled(study.base, protocol.fraction)["max_iters"], len(protocol.select_seeds)
+    lines, runs = [], 0
+    for arm in (v for v in study.variants if v.role is None):
+        grids = protocol.grids_of(arm)
+        runs += sum(len(g["values"]) for g in grids) * seeds
+        keys = ", then ".join(f"{g['key']} {', '.join(map(format_value, g['values']))}" for g in grids)
+        lines.append(f"  {arm.name}: {keys or 'untuned (no grid applies)'}")
+    arms = sum(v.role is None for v in study.variants)
+    lines.append(
+        f"selection: at least {runs} runs of {select_steps} steps (seeds {', '.join(map(str, protocol.select_seeds))}; "
+        f"each grid may grow by {protocol.max_extend}); confirmation: {arms * len(study.seeds)} runs of "
+        f"{study.base['max_iters']} steps"
+    )
+    return lines
 
 
 def _score(study: StudyPlan, v: Variant) -> float | None:

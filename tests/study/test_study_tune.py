@@ -230,3 +230,18 @@ def test_a_tuned_study_of_two_keys_end_to_end(data_dir, tmp_path):
     assert f"| hetero | lr (at muon_lr={first['best']:g}) |" in text and "searches them in turn" in text
     (hetero,) = [r for r in json.loads((out / "summary.json").read_text())["table"] if r["variant"] == "hetero"]
     assert f"lr={second['best']:g}" in hetero["label"] and f"muon_lr={first['best']:g}" in hetero["label"]
+
+
+def test_a_dry_run_prints_each_arms_grids_and_the_least_number_of_runs(data_dir, tmp_path, capsys):
+    from geomtrain.cli import main as cli_main
+
+    grids = ["muon_lr=0.01,0.02,0.04", "lr=1e-3,2e-3,4e-3", "adamw:lr=1e-3,2e-3,4e-3,8e-3"]
+    argv = ["study", "--model", "tiny", "--data-dir", data_dir, "--out", str(tmp_path / "x"), "--iters", "40"]
+    argv += ["--presets", "hetero,adamw", "--seeds", "3", "--select-seeds", "2", "--dry-run"]
+    assert cli_main([*argv, *(a for g in grids for a in ("--tune", g))]) == 0
+    out = capsys.readouterr().out
+    assert "  hetero: muon_lr 0.01, 0.02, 0.04, then lr 0.001, 0.002, 0.004\n" in out
+    assert "  adamw: lr 0.001, 0.002, 0.004, 0.008\n" in out
+    # (6 + 4 values) x 2 selection seeds at half of 40 steps; 2 arms x 3 confirmation seeds at 40
+    assert "selection: at least 20 runs of 20 steps (seeds 1000, 1001; each grid may grow by 2); " in out
+    assert "confirmation: 6 runs of 40 steps" in out and not (tmp_path / "x").exists()
