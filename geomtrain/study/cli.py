@@ -208,10 +208,7 @@ def _add_comparison_options(p: argparse.ArgumentParser, rec: list) -> None:
     """Arms, tuning and the paired statistics (docs/studies.md has the whole protocol)."""
     g = p.add_argument_group("fair comparisons (docs/studies.md)")
     _add(g, rec, "--solvers", default=None, help="Muon solvers, one arm each (default,exact -> hetero, hetero+exact)")
-    tune_help = (
-        "tune each arm on its own grid on --select-seeds, then confirm on --seeds "
-        "(repeatable: several keys are searched in turn)"
-    )
+    tune_help = "tune each arm on --select-seeds, then confirm on --seeds (repeatable: keys searched in turn)"
     _add(g, rec, "--tune", action="append", default=[], metavar="[PRESET:]KEY=V1,V2,V3", help=tune_help)
     _add(g, rec, "--select-seeds", default="1", help="--tune: a count (2 -> 1000,1001) or a list (default: 1)")
     _add(g, rec, "--tune-fraction", type=float, default=0.5, help="--tune: selection horizon / --iters (default: 0.5)")

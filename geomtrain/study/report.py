@@ -22,6 +22,7 @@ __all__ = [
     "format_solver_table",
     "format_comparisons",
     "format_tuning",
+    "tuning_section",
     "results_csv",
     "results_markdown",
     "write_report",
@@ -205,6 +206,22 @@ def format_tuning(tuning: dict) -> str:
     return _markdown(head, body)
 
 
+def tuning_section(tuning: dict) -> list[str]:
+    """The tuning paragraph of ``results.md``: the protocol in words, then `format_tuning`."""
+    p = tuning.get("protocol", {})
+    several = any("stages" in t for t in (tuning.get("arms") or {}).values())
+    order = "An arm with several keys searches them in turn, the keys before at their chosen values. "
+    return [
+        f"Tuning (selection runs, not in the table above): seeds {', '.join(map(str, p.get('select_seeds', [])))} "
+        f"at {p.get('fraction')} of the horizon; a best value at a grid end grows the grid (at most "
+        f"{p.get('max_extend')} points). {order if several else ''}Each arm is then confirmed at its chosen "
+        "value on the seeds above.",
+        "",
+        format_tuning(tuning),
+        "",
+    ]
+
+
 def results_csv(rows: list[dict]) -> str:
     """The table as CSV (:data:`CSV_COLUMNS`; lists space-separated, ``None`` empty)."""
     buf = io.StringIO()
@@ -245,20 +262,8 @@ def results_markdown(summary: dict) -> str:
         format_attention_table(summary["table"]),
         "",
     ]
-    tuning = st.get("tuning")
-    if tuning:
-        p = tuning.get("protocol", {})
-        several = any("stages" in t for t in (tuning.get("arms") or {}).values())
-        order = "An arm with several keys searches them in turn, the keys before at their chosen values. "
-        md += [
-            f"Tuning (selection runs, not in the table above): seeds {', '.join(map(str, p.get('select_seeds', [])))} "
-            f"at {p.get('fraction')} of the horizon; a best value at a grid end grows the grid (at most "
-            f"{p.get('max_extend')} points). {order if several else ''}Each arm is then confirmed at its chosen "
-            "value on the seeds above.",
-            "",
-            format_tuning(tuning),
-            "",
-        ]
+    if st.get("tuning"):
+        md += tuning_section(st["tuning"])
     if summary.get("comparisons"):
         from .stats import VERDICT_RULE
 
