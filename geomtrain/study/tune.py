@@ -233,6 +233,11 @@ def validate_selection(study: StudyPlan) -> StudyPlan:
     return study
 
 
+def _current_value(study: StudyPlan, arm: Variant, key: str):
+    """``key``'s value in ``arm``'s config (the study's, or the arm's own override)."""
+    return getattr(study.config(arm, study.seeds[0]), key)
+
+
 def describe_tuning(study: StudyPlan) -> list[str]:
     """The selection plan in words, a line per arm and one for the totals: what a dry run prints for a budget
     (the least number of runs; each grid may grow by ``max_extend`` points)."""
@@ -241,7 +246,8 @@ def describe_tuning(study: StudyPlan) -> list[str]:
     lines, runs = [], 0
     for arm in (v for v in study.variants if v.role is None):
         grids = protocol.grids_of(arm)
-        runs += sum(len(g["values"]) for g in grids) * seeds
+        reused = sum(_current_value(study, arm, g["key"]) in g["values"] for g in grids[1:])  # `_KeySearch.same_as`
+        runs += (sum(len(g["values"]) for g in grids) - reused) * seeds
         keys = ", then ".join(f"{g['key']} {', '.join(map(format_value, g['values']))}" for g in grids)
         lines.append(f"  {arm.name}: {keys or 'untuned (no grid applies)'}")
     arms = sum(v.role is None for v in study.variants)
@@ -269,11 +275,14 @@ def _score(study: StudyPlan, v: Variant) -> float | None:
 
 @dataclass
 class _KeySearch:
-    """The grid search of one key of an arm, the keys searched before it at their chosen values (``fixed``)."""
+    """The grid search of one key of an arm, the keys searched before it at their chosen values (``fixed``).
+    ``same_as``: the grid value that is the key's value in the search before (``{value: that search's best run}``,
+    whose config is this value's: it scores the value, and no run trains twice)."""
 
     key: str
     values: list
     fixed: dict
+    same_as: dict = field(default_factory=dict)
     initial: int = field(init=False)  # the grid's size before it grew
     scores: dict = field(default_factory=dict)
     outcome: dict = field(default_factory=dict)
@@ -289,6 +298,7 @@ class _KeySearch:
             "scores": {format_value(v): self.scores.get(v) for v in self.values},
             "extended": len(self.values) - self.initial,
             **{k: self.outcome.get(k) for k in ("best", "where")},
+            **({"reused": {format_value(v): run.name for v, run in self.same_as.items()}} if self.same_as else {}),
         }
 
 
@@ -304,15 +314,22 @@ class _ArmSearch:
     def __post_init__(self):
         self.stages = [_KeySearch(self.grids[0]["key"], list(self.grids[0]["values"]), {})]
 
+    def run_of(self, k: _KeySearch, value, protocol: TuneProtocol, base: dict) -> Variant:
+        """The selection run that scores ``value`` of ``k``: its own, or the earlier one with its config."""
+        return k.same_as.get(value) or selection_variant(self.arm, k.key, value, protocol, base, k.fixed)
+
     def selection(self, protocol: TuneProtocol, base: dict) -> list[Variant]:
-        return [selection_variant(self.arm, k.key, v, protocol, base, k.fixed) for k in self.stages for v in k.values]
+        runs = {}
+        for k in self.stages:
+            for v in k.values:
+                run = self.run_of(k, v, protocol, base)
+                runs.setdefault(run.name, run)
+        return list(runs.values())
 
     def update(self, study: StudyPlan, protocol: TuneProtocol, print_fn: Callable) -> bool:
         """Score the current key's grid; grow it, or start the next key, or finish. True when there are new runs."""
         k = self.stages[-1]
-        k.scores = {
-            v: _score(study, selection_variant(self.arm, k.key, v, protocol, study.base, k.fixed)) for v in k.values
-        }
+        k.scores = {v: _score(study, self.run_of(k, v, protocol, study.base)) for v in k.values}
         k.outcome = choose(k.values, k.scores, len(k.values) - k.initial, protocol.max_extend)
         if k.outcome["grow"]:
             new = extend_grid(k.values, k.outcome["grow"])
@@ -321,7 +338,10 @@ class _ArmSearch:
             return True
         if k.outcome["best"] is not None and len(self.stages) < len(self.grids):
             grid, fixed = self.grids[len(self.stages)], {**k.fixed, k.key: k.outcome["best"]}
-            self.stages.append(_KeySearch(grid["key"], list(grid["values"]), fixed))
+            now = _current_value(study, self.arm, grid["key"])
+            best_run = self.run_of(k, k.outcome["best"], protocol, study.base)
+            same = {now: best_run} if now in grid["values"] else {}
+            self.stages.append(_KeySearch(grid["key"], list(grid["values"]), fixed, same))
             print_fn(f"tuning {self.arm.name}: {', '.join(_assignments(fixed))}; now {grid['key']}")
             return True
         self.done = True

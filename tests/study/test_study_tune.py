@@ -151,7 +151,10 @@ def test_several_keys_are_searched_one_after_the_other(tmp_path, data_dir):
     assert "stages" not in adamw and adamw["key"] == "lr" and adamw["best"] == 2.4e-3
     names = {t[0] for t in trained if t[0].startswith("select-unconstrained")}
     assert "select-unconstrained__muon_lr-0.04" in names and "select-unconstrained__muon_lr-0.08__lr-0.0024" in names
-    assert len(names) == 5 + 5  # each grid grew by one; every value trained once
+    # each grid grew by two; lr 6e-4, the study's value, is muon_lr 0.08's run of the first search: not trained again
+    assert len(names) == 5 + 4 and "select-unconstrained__muon_lr-0.08__lr-0.0006" not in names
+    assert second["reused"] == {"0.0006": "select-unconstrained__muon_lr-0.08"}
+    assert second["scores"]["0.0006"] == first["scores"]["0.08"]
     final = {v.name: v for v in study.variants if v.role is None}
     assert final["unconstrained"].overrides == {"muon_lr": 0.08, "lr": 2.4e-3}
     assert final["adamw"].overrides == {"lr": 2.4e-3}
@@ -235,13 +238,14 @@ def test_a_tuned_study_of_two_keys_end_to_end(data_dir, tmp_path):
 def test_a_dry_run_prints_each_arms_grids_and_the_least_number_of_runs(data_dir, tmp_path, capsys):
     from geomtrain.cli import main as cli_main
 
-    grids = ["muon_lr=0.01,0.02,0.04", "lr=1e-3,2e-3,4e-3", "adamw:lr=1e-3,2e-3,4e-3,8e-3"]
+    grids = ["muon_lr=0.01,0.02,0.04", "lr=3e-4,6e-4,1.2e-3", "adamw:lr=1e-3,2e-3,4e-3,8e-3"]
     argv = ["study", "--model", "tiny", "--data-dir", data_dir, "--out", str(tmp_path / "x"), "--iters", "40"]
     argv += ["--presets", "hetero,adamw", "--seeds", "3", "--select-seeds", "2", "--dry-run"]
     assert cli_main([*argv, *(a for g in grids for a in ("--tune", g))]) == 0
     out = capsys.readouterr().out
-    assert "  hetero: muon_lr 0.01, 0.02, 0.04, then lr 0.001, 0.002, 0.004\n" in out
+    assert "  hetero: muon_lr 0.01, 0.02, 0.04, then lr 0.0003, 0.0006, 0.0012\n" in out
     assert "  adamw: lr 0.001, 0.002, 0.004, 0.008\n" in out
-    # (6 + 4 values) x 2 selection seeds at half of 40 steps; 2 arms x 3 confirmation seeds at 40
-    assert "selection: at least 20 runs of 20 steps (seeds 1000, 1001; each grid may grow by 2); " in out
+    # (6 - 1 + 4 values) x 2 selection seeds at half of 40 steps (lr 6e-4, the study's, is the best muon_lr's run);
+    # 2 arms x 3 confirmation seeds at 40
+    assert "selection: at least 18 runs of 20 steps (seeds 1000, 1001; each grid may grow by 2); " in out
     assert "confirmation: 6 runs of 40 steps" in out and not (tmp_path / "x").exists()
