@@ -96,6 +96,7 @@ def pack(out: str | os.PathLike, archive: str | os.PathLike, runs_dir: str | os.
             tar.add(path, arcname=name, recursive=False)
     buf.seek(0)
     _verified_members(buf)  # a file changed while it was read fails here, before anything is replaced
+    Path(archive).parent.mkdir(parents=True, exist_ok=True)  # e.g. a record's state/ folder, on its first pack
     atomic_write_bytes(archive, buf.getvalue())
     return manifest
 

@@ -64,7 +64,7 @@ def test_packed_study_resumes_elsewhere_to_the_same_losses(data_dir, interrupted
 def test_runs_inside_the_study_folder_travel_with_it(data_dir, tmp_path):
     out = tmp_path / "study"
     assert tiny_study(data_dir, out, "--presets", "adamw", "--set", "stop_after=2") == 0  # runs in out/runs
-    archive = tmp_path / "s.tar.xz"
+    archive = tmp_path / "state" / "s.tar.xz"  # a folder that does not exist yet: pack makes it
     manifest = pack(out, archive)
     assert manifest["runs_inside_study"] == "runs" and "study/runs/adamw/s0/ckpt.pt" in manifest["files"]
     new_out, new_runs = unpack(archive, tmp_path / "moved")
