@@ -34,7 +34,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
 from .._io import read_json
-from .plan import StudyError, StudyPlan, Variant, format_value
+from .plan import StudyError, StudyPlan, Variant, format_value, swept_name
 
 __all__ = [
     "SELECT_SEED_START",
@@ -189,14 +189,23 @@ def _assignments(values: dict) -> list[str]:
 
 
 def selection_variant(
-    arm: Variant, key: str, value, protocol: TuneProtocol, base: dict, fixed: dict | None = None
+    arm: Variant,
+    key: str,
+    value,
+    protocol: TuneProtocol,
+    base: dict,
+    fixed: dict | None = None,
+    at_fixed: str | None = None,
+    base_value=None,
 ) -> Variant:
-    """The run of ``arm`` at ``key=value`` (and the keys searched before it at their chosen values, ``fixed``) on the
-    selection seeds, at ``fraction`` of the horizon: ``select-ARM__K1-V1__KEY-VALUE``."""
+    """The run of ``arm`` at ``key=value`` on the selection seeds, at ``fraction`` of the horizon: the first key's
+    ``select-ARM__KEY-VALUE``; a later key's with the keys before it at their chosen values (``fixed``), named by
+    `swept_name` after the run at ``fixed`` (``at_fixed``), so that at the arm's own value (``base_value``) it is
+    that very run: ``select-ARM__K1-V1__KEY-VALUE``, or ``select-ARM__K1-V1``."""
     scaled = _scaled(base, protocol.fraction)
     at = {**(fixed or {}), key: value}
     return Variant(
-        "__".join([f"select-{arm.name}", *(f"{k}-{format_value(v)}" for k, v in at.items())]),
+        swept_name(at_fixed or f"select-{arm.name}", key, value, base_value),
         arm.preset,
         rules=list(arm.rules),
         overrides={**arm.overrides, **at, **scaled},
@@ -246,7 +255,7 @@ def describe_tuning(study: StudyPlan) -> list[str]:
     lines, runs = [], 0
     for arm in (v for v in study.variants if v.role is None):
         grids = protocol.grids_of(arm)
-        reused = sum(_current_value(study, arm, g["key"]) in g["values"] for g in grids[1:])  # `_KeySearch.same_as`
+        reused = sum(_current_value(study, arm, g["key"]) in g["values"] for g in grids[1:])  # `swept_name`
         runs += (sum(len(g["values"]) for g in grids) - reused) * seeds
         keys = ", then ".join(f"{g['key']} {', '.join(map(format_value, g['values']))}" for g in grids)
         lines.append(f"  {arm.name}: {keys or 'untuned (no grid applies)'}")
@@ -275,14 +284,14 @@ def _score(study: StudyPlan, v: Variant) -> float | None:
 
 @dataclass
 class _KeySearch:
-    """The grid search of one key of an arm, the keys searched before it at their chosen values (``fixed``).
-    ``same_as``: the grid value that is the key's value in the search before (``{value: that search's best run}``,
-    whose config is this value's: it scores the value, and no run trains twice)."""
+    """The grid search of one key of an arm, the keys searched before it at their chosen values (``fixed``: the run
+    ``at_fixed``, where the key has the arm's own value ``base_value``; None for the first key)."""
 
     key: str
     values: list
     fixed: dict
-    same_as: dict = field(default_factory=dict)
+    at_fixed: str | None = None
+    base_value: object = None
     initial: int = field(init=False)  # the grid's size before it grew
     scores: dict = field(default_factory=dict)
     outcome: dict = field(default_factory=dict)
@@ -298,8 +307,12 @@ class _KeySearch:
             "scores": {format_value(v): self.scores.get(v) for v in self.values},
             "extended": len(self.values) - self.initial,
             **{k: self.outcome.get(k) for k in ("best", "where")},
-            **({"reused": {format_value(v): run.name for v, run in self.same_as.items()}} if self.same_as else {}),
+            **({"reused": {format_value(self.base_value): self.at_fixed}} if self.base_value in self.values else {}),
         }
+
+    def variant(self, arm: Variant, value, protocol: TuneProtocol, base: dict) -> Variant:
+        """The selection run of ``value`` (at the arm's own value: the run at ``fixed``, trained once)."""
+        return selection_variant(arm, self.key, value, protocol, base, self.fixed, self.at_fixed, self.base_value)
 
 
 @dataclass
@@ -314,22 +327,18 @@ class _ArmSearch:
     def __post_init__(self):
         self.stages = [_KeySearch(self.grids[0]["key"], list(self.grids[0]["values"]), {})]
 
-    def run_of(self, k: _KeySearch, value, protocol: TuneProtocol, base: dict) -> Variant:
-        """The selection run that scores ``value`` of ``k``: its own, or the earlier one with its config."""
-        return k.same_as.get(value) or selection_variant(self.arm, k.key, value, protocol, base, k.fixed)
-
     def selection(self, protocol: TuneProtocol, base: dict) -> list[Variant]:
         runs = {}
         for k in self.stages:
             for v in k.values:
-                run = self.run_of(k, v, protocol, base)
-                runs.setdefault(run.name, run)
+                run = k.variant(self.arm, v, protocol, base)
+                runs.setdefault(run.name, run)  # a later key at the arm's own value: an earlier key's run
         return list(runs.values())
 
     def update(self, study: StudyPlan, protocol: TuneProtocol, print_fn: Callable) -> bool:
         """Score the current key's grid; grow it, or start the next key, or finish. True when there are new runs."""
         k = self.stages[-1]
-        k.scores = {v: _score(study, self.run_of(k, v, protocol, study.base)) for v in k.values}
+        k.scores = {v: _score(study, k.variant(self.arm, v, protocol, study.base)) for v in k.values}
         k.outcome = choose(k.values, k.scores, len(k.values) - k.initial, protocol.max_extend)
         if k.outcome["grow"]:
             new = extend_grid(k.values, k.outcome["grow"])
@@ -338,10 +347,9 @@ class _ArmSearch:
             return True
         if k.outcome["best"] is not None and len(self.stages) < len(self.grids):
             grid, fixed = self.grids[len(self.stages)], {**k.fixed, k.key: k.outcome["best"]}
+            at_fixed = k.variant(self.arm, k.outcome["best"], protocol, study.base).name
             now = _current_value(study, self.arm, grid["key"])
-            best_run = self.run_of(k, k.outcome["best"], protocol, study.base)
-            same = {now: best_run} if now in grid["values"] else {}
-            self.stages.append(_KeySearch(grid["key"], list(grid["values"]), fixed, same))
+            self.stages.append(_KeySearch(grid["key"], list(grid["values"]), fixed, at_fixed, now))
             print_fn(f"tuning {self.arm.name}: {', '.join(_assignments(fixed))}; now {grid['key']}")
             return True
         self.done = True
@@ -370,10 +378,11 @@ def run_tuning(
     ``save()`` writes ``record``. Returns 0, or the code of an interrupted phase."""
     protocol = TuneProtocol.from_dict(study.options["tune"])
     arms = [v for v in study.variants if v.role is None]
-    searches = [_ArmSearch(a, grids) for a in arms if (grids := protocol.grids_of(a))]
+    grids = {a.name: protocol.grids_of(a) for a in arms}
+    searches = [_ArmSearch(a, grids[a.name]) for a in arms if grids[a.name]]
     tuning = record.setdefault("tuning", {})
     tuning["protocol"] = protocol.to_dict()
-    tuning["untuned"] = [a.name for a in arms if not protocol.grids_of(a)]
+    tuning["untuned"] = [a.name for a in arms if not grids[a.name]]
     while True:
         selection = [v for s in searches for v in s.selection(protocol, study.base)]
         study.variants = arms + selection
