@@ -31,7 +31,9 @@ for s in ${@:-w64 w128 exact128 w256 ctx128}; do case "$s" in
     # the default arms' runs are w128's own (same run folders, same configs): only the exact arms train
     exact128) study tuned-exact-w128 --iters 500 --presets "$constrained" --solvers default,exact --reference +exact \
         --runs-dir runs/tuned-w128 ;;
-    w256) study tuned-w256 --iters 2000 --tune-fraction 0.25 --set n_embd=256 --runs-dir runs/tuned-w256 ;;
+    # both rates (muon_lr, then the AdamW part's lr on a 3-point grid centred on width 128's optima); see README
+    w256) study tuned-w256 --iters 2000 --tune-fraction 0.25 --set n_embd=256 --runs-dir runs/tuned-w256 \
+        --tune lr=4.8e-3,9.6e-3,1.92e-2 --tune-max-extend 4 ;;
     ctx128) study tuned-exact-ctx128 --iters 500 --presets "$constrained" --solvers default,exact --reference +exact \
         --set block_size=128 --runs-dir runs/tuned-ctx128 ;;
     *) echo "unknown step $s; valid: w64 w128 exact128 w256 ctx128, pack SUITE, unpack SUITE" >&2; exit 2 ;;

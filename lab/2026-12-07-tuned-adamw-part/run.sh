@@ -3,7 +3,8 @@
 # hidden matrices, then `lr` for the AdamW part: embeddings, head, norms, biases, at the chosen `muon_lr`), and
 # `adamw` with its `lr` tuned on the same grid. Width 128 (`mini`, the main settings: 4 layers, 4 heads, context 64,
 # data/classics-bpe4k), 500 steps; selection on seed 1000 at 250 steps, each grid grown at an edge until its best
-# value is interior; then 3 confirmation seeds 0, 1, 2. One run at a time (JOBS=2 for two), one torch thread.
+# value is interior (by at most 4 points); then 3 confirmation seeds 0, 1, 2. One run at a time (JOBS=2 for two),
+# one torch thread.
 # Resumable: rerun a step to continue; `pack`/`unpack` move an unfinished study to another machine.
 #
 #   lab/2026-12-07-tuned-adamw-part/run.sh [STEP ...]     # from the repository root
@@ -12,6 +13,8 @@
 #   presets   the tuned study: docs/results/tuned-lr-w128
 #   check     a second pass on `unconstrained`: `muon_lr` 0.005 and 0.02 at its chosen `lr` 0.0096, selection seed
 #             and horizon (is `muon_lr` 0.01 still the best after `lr` moved?): lab/.../results/second-pass
+#   w64       the `presets` study at n_embd 64 (the width plot's narrowest point with both rates tuned):
+#             docs/results/tuned-lr-w64
 #   pack | unpack   the `presets` study to or from state/tuned-lr-w128.tar.xz
 set -euo pipefail
 case "${1:-}" in  # --help: the header above, and nothing run
@@ -20,17 +23,19 @@ esac
 cd "$(dirname "$0")/../.."
 G=${GEOMTRAIN:-.venv/bin/geomtrain}
 here=lab/2026-12-07-tuned-adamw-part
+both=(--tune muon_lr=0.005,0.01,0.02,0.04,0.08 --tune lr=3e-4,6e-4,1.2e-3,2.4e-3,4.8e-3 --select-seeds 1 --tune-max-extend 4)
 common=(--model mini --set block_size=64 --jobs "${JOBS:-1}" --threads 1 --data-dir data/classics-bpe4k)
 case "${1:-}" in
     pack) "$G" study pack docs/results/tuned-lr-w128 "$here/state/tuned-lr-w128.tar.xz"; exit 0 ;;
     unpack) "$G" study unpack "$here/state/tuned-lr-w128.tar.xz" docs/results/tuned-lr-w128; exit 0 ;;
 esac
-for s in ${@:-presets check}; do case "$s" in
-    presets) "$G" study "${common[@]}" --iters 500 --seeds 3 \
-        --tune muon_lr=0.005,0.01,0.02,0.04,0.08 --tune lr=3e-4,6e-4,1.2e-3,2.4e-3,4.8e-3 --select-seeds 1 \
+for s in ${@:-presets check w64}; do case "$s" in
+    presets) "$G" study "${common[@]}" --iters 500 --seeds 3 "${both[@]}" \
         --out docs/results/tuned-lr-w128 --runs-dir runs/tuned-lr-w128 ;;
+    w64) "$G" study "${common[@]}" --iters 500 --seeds 3 "${both[@]}" --set n_embd=64 \
+        --out docs/results/tuned-lr-w64 --runs-dir runs/tuned-lr-w64 ;;
     check) "$G" study "${common[@]}" --iters 250 --seeds 1000, --presets unconstrained \
         --sweep muon_lr=0.005,0.02 --set lr=0.0096 --set warmup_iters=25 --set eval_interval=12 \
         --out "$here/results/second-pass" --runs-dir runs/tuned-lr-second-pass ;;
-    *) echo "unknown step $s; valid: presets check, pack, unpack" >&2; exit 2 ;;
+    *) echo "unknown step $s; valid: presets check w64, pack, unpack" >&2; exit 2 ;;
 esac; done
