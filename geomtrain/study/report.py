@@ -211,11 +211,14 @@ def tuning_section(tuning: dict) -> list[str]:
     p = tuning.get("protocol", {})
     several = any("stages" in t for t in (tuning.get("arms") or {}).values())
     order = "An arm with several keys searches them in turn, the keys before at their chosen values. "
+    searched = [st for t in (tuning.get("arms") or {}).values() for st in t.get("stages") or [t]]
+    tunes_lr = any(st.get("key") == "lr" for st in searched)
+    floor = f"A tuned lr {'moves min_lr with it' if p.get('scale_min_lr') else 'keeps the study min_lr'}. "
     return [
         f"Tuning (selection runs, not in the table above): seeds {', '.join(map(str, p.get('select_seeds', [])))} "
         f"at {p.get('fraction')} of the horizon; a best value at a grid end grows the grid (at most "
-        f"{p.get('max_extend')} points). {order if several else ''}Each arm is then confirmed at its chosen "
-        "value on the seeds above.",
+        f"{p.get('max_extend')} points). {order if several else ''}{floor if tunes_lr else ''}Each arm is then "
+        "confirmed at its chosen value on the seeds above.",
         "",
         format_tuning(tuning),
         "",

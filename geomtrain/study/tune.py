@@ -13,6 +13,9 @@ An *arm* is one thing compared (a preset, with a solver: ``hetero``, ``hetero+ex
    With several keys for one arm (``--tune muon_lr=... --tune lr=...``) the search is
    coordinate-wise, one key after the other in the order given: each key's grid search runs
    with the keys before it at their chosen values and the keys after it at the study's values.
+   A tuned ``lr`` keeps the schedule's shape: ``min_lr`` moves with it (``min_lr / lr`` as in
+   the arm's own config), so the AdamW part's cosine, and the Muon part's, which follows
+   ``lr_t / lr``, end at the same fraction of their peaks at every value.
 2. **Confirmation.** Each arm trains at the full horizon at its own best values on the
    *confirmation seeds* (the study's ``--seeds``), which must not share a seed with the
    selection seeds. Only these runs enter the results table and the paired statistics
@@ -66,16 +69,31 @@ class TuneProtocol:
     select_seeds: list[int]
     fraction: float = DEFAULT_FRACTION
     max_extend: int = DEFAULT_MAX_EXTEND
+    scale_min_lr: bool = True  # a tuned lr moves min_lr with it (min_lr / lr fixed); see `TuneProtocol.follow`
 
     def to_dict(self) -> dict:
         return dataclasses.asdict(self)
 
     @classmethod
     def from_dict(cls, d: dict) -> TuneProtocol:
-        """The protocol of a ``study.json`` (one grid per scope stored as a dict reads as a list of one)."""
+        """The protocol of a ``study.json`` (one grid per scope stored as a dict reads as a list of one; a record
+        without ``scale_min_lr`` was made when a tuned ``lr`` kept the study's ``min_lr``: it reads as False)."""
         out = cls(**{f.name: d[f.name] for f in dataclasses.fields(cls) if f.name in d})
         out.grids = {scope: [g] if isinstance(g, dict) else list(g) for scope, g in out.grids.items()}
+        out.scale_min_lr = bool(d.get("scale_min_lr", False))
         return out
+
+    def follow(self, arm: Variant, base: dict, at: dict) -> dict:
+        """The overrides of ``arm`` at the tuned values ``at``: ``at``, and where it sets ``lr`` to another value
+        than the arm's own (and not ``min_lr`` too), ``min_lr = min_lr_own * lr / lr_own``. The schedule keeps its
+        shape: the AdamW part's cosine ends at the same fraction of its peak, and so does the Muon part's, whose
+        rate is ``muon_lr * lr_t / lr``. With a fixed ``min_lr`` a higher ``lr`` would decay both deeper."""
+        from ..config import TrainConfig
+
+        own = {"lr": TrainConfig.lr, "min_lr": TrainConfig.min_lr, **base, **arm.overrides}
+        if not self.scale_min_lr or "lr" not in at or "min_lr" in at or at["lr"] == own["lr"]:
+            return dict(at)
+        return {**at, "min_lr": _round(own["min_lr"] * at["lr"] / own["lr"])}
 
     def grids_of(self, arm: Variant) -> list[dict]:
         """The grids ``[{"key", "values"}, ...]`` that tune ``arm``, in search order: the shared ones (less the
@@ -208,7 +226,7 @@ def selection_variant(
         swept_name(at_fixed or f"select-{arm.name}", key, value, base_value),
         arm.preset,
         rules=list(arm.rules),
-        overrides={**arm.overrides, **at, **scaled},
+        overrides={**arm.overrides, **protocol.follow(arm, base, at), **scaled},
         label=f"{arm.label or arm.name}, {', '.join(_assignments(at))} (selection, {scaled['max_iters']} steps)",
         base=arm.name,
         sweep={"key": key, "value": value},
@@ -217,13 +235,14 @@ def selection_variant(
     )
 
 
-def confirmation_variant(arm: Variant, chosen: dict) -> Variant:
-    """``arm`` at its chosen values ``{key: value}`` (unchanged when untuned), on the study's confirmation seeds."""
+def confirmation_variant(arm: Variant, chosen: dict, protocol: TuneProtocol, base: dict) -> Variant:
+    """``arm`` at its chosen values ``{key: value}`` (with `TuneProtocol.follow`; unchanged when untuned), on the
+    study's confirmation seeds."""
     if not chosen:
         return arm
     return dataclasses.replace(
         arm,
-        overrides={**arm.overrides, **chosen},
+        overrides={**arm.overrides, **protocol.follow(arm, base, chosen)},
         label=f"{arm.label or arm.name} ({', '.join(_assignments(chosen))})",
     )
 
@@ -402,7 +421,7 @@ def run_tuning(
         if a.name in chosen and chosen[a.name] is None:
             print_fn(f"tuning {a.name}: every value of a key diverged in selection; not confirmed")
             continue
-        confirm.append(confirmation_variant(a, chosen.get(a.name) or {}))
+        confirm.append(confirmation_variant(a, chosen.get(a.name) or {}, protocol, study.base))
     for s in searches:
         picks = ", ".join(f"{k.key}={format_value(k.outcome['best'])} ({k.outcome['where']})" for k in s.stages)
         print_fn(f"tuning {s.arm.name}: {picks}")

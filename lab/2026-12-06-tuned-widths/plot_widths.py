@@ -1,7 +1,9 @@
 """Each preset's tuned gap to `unconstrained` against width, with its paired 95% interval (issue 52's figure).
 
-Reads the `summary.json` of every finished width suite (docs/results/tuned-w64, -w128, -w256 where present) and
-writes docs/results/tuned-widths.png and prints the table it plots. Run from the repository root:
+Two panels: the Muon arms with `muon_lr` alone tuned (their AdamW part at the shared `lr`; docs/results/tuned-w64,
+-w128) and with both rates tuned (docs/results/tuned-lr-w64, -lr-w128, and tuned-w256, which tunes both), `adamw`
+in the second panel only (at equal tuning). Reads the `summary.json` of every suite present, writes
+docs/results/tuned-widths.png and prints the table it plots. Run from the repository root:
 
     .venv/bin/python lab/2026-12-06-tuned-widths/plot_widths.py
 """
@@ -19,8 +21,12 @@ import matplotlib.pyplot as plt  # noqa: E402
 
 from geomtrain.study.stats import paired_interval  # noqa: E402
 
-SUITES = {64: "tuned-w64", 128: "tuned-w128", 256: "tuned-w256"}
-ARMS = ("all-stiefel", "hetero", "hetero-inv", "all-dgram")
+PANELS = {
+    "muon_lr tuned (AdamW part at lr 6e-4)": {64: "tuned-w64", 128: "tuned-w128"},
+    "both rates tuned": {64: "tuned-lr-w64", 128: "tuned-lr-w128", 256: "tuned-w256"},
+}
+ARMS = ("all-stiefel", "hetero", "hetero-inv", "all-dgram", "adamw")
+WIDTHS = (64, 128, 256)
 RESULTS = Path("docs/results")
 
 
@@ -34,37 +40,47 @@ def finals(study: Path) -> dict[tuple[str, int], float]:
     }
 
 
-def gaps() -> dict[str, list[tuple[int, dict]]]:
-    out: dict[str, list[tuple[int, dict]]] = {arm: [] for arm in ARMS}
-    for width, name in SUITES.items():
+def gaps(suites: dict[int, str], arms: tuple[str, ...]) -> dict[str, list[tuple[int, dict]]]:
+    """Per arm, ``(width, paired interval of arm - unconstrained)`` over the confirmation seeds both have."""
+    out: dict[str, list[tuple[int, dict]]] = {arm: [] for arm in arms}
+    for width, name in suites.items():
         if not (RESULTS / name / "summary.json").exists():
             continue
         f = finals(RESULTS / name)
-        for arm in ARMS:
+        for arm in arms:
             seeds = sorted(s for a, s in f if a == arm and ("unconstrained", s) in f)
             if seeds:
                 out[arm].append((width, paired_interval([f[arm, s] - f["unconstrained", s] for s in seeds])))
     return out
 
 
-def main() -> None:
-    argparse.ArgumentParser(description=__doc__.splitlines()[0]).parse_args()
-    data = gaps()
-    fig, ax = plt.subplots(figsize=(6, 4))
+def draw(ax, title: str, data: dict[str, list[tuple[int, dict]]]) -> None:
+    """One panel: each arm's gap against width (log scale), a small offset per arm so the bars do not overlap."""
+    print(title)
     for k, (arm, points) in enumerate(data.items()):
-        xs = [w * (1 + 0.03 * (k - 1.5)) for w, _ in points]  # a small offset per arm so the bars do not overlap
+        colour = f"C{ARMS.index(arm)}"
+        xs = [w * (1 + 0.03 * (k - 2)) for w, _ in points]
         ys = [p["mean"] for _, p in points]
         err = [[p["mean"] - p["low"] for _, p in points], [p["high"] - p["mean"] for _, p in points]]
-        ax.errorbar(xs, ys, yerr=err, marker="o", capsize=3, label=arm)
+        ax.errorbar(xs, ys, yerr=err, marker="o", capsize=3, label=arm, color=colour)
         for w, p in points:
-            print(f"{arm:12s} n_embd {w:4d}: {p['mean']:+.4f} [{p['low']:+.4f}, {p['high']:+.4f}] (n = {p['n']})")
+            print(f"  {arm:12s} n_embd {w:4d}: {p['mean']:+.4f} [{p['low']:+.4f}, {p['high']:+.4f}] (n = {p['n']})")
     ax.axhline(0, color="k", lw=0.8)
     ax.set_xscale("log", base=2)
-    ax.set_xticks(list(SUITES), [str(w) for w in SUITES])
+    ax.set_xticks(list(WIDTHS), [str(w) for w in WIDTHS])
     ax.set_xlabel("n_embd (mini: 4 layers, context 64)")
-    ax.set_ylabel("final val loss − unconstrained (paired, 95% CI)")
-    ax.set_title("Tuned gap to unconstrained Muon, by width (below 0: better)")
+    ax.set_title(title, fontsize=10)
     ax.legend(fontsize=8)
+
+
+def main() -> None:
+    argparse.ArgumentParser(description=__doc__.splitlines()[0]).parse_args()
+    fig, axes = plt.subplots(1, len(PANELS), figsize=(11, 4))
+    for ax, (title, suites) in zip(axes, PANELS.items()):
+        arms = ARMS if "both" in title else ARMS[:-1]  # adamw against Muon only at equal tuning
+        draw(ax, title, gaps(suites, arms))
+    axes[0].set_ylabel("final val loss − unconstrained (paired, 95% CI)")
+    fig.suptitle("Tuned gap to unconstrained Muon, by width (below 0: better)")
     fig.tight_layout()
     fig.savefig(RESULTS / "tuned-widths.png", dpi=120)
     print(f"wrote {RESULTS / 'tuned-widths.png'}")

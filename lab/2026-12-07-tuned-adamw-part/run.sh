@@ -13,6 +13,9 @@
 #   presets   the tuned study: docs/results/tuned-lr-w128
 #   check     a second pass on `unconstrained`: `muon_lr` 0.005 and 0.02 at its chosen `lr` 0.0096, selection seed
 #             and horizon (is `muon_lr` 0.01 still the best after `lr` moved?): lab/.../results/second-pass
+#   floor     the schedule's floor: `min_lr` stays 6e-5 while `lr` is tuned (the default's floor is lr/10); selection
+#             seed and horizon, `unconstrained` and `all-stiefel` at their chosen rates, the floor at 6e-5 and at
+#             lr/10 (Muon's rate follows lr_t/lr, so its floor moves too): lab/.../results/floor-<preset>
 #   w64       the `presets` study at n_embd 64 (the width plot's narrowest point with both rates tuned):
 #             docs/results/tuned-lr-w64
 #   pack | unpack   the `presets` study to or from state/tuned-lr-w128.tar.xz
@@ -29,13 +32,17 @@ case "${1:-}" in
     pack) "$G" study pack docs/results/tuned-lr-w128 "$here/state/tuned-lr-w128.tar.xz"; exit 0 ;;
     unpack) "$G" study unpack "$here/state/tuned-lr-w128.tar.xz" docs/results/tuned-lr-w128; exit 0 ;;
 esac
-for s in ${@:-presets check w64}; do case "$s" in
+for s in ${@:-presets check floor w64}; do case "$s" in
     presets) "$G" study "${common[@]}" --iters 500 --seeds 3 "${both[@]}" \
         --out docs/results/tuned-lr-w128 --runs-dir runs/tuned-lr-w128 ;;
     w64) "$G" study "${common[@]}" --iters 500 --seeds 3 "${both[@]}" --set n_embd=64 \
         --out docs/results/tuned-lr-w64 --runs-dir runs/tuned-lr-w64 ;;
+    floor) for arm in unconstrained:0.01:0.0096 all-stiefel:0.04:0.0384; do IFS=: read -r p m l <<< "$arm"
+        "$G" study "${common[@]}" --iters 250 --seeds 1000, --presets "$p" --set muon_lr="$m" --set lr="$l" \
+            --sweep min_lr="$(python3 -c "print('%g' % ($l / 10))")" --set warmup_iters=25 --set eval_interval=12 \
+            --out "$here/results/floor-$p" --runs-dir "runs/tuned-lr-floor-$p"; done ;;
     check) "$G" study "${common[@]}" --iters 250 --seeds 1000, --presets unconstrained \
         --sweep muon_lr=0.005,0.02 --set lr=0.0096 --set warmup_iters=25 --set eval_interval=12 \
         --out "$here/results/second-pass" --runs-dir runs/tuned-lr-second-pass ;;
-    *) echo "unknown step $s; valid: presets check w64, pack, unpack" >&2; exit 2 ;;
+    *) echo "unknown step $s; valid: presets check floor w64, pack, unpack" >&2; exit 2 ;;
 esac; done

@@ -20,6 +20,7 @@ from geomtrain.study.tune import (
     selection_seeds,
     validate_selection,
 )
+from geomtrain.train import lr_at
 
 
 def test_parse_tune_scopes_and_errors():
@@ -156,8 +157,9 @@ def test_several_keys_are_searched_one_after_the_other(tmp_path, data_dir):
     assert second["reused"] == {"0.0006": "select-unconstrained__muon_lr-0.08"}
     assert second["scores"]["0.0006"] == first["scores"]["0.08"]
     final = {v.name: v for v in study.variants if v.role is None}
-    assert final["unconstrained"].overrides == {"muon_lr": 0.08, "lr": 2.4e-3}
-    assert final["adamw"].overrides == {"lr": 2.4e-3}
+    # a tuned lr moves min_lr with it: 6e-5 * 2.4e-3 / 6e-4
+    assert final["unconstrained"].overrides == {"muon_lr": 0.08, "lr": 2.4e-3, "min_lr": 2.4e-4}
+    assert final["adamw"].overrides == {"lr": 2.4e-3, "min_lr": 2.4e-4}
     assert [(t[0], t[1]) for t in trained if not t[0].startswith("select-")] == [
         (n, s) for s in (0, 1) for n in ("unconstrained", "adamw")
     ]
@@ -168,6 +170,40 @@ def test_several_keys_are_searched_one_after_the_other(tmp_path, data_dir):
     again = {"invocations": [{"id": "me"}], "timing": {"runs": {}}}
     assert run_tuning(fresh, again, train_jobs, lambda: None, print_fn=lambda *a: None) == 0
     assert len(trained) == count and again["tuning"]["arms"] == record["tuning"]["arms"]
+
+
+def test_a_tuned_lr_keeps_the_schedules_shape(tmp_path, data_dir):
+    # every run of a tuned lr, selection and confirmation, ends both cosines (AdamW's; Muon's, which follows
+    # lr_t / lr) at the study's min_lr / lr = 6e-5 / 6e-4 = 0.1 of their peaks; min_lr is rounded to 6
+    # significant digits, hence rel=1e-5
+    tune = ("muon_lr=0.01,0.02,0.04", "lr=3e-4,6e-4,1.2e-3")
+    study, _, train_jobs, _ = _fake_study(tmp_path, data_dir, optimum=0.08, tune=tune, lr_optimum=2.4e-3)
+    record = {"invocations": [{"id": "me"}], "timing": {"runs": {}}}
+    assert run_tuning(study, record, train_jobs, lambda: None, print_fn=lambda *a: None) == 0
+    lrs = set()
+    for v in study.variants:
+        cfg = study.config(v, (v.seeds or study.seeds)[0])
+        lrs.add(cfg.lr)
+        end = lr_at(cfg.max_iters, cfg)
+        assert end / cfg.lr == pytest.approx(0.1, rel=1e-5)  # AdamW's floor, and Muon's: muon_lr * end / lr
+        if cfg.lr == 6e-4:  # the study's own lr (the muon_lr search, the reused run): its min_lr untouched
+            assert cfg.min_lr == 6e-5 and "min_lr" not in v.overrides
+    assert lrs >= {3e-4, 6e-4, 1.2e-3, 2.4e-3, 4.8e-3}
+
+
+def test_follow_leaves_min_lr_alone_where_it_should():
+    arm = Variant("hetero", "hetero")
+    scaled = TuneProtocol(grids={}, select_seeds=[1000])
+    assert scaled.follow(arm, {"lr": 1e-3, "min_lr": 1e-4}, {"lr": 4e-3}) == {"lr": 4e-3, "min_lr": 4e-4}
+    assert scaled.follow(arm, {}, {"lr": 1.2e-3}) == {"lr": 1.2e-3, "min_lr": 1.2e-4}  # the config's 6e-4, 6e-5
+    assert scaled.follow(arm, {}, {"muon_lr": 0.04}) == {"muon_lr": 0.04}  # no lr: nothing to follow
+    assert scaled.follow(arm, {}, {"lr": 6e-4}) == {"lr": 6e-4}  # the arm's own lr
+    assert scaled.follow(arm, {}, {"lr": 1.2e-3, "min_lr": 0.0}) == {"lr": 1.2e-3, "min_lr": 0.0}  # tuned too
+    fixed = TuneProtocol(grids={}, select_seeds=[1000], scale_min_lr=False)
+    assert fixed.follow(arm, {}, {"lr": 1.2e-3}) == {"lr": 1.2e-3}
+    # a record written before the rule (no scale_min_lr) kept the study's min_lr: it reads as such
+    old = TuneProtocol.from_dict({"grids": {"*": {"key": "lr", "values": [1e-3, 2e-3, 4e-3]}}, "select_seeds": [1000]})
+    assert old.scale_min_lr is False and TuneProtocol.from_dict(scaled.to_dict()).scale_min_lr is True
 
 
 def test_overlapping_seeds_are_refused_before_any_folder(data_dir, tmp_path, capsys):
