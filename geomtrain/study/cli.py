@@ -146,7 +146,8 @@ def add_study_parser(subparsers) -> argparse.ArgumentParser:
         default=None,
         help=f"comma-separated presets (default: the suite's); valid: {', '.join(PRESETS)}",
     )
-    _add(p, rec, "--sweep", default=None, metavar="KEY=V1,V2", help="run every preset at every value of a config key")
+    sweep_help = "run every preset at every value of a config key, as given (lr alone: min_lr held; --tune moves it)"
+    _add(p, rec, "--sweep", default=None, metavar="KEY=V1,V2", help=sweep_help)
     _add_comparison_options(p, rec)
     _add(p, rec, "--bounds", default=None, help="bounded suite: comma-separated column-norm bounds (default: 1,2)")
     _add(p, rec, "--seeds", default="1", help="number of seeds (3 -> 0,1,2) or a list (0,5,7); default 1")
