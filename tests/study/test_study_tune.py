@@ -9,7 +9,7 @@ from conftest import tiny_study
 from geomtrain._io import atomic_write_json, read_json
 from geomtrain.study import StudyError, plan
 from geomtrain.study.plan import Variant
-from geomtrain.study.report import format_tuning
+from geomtrain.study.report import format_tuning, tuning_section
 from geomtrain.study.runner import save_record
 from geomtrain.study.tune import (
     TuneProtocol,
@@ -165,6 +165,7 @@ def test_several_keys_are_searched_one_after_the_other(tmp_path, data_dir):
     ]
     table = format_tuning(record["tuning"])
     assert "| unconstrained | lr (at muon_lr=0.08) |" in table and table.count("| unconstrained |") == 2
+    assert "A tuned lr moves min_lr with it." in tuning_section(record["tuning"])[0]
     count = len(trained)  # resuming replays the same search from the recorded runs and trains nothing
     fresh, _, _, _ = _fake_study(tmp_path, data_dir, optimum=0.08, tune=tune, lr_optimum=2.4e-3)
     again = {"invocations": [{"id": "me"}], "timing": {"runs": {}}}
