@@ -18,7 +18,7 @@
 #             lr/10 (Muon's rate follows lr_t/lr, so its floor moves too): lab/.../results/floor-<preset>
 #   w64       the `presets` study at n_embd 64 (the width plot's narrowest point with both rates tuned):
 #             docs/results/tuned-lr-w64
-#   pack | unpack   the `presets` study to or from state/tuned-lr-w128.tar.xz
+#   pack | unpack [STUDY]   a study (default tuned-lr-w128; tuned-lr-w64 for `w64`) to or from state/STUDY.tar.xz
 set -euo pipefail
 case "${1:-}" in  # --help: the header above, and nothing run
     -h | --help) echo "usage: lab/2026-12-07-tuned-adamw-part/run.sh [STEP ...]"; sed -n '2,/^set /s/^#\( \|$\)//p' "$0"; exit 0 ;;
@@ -30,8 +30,8 @@ both=(--tune muon_lr=0.005,0.01,0.02,0.04,0.08 --tune lr=2.4e-3,4.8e-3,9.6e-3,1.
     --tune-max-extend 4)
 common=(--model mini --set block_size=64 --jobs "${JOBS:-1}" --threads 1 --data-dir data/classics-bpe4k)
 case "${1:-}" in
-    pack) "$G" study pack docs/results/tuned-lr-w128 "$here/state/tuned-lr-w128.tar.xz"; exit 0 ;;
-    unpack) "$G" study unpack "$here/state/tuned-lr-w128.tar.xz" docs/results/tuned-lr-w128; exit 0 ;;
+    pack) "$G" study pack "docs/results/${2:-tuned-lr-w128}" "$here/state/${2:-tuned-lr-w128}.tar.xz"; exit 0 ;;
+    unpack) "$G" study unpack "$here/state/${2:-tuned-lr-w128}.tar.xz" "docs/results/${2:-tuned-lr-w128}"; exit 0 ;;
 esac
 for s in ${@:-presets check floor w64}; do case "$s" in
     presets) "$G" study "${common[@]}" --iters 500 --seeds 3 "${both[@]}" \
