@@ -88,12 +88,14 @@ class TuneProtocol:
         than the arm's own (and not ``min_lr`` too), ``min_lr = min_lr_own * lr / lr_own``. The schedule keeps its
         shape: the AdamW part's cosine ends at the same fraction of its peak, and so does the Muon part's, whose
         rate is ``muon_lr * lr_t / lr``. With a fixed ``min_lr`` a higher ``lr`` would decay both deeper."""
-        from ..config import TrainConfig
+        from ..config import make_config
 
-        own = {"lr": TrainConfig.lr, "min_lr": TrainConfig.min_lr, **base, **arm.overrides}
-        if not self.scale_min_lr or "lr" not in at or "min_lr" in at or at["lr"] == own["lr"]:
+        if not self.scale_min_lr or "lr" not in at or "min_lr" in at:
             return dict(at)
-        return {**at, "min_lr": _round(own["min_lr"] * at["lr"] / own["lr"])}
+        own = make_config({**base, **arm.overrides, "preset": arm.preset, "rules": list(arm.rules)})  # as a run's
+        if at["lr"] == own.lr:
+            return dict(at)
+        return {**at, "min_lr": _round(own.min_lr * at["lr"] / own.lr)}
 
     def grids_of(self, arm: Variant) -> list[dict]:
         """The grids ``[{"key", "values"}, ...]`` that tune ``arm``, in search order: the shared ones (less the

@@ -21,11 +21,11 @@ import matplotlib.pyplot as plt  # noqa: E402
 
 from geomtrain.study.stats import paired_interval  # noqa: E402
 
-PANELS = {
-    "muon_lr tuned (AdamW part at lr 6e-4)": {64: "tuned-w64", 128: "tuned-w128"},
-    "both rates tuned": {64: "tuned-lr-w64", 128: "tuned-lr-w128", 256: "tuned-w256"},
-}
 ARMS = ("all-stiefel", "hetero", "hetero-inv", "all-dgram", "adamw")
+PANELS = {  # title: (width -> study folder, the arms drawn; adamw against Muon only at equal tuning)
+    "muon_lr tuned (AdamW part at lr 6e-4)": ({64: "tuned-w64", 128: "tuned-w128"}, ARMS[:-1]),
+    "both rates tuned": ({64: "tuned-lr-w64", 128: "tuned-lr-w128", 256: "tuned-w256"}, ARMS),
+}
 WIDTHS = (64, 128, 256)
 RESULTS = Path("docs/results")
 
@@ -76,8 +76,7 @@ def draw(ax, title: str, data: dict[str, list[tuple[int, dict]]]) -> None:
 def main() -> None:
     argparse.ArgumentParser(description=__doc__.splitlines()[0]).parse_args()
     fig, axes = plt.subplots(1, len(PANELS), figsize=(11, 4))
-    for ax, (title, suites) in zip(axes, PANELS.items()):
-        arms = ARMS if "both" in title else ARMS[:-1]  # adamw against Muon only at equal tuning
+    for ax, (title, (suites, arms)) in zip(axes, PANELS.items()):
         draw(ax, title, gaps(suites, arms))
     axes[0].set_ylabel("final val loss − unconstrained (paired, 95% CI)")
     fig.suptitle("Tuned gap to unconstrained Muon, by width (below 0: better)")
