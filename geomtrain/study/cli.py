@@ -1,11 +1,10 @@
-"""Command lines of the study: ``geomtrain study`` (with the modes ``toy``, ``overhead``,
-``compare``, ``pack`` and ``unpack``) and ``geomtrain report``.
+"""Command lines of the study: ``geomtrain study`` (with the modes ``toy``, ``overhead``, ``compare``, ``pack`` and
+``unpack``) and ``geomtrain report``.
 
-:func:`add_study_parser` and :func:`add_report_parser` register them on the ``geomtrain``
-subparsers; each sets ``handler=fn(args) -> int``. A user error raises :class:`StudyError` (a
-``ValueError``): the caller prints it as one line and exits 2. :func:`main` does that on its own
-(``main(["--model", ...])``, ``main(["report", DIR])``, ``main(["toy", ...])``,
-``main(["overhead", ...])``).
+:func:`add_study_parser` and :func:`add_report_parser` register them on the ``geomtrain`` subparsers; each sets
+``handler=fn(args) -> int``. A user error raises :class:`StudyError` (a ``ValueError``): the caller prints it as one
+line and exits 2. :func:`main` does that on its own (``main(["--model", ...])``, ``main(["report", DIR])``,
+``main(["toy", ...])``, ``main(["overhead", ...])``).
 """
 
 from __future__ import annotations
@@ -214,6 +213,7 @@ def _add_comparison_options(p: argparse.ArgumentParser, rec: list) -> None:
     _add(g, rec, "--select-seeds", default="1", help="--tune: a count (2 -> 1000,1001) or a list (default: 1)")
     _add(g, rec, "--tune-fraction", type=float, default=0.5, help="--tune: selection horizon / --iters (default: 0.5)")
     _add(g, rec, "--tune-max-extend", type=int, default=2, help="--tune: points a grid may grow by (default: 2)")
+    _add(g, rec, "--tune-passes", type=int, default=3, help="--tune, several keys: most passes over them (default: 3)")
     _add(g, rec, "--reference", default="unconstrained", help="an arm, or +SOLVER, or both: what arms pair with")
     _add(g, rec, "--delta", type=float, default=0.005, help="'level' within ±DELTA (default: 0.005)")
 
@@ -240,6 +240,7 @@ def _tune_options(args) -> dict:
         select_seeds=selection_seeds(args.select_seeds),
         fraction=args.tune_fraction,
         max_extend=args.tune_max_extend,
+        max_passes=args.tune_passes,
     )
     return {"tune": protocol.check(parse_seeds(args.seeds)).to_dict()}
 

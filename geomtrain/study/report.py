@@ -200,7 +200,8 @@ def format_tuning(tuning: dict) -> str:
             where = t.get("where") or "-"
             if t.get("extended"):
                 where += f" (grid grown by {t['extended']})"
-            body.append([arm, t["key"] + (f" (at {fixed})" if fixed else ""), scores, chosen, where])
+            key = t["key"] + (f", pass {t['pass']}" if t.get("pass") else "") + (f" (at {fixed})" if fixed else "")
+            body.append([arm, key, scores, chosen, where])
     for arm in tuning.get("untuned") or []:
         body.append([arm, "-", "untuned (no grid applies)", "-", "-"])
     return _markdown(head, body)
@@ -210,7 +211,12 @@ def tuning_section(tuning: dict) -> list[str]:
     """The tuning paragraph of ``results.md``: the protocol in words, then `format_tuning`."""
     p = tuning.get("protocol", {})
     several = any("stages" in t for t in (tuning.get("arms") or {}).values())
-    order = "An arm with several keys searches them in turn, the keys before at their chosen values. "
+    order = "An arm with several keys searches them in turn, the keys before at their chosen values" + (
+        f"; then again, each about its choice with the others at theirs, until no key moves (at most "
+        f"{p['max_passes']} passes). "
+        if p.get("max_passes", 1) > 1
+        else ". "
+    )
     searched = [st for t in (tuning.get("arms") or {}).values() for st in t.get("stages") or [t]]
     tunes_lr = any(st.get("key") == "lr" for st in searched)
     floor = f"A tuned lr {'moves min_lr with it' if p.get('scale_min_lr') else 'keeps the study min_lr'}. "

@@ -13,6 +13,10 @@ An *arm* is one thing compared (a preset, with a solver: ``hetero``, ``hetero+ex
    With several keys for one arm (``--tune muon_lr=... --tune lr=...``) the search is
    coordinate-wise, one key after the other in the order given: each key's grid search runs
    with the keys before it at their chosen values and the keys after it at the study's values.
+   Later passes (up to ``max_passes`` over the keys) search each key again about its chosen value
+   (that value and its grid neighbours, growing at an edge as above), every other key at its
+   chosen value, until the last ``n_keys - 1`` searches in a row left their key where it was: no
+   single key's neighbouring value then scores better.
    A tuned ``lr`` keeps the schedule's shape: ``min_lr`` moves with it (``min_lr / lr`` as in
    the arm's own config), so the AdamW part's cosine, and the Muon part's, which follows
    ``lr_t / lr``, end at the same fraction of their peaks at every value.
@@ -58,6 +62,7 @@ __all__ = [
 SELECT_SEED_START = 1000  # "--select-seeds 2" -> 1000, 1001: apart from the usual confirmation seeds 0, 1, 2
 DEFAULT_FRACTION = 0.5  # selection runs train half the horizon
 DEFAULT_MAX_EXTEND = 2  # points a grid may grow by at its edges before the search stops there
+DEFAULT_MAX_PASSES = 3  # passes over several keys; one pass stopped where a neighbouring muon_lr was 0.01-0.03 better
 ALL_ARMS = "*"
 
 
@@ -70,6 +75,7 @@ class TuneProtocol:
     fraction: float = DEFAULT_FRACTION
     max_extend: int = DEFAULT_MAX_EXTEND
     scale_min_lr: bool = True  # a tuned lr moves min_lr with it (min_lr / lr fixed); see `TuneProtocol.follow`
+    max_passes: int = DEFAULT_MAX_PASSES  # passes over an arm's keys (several keys only); see `_ArmSearch`
 
     def to_dict(self) -> dict:
         return dataclasses.asdict(self)
@@ -77,10 +83,12 @@ class TuneProtocol:
     @classmethod
     def from_dict(cls, d: dict) -> TuneProtocol:
         """The protocol of a ``study.json`` (one grid per scope stored as a dict reads as a list of one; a record
-        without ``scale_min_lr`` was made when a tuned ``lr`` kept the study's ``min_lr``: it reads as False)."""
+        without ``scale_min_lr`` was made when a tuned ``lr`` kept the study's ``min_lr``: it reads as False; one
+        without ``max_passes``, when the keys were searched once: it reads as 1)."""
         out = cls(**{f.name: d[f.name] for f in dataclasses.fields(cls) if f.name in d})
         out.grids = {scope: [g] if isinstance(g, dict) else list(g) for scope, g in out.grids.items()}
         out.scale_min_lr = bool(d.get("scale_min_lr", False))
+        out.max_passes = int(d.get("max_passes", 1))
         return out
 
     def follow(self, arm: Variant, base: dict, at: dict) -> dict:
@@ -107,11 +115,13 @@ class TuneProtocol:
         return [own.pop(g["key"], g) for g in shared] + list(own.values())
 
     def check(self, confirm_seeds: Sequence[int]) -> TuneProtocol:
-        """``StudyError`` on a fraction outside (0, 1], a negative ``max_extend`` or shared seeds."""
+        """``StudyError`` on a fraction outside (0, 1], a negative ``max_extend``, no pass or shared seeds."""
         if not 0 < self.fraction <= 1:
             raise StudyError(f"--tune-fraction must be in (0, 1]; got {self.fraction}")
         if self.max_extend < 0:
             raise StudyError(f"--tune-max-extend must be >= 0; got {self.max_extend}")
+        if self.max_passes < 1:
+            raise StudyError(f"--tune-passes must be >= 1; got {self.max_passes}")
         shared = sorted(set(self.select_seeds) & set(confirm_seeds))
         if shared:
             raise StudyError(
@@ -283,7 +293,8 @@ def describe_tuning(study: StudyPlan) -> list[str]:
     arms = sum(v.role is None for v in study.variants)
     lines.append(
         f"selection: at least {runs} runs of {select_steps} steps (seeds {', '.join(map(str, protocol.select_seeds))}; "
-        f"each grid may grow by {protocol.max_extend}); confirmation: {arms * len(study.seeds)} runs of "
+        f"each grid may grow by {protocol.max_extend}; several keys: up to {protocol.max_passes} passes); "
+        f"confirmation: {arms * len(study.seeds)} runs of "
         f"{study.base['max_iters']} steps"
     )
     return lines
@@ -305,14 +316,15 @@ def _score(study: StudyPlan, v: Variant) -> float | None:
 
 @dataclass
 class _KeySearch:
-    """The grid search of one key of an arm, the keys searched before it at their chosen values (``fixed``: the run
-    ``at_fixed``, where the key has the arm's own value ``base_value``; None for the first key)."""
+    """The grid search of one key of an arm, the other keys searched so far at their chosen values (``fixed``: the
+    run ``at_fixed``, where the key has the value ``base_value``; None for the first key), in pass ``pass_no``."""
 
     key: str
     values: list
     fixed: dict
     at_fixed: str | None = None
     base_value: object = None
+    pass_no: int = 1
     initial: int = field(init=False)  # the grid's size before it grew
     scores: dict = field(default_factory=dict)
     outcome: dict = field(default_factory=dict)
@@ -323,6 +335,7 @@ class _KeySearch:
     def record(self) -> dict:
         return {
             "key": self.key,
+            **({"pass": self.pass_no} if self.pass_no > 1 else {}),
             **({"fixed": self.fixed} if self.fixed else {}),
             "grid": self.values,
             "scores": {format_value(v): self.scores.get(v) for v in self.values},
@@ -338,7 +351,8 @@ class _KeySearch:
 
 @dataclass
 class _ArmSearch:
-    """An arm's coordinate-wise search: one `_KeySearch` per grid, each started when the one before it is done."""
+    """An arm's coordinate-wise search: one `_KeySearch` per grid, each started when the one before it is done, then
+    (several keys) later passes, each key again about its chosen value, until it settles or ``max_passes`` ran out."""
 
     arm: Variant
     grids: list[dict]
@@ -366,23 +380,46 @@ class _ArmSearch:
             k.values = sorted([*k.values, new])
             print_fn(f"tuning {self.arm.name}: best {k.key} at the {k.outcome['grow']} edge; grid grows to {new:g}")
             return True
-        if k.outcome["best"] is not None and len(self.stages) < len(self.grids):
-            grid, fixed = self.grids[len(self.stages)], {**k.fixed, k.key: k.outcome["best"]}
-            at_fixed = k.variant(self.arm, k.outcome["best"], protocol, study.base).name
+        nxt = self._next_search(study, protocol) if k.outcome["best"] is not None else None
+        if nxt is None:
+            self.done = True
+            return False
+        self.stages.append(nxt)
+        again = f" again (pass {nxt.pass_no})" if nxt.pass_no > 1 else ""
+        print_fn(f"tuning {self.arm.name}: {', '.join(_assignments(nxt.fixed))}; now {nxt.key}{again}")
+        return True
+
+    def _next_search(self, study: StudyPlan, protocol: TuneProtocol) -> _KeySearch | None:
+        """The next key's search, or None when done. Pass 1: the next grid, the keys before it at their chosen values.
+        Later passes: key ``len(stages) % n`` about its chosen value (its last search's grid, that value and one
+        neighbour each side), the other keys at theirs; none once ``n - 1`` searches in a row kept their key's value
+        (the key before them was chosen with every other key where it is now) or after ``max_passes`` passes."""
+        k, n, current = self.stages[-1], len(self.grids), self.chosen()
+        at_fixed = k.variant(self.arm, k.outcome["best"], protocol, study.base).name
+        if len(self.stages) < n:
+            grid = self.grids[len(self.stages)]
             now = _current_value(study, self.arm, grid["key"])
-            self.stages.append(_KeySearch(grid["key"], list(grid["values"]), fixed, at_fixed, now))
-            print_fn(f"tuning {self.arm.name}: {', '.join(_assignments(fixed))}; now {grid['key']}")
-            return True
-        self.done = True
-        return False
+            return _KeySearch(grid["key"], list(grid["values"]), dict(current), at_fixed, now)
+        kept = 0
+        for done in reversed(self.stages[n:]):
+            if done.outcome.get("best") != done.base_value:
+                break
+            kept += 1
+        if n < 2 or kept >= n - 1 or len(self.stages) >= n * protocol.max_passes:
+            return None
+        key = self.grids[len(self.stages) % n]["key"]
+        grid = next(s.values for s in reversed(self.stages) if s.key == key)
+        i = grid.index(current[key])
+        fixed = {name: value for name, value in current.items() if name != key}
+        return _KeySearch(key, grid[max(0, i - 1) : i + 2], fixed, at_fixed, current[key], len(self.stages) // n + 1)
 
     def chosen(self) -> dict | None:
-        """``{key: best value}`` of every key, or None where a key's every value diverged."""
+        """``{key: best value}`` of every key (its latest search's), or None where a key's every value diverged."""
         best = {k.key: k.outcome.get("best") for k in self.stages}
         return None if any(v is None for v in best.values()) else best
 
     def record(self) -> dict:
-        """One key: its `_KeySearch` record; several: ``{"stages": [...]}`` in search order."""
+        """One key: its `_KeySearch` record; several: ``{"stages": [...]}`` in search order, every pass."""
         records = [k.record() for k in self.stages]
         return records[0] if len(self.grids) == 1 else {"stages": records}
 

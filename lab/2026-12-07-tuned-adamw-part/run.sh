@@ -16,6 +16,9 @@
 #   floor     the schedule's floor: `min_lr` stays 6e-5 while `lr` is tuned (the default's floor is lr/10); selection
 #             seed and horizon, `unconstrained` and `all-stiefel` at their chosen rates, the floor at 6e-5 and at
 #             lr/10 (Muon's rate follows lr_t/lr, so its floor moves too): lab/.../results/floor-<preset>
+#   second-pass  the `check` step for the four constrained presets of docs/results/tuned-lr-w128 with the scaled
+#             floor: each at half and twice its chosen `muon_lr`, at its chosen `lr` (`min_lr` = lr / 10), selection
+#             seed and horizon: lab/.../results/second-pass-<preset>
 #   w64       the `presets` study at n_embd 64 (the width plot's narrowest point with both rates tuned):
 #             docs/results/tuned-lr-w64
 #   pack | unpack [STUDY]   a study (default tuned-lr-w128; tuned-lr-w64 for `w64`) to or from state/STUDY.tar.xz
@@ -33,7 +36,7 @@ case "${1:-}" in
     pack) "$G" study pack "docs/results/${2:-tuned-lr-w128}" "$here/state/${2:-tuned-lr-w128}.tar.xz"; exit 0 ;;
     unpack) "$G" study unpack "$here/state/${2:-tuned-lr-w128}.tar.xz" "docs/results/${2:-tuned-lr-w128}"; exit 0 ;;
 esac
-for s in ${@:-presets check floor w64}; do case "$s" in
+for s in ${@:-presets check floor second-pass w64}; do case "$s" in
     presets) "$G" study "${common[@]}" --iters 500 --seeds 3 "${both[@]}" \
         --out docs/results/tuned-lr-w128 --runs-dir runs/tuned-lr-w128 ;;
     w64) "$G" study "${common[@]}" --iters 500 --seeds 3 "${both[@]}" --set n_embd=64 \
@@ -42,8 +45,13 @@ for s in ${@:-presets check floor w64}; do case "$s" in
         "$G" study "${common[@]}" --iters 250 --seeds 1000, --presets "$p" --set muon_lr="$m" --set lr="$l" \
             --sweep min_lr="$(python3 -c "print('%g' % ($l / 10))")" --set warmup_iters=25 --set eval_interval=12 \
             --out "$here/results/floor-$p" --runs-dir "runs/tuned-lr-floor-$p"; done ;;
+    second-pass) for arm in all-stiefel:0.02,0.08:0.0384 all-dgram:0.005,0.02:0.0096 hetero:0.02,0.08:0.0384 \
+            hetero-inv:0.005,0.02:0.0192; do IFS=: read -r p m l <<< "$arm"
+        "$G" study "${common[@]}" --iters 250 --seeds 1000, --presets "$p" --sweep muon_lr="$m" --set lr="$l" \
+            --set min_lr="$(python3 -c "print('%g' % ($l / 10))")" --set warmup_iters=25 --set eval_interval=12 \
+            --out "$here/results/second-pass-$p" --runs-dir "runs/tuned-lr-second-pass-$p"; done ;;
     check) "$G" study "${common[@]}" --iters 250 --seeds 1000, --presets unconstrained \
         --sweep muon_lr=0.005,0.02 --set lr=0.0096 --set warmup_iters=25 --set eval_interval=12 \
         --out "$here/results/second-pass" --runs-dir runs/tuned-lr-second-pass ;;
-    *) echo "unknown step $s; valid: presets check floor w64, pack, unpack" >&2; exit 2 ;;
+    *) echo "unknown step $s; valid: presets check floor second-pass w64, pack, unpack" >&2; exit 2 ;;
 esac; done

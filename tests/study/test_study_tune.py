@@ -58,6 +58,8 @@ def test_selection_seeds_are_apart_from_confirmation_seeds():
     assert protocol.check([1, 2]) is protocol
     with pytest.raises(StudyError, match="fraction"):
         TuneProtocol(grids={}, select_seeds=[9], fraction=0).check([0])
+    with pytest.raises(StudyError, match="--tune-passes must be >= 1; got 0"):
+        TuneProtocol(grids={}, select_seeds=[9], max_passes=0).check([0])
 
 
 def test_extend_grid_geometric_arithmetic_and_bounds():
@@ -79,10 +81,14 @@ def test_choose_interior_edge_and_diverged():
     assert choose(grid, {v: math.inf for v in grid}, 0, 2) == {"best": None, "where": "diverged", "grow": None}
 
 
-def _fake_study(tmp_path, data_dir, max_extend=2, optimum=0.1, tune=("muon_lr=0.01,0.02,0.04",), lr_optimum=None):
+def _fake_study(
+    tmp_path, data_dir, max_extend=2, optimum=0.1, tune=("muon_lr=0.01,0.02,0.04",), lr_optimum=None, **protocol_args
+):
     """A tuned study whose "training" writes a final val loss (x - log optimum)^2 in x = log muon_lr (plus the same
-    in log lr about ``lr_optimum``, where given)."""
-    protocol = TuneProtocol(grids=parse_tune(tune), select_seeds=[1000], max_extend=max_extend)
+    in y = log lr about ``lr_optimum``, where given; with ``coupling`` c, muon_lr's optimum moves with lr: the loss is
+    (x - log optimum - c (y - log lr_optimum))^2 + (y - log lr_optimum)^2)."""
+    coupling = protocol_args.pop("coupling", 0.0)
+    protocol = TuneProtocol(grids=parse_tune(tune), select_seeds=[1000], max_extend=max_extend, **protocol_args)
     base = {"model": "tiny", "data_dir": data_dir, "max_iters": 40, "warmup_iters": 4, "eval_interval": 2}
     study = plan(
         tmp_path / "s",
@@ -99,9 +105,8 @@ def _fake_study(tmp_path, data_dir, max_extend=2, optimum=0.1, tune=("muon_lr=0.
                 continue
             cfg = study.config(v, seed)
             trained.append((v.name, seed, cfg.max_iters, cfg.warmup_iters))
-            loss = (math.log(cfg.muon_lr) - math.log(optimum)) ** 2 + 0.001 * seed
-            if lr_optimum is not None:
-                loss += (math.log(cfg.lr) - math.log(lr_optimum)) ** 2
+            dy = 0.0 if lr_optimum is None else math.log(cfg.lr) - math.log(lr_optimum)
+            loss = (math.log(cfg.muon_lr) - math.log(optimum) - coupling * dy) ** 2 + dy**2 + 0.001 * seed
             run = study.run_dir(v, seed)
             run.mkdir(parents=True, exist_ok=True)
             atomic_write_json(
@@ -139,9 +144,11 @@ def test_the_search_stops_at_the_edge_after_max_extend(tmp_path, data_dir):
 
 
 def test_several_keys_are_searched_one_after_the_other(tmp_path, data_dir):
-    # muon_lr first (lr at the study's 6e-4: its optimum 0.08 is independent of lr here), then lr at muon_lr 0.08
+    # muon_lr first (lr at the study's 6e-4: its optimum 0.08 is independent of lr here), then lr at muon_lr 0.08;
+    # one pass (later passes: the next test)
     tune = ("muon_lr=0.01,0.02,0.04", "lr=3e-4,6e-4,1.2e-3")
-    study, _, train_jobs, trained = _fake_study(tmp_path, data_dir, optimum=0.08, tune=tune, lr_optimum=2.4e-3)
+    one = {"optimum": 0.08, "tune": tune, "lr_optimum": 2.4e-3, "max_passes": 1}
+    study, _, train_jobs, trained = _fake_study(tmp_path, data_dir, **one)
     record = {"invocations": [{"id": "me"}], "timing": {"runs": {}}}
     assert run_tuning(study, record, train_jobs, lambda: None, print_fn=lambda *a: None) == 0
     first, second = record["tuning"]["arms"]["unconstrained"]["stages"]
@@ -167,10 +174,56 @@ def test_several_keys_are_searched_one_after_the_other(tmp_path, data_dir):
     assert "| unconstrained | lr (at muon_lr=0.08) |" in table and table.count("| unconstrained |") == 2
     assert "A tuned lr moves min_lr with it." in tuning_section(record["tuning"])[0]
     count = len(trained)  # resuming replays the same search from the recorded runs and trains nothing
-    fresh, _, _, _ = _fake_study(tmp_path, data_dir, optimum=0.08, tune=tune, lr_optimum=2.4e-3)
+    fresh, _, _, _ = _fake_study(tmp_path, data_dir, **one)
     again = {"invocations": [{"id": "me"}], "timing": {"runs": {}}}
     assert run_tuning(fresh, again, train_jobs, lambda: None, print_fn=lambda *a: None) == 0
     assert len(trained) == count and again["tuning"]["arms"] == record["tuning"]["arms"]
+
+
+def _search(tmp_path, data_dir, **args):
+    study, _, train_jobs, trained = _fake_study(tmp_path, data_dir, **args)
+    record = {"invocations": [{"id": "me"}], "timing": {"runs": {}}}
+    assert run_tuning(study, record, train_jobs, lambda: None, print_fn=lambda *a: None) == 0
+    final = {v.name: v.overrides for v in study.variants if v.role is None}["unconstrained"]
+    return record["tuning"], final, [t[0] for t in trained if t[0].startswith("select-unconstrained")]
+
+
+def test_later_passes_search_each_key_again_until_none_moves(tmp_path, data_dir):
+    """muon_lr's optimum moves with lr (coupling 1/2; optimum 0.04 at lr 2.4e-3, 0.02 at the study's 6e-4): one pass
+    stops at (0.02, 2.4e-3), where muon_lr 0.04 is better; a second pass moves muon_lr there, and lr, searched again
+    about 2.4e-3, stays: the search ends at the optimum."""
+    tune = ("muon_lr=0.01,0.02,0.04", "lr=3e-4,6e-4,1.2e-3")
+    coupled = {"optimum": 0.04, "tune": tune, "lr_optimum": 2.4e-3, "coupling": 0.5}
+    once, final, _ = _search(tmp_path / "one", data_dir, **coupled, max_passes=1)
+    assert [(s["key"], s["best"]) for s in once["arms"]["unconstrained"]["stages"]] == [
+        ("muon_lr", 0.02),
+        ("lr", 2.4e-3),
+    ]
+    assert final["muon_lr"] == 0.02
+    tuning, final, names = _search(tmp_path / "three", data_dir, **coupled)
+    stages = tuning["arms"]["unconstrained"]["stages"]
+    assert [(s["key"], s.get("pass", 1), s["best"]) for s in stages] == [
+        ("muon_lr", 1, 0.02),
+        ("lr", 1, 2.4e-3),
+        ("muon_lr", 2, 0.04),
+        ("lr", 2, 2.4e-3),
+    ]
+    # pass 2: about the choice (its grid neighbours, growing at an edge), every other key at its choice
+    assert stages[2]["grid"] == [0.01, 0.02, 0.04, 0.08] and stages[2]["fixed"] == {"lr": 2.4e-3}
+    assert stages[3]["grid"] == [1.2e-3, 2.4e-3, 4.8e-3] and stages[3]["fixed"] == {"muon_lr": 0.04}
+    assert stages[2]["reused"] == {"0.02": "select-unconstrained__muon_lr-0.02__lr-0.0024"}
+    assert final == {"muon_lr": 0.04, "lr": 2.4e-3, "min_lr": 2.4e-4}
+    assert len(names) == len(set(names)) == 3 + 4 + 3 + 2  # the value a later search starts from is not retrained
+    table = format_tuning(tuning)
+    assert (
+        "| unconstrained | muon_lr, pass 2 (at lr=0.0024) |" in table
+        and "at most 3 passes" in tuning_section(tuning)[0]
+    )
+    # uncoupled keys: the second pass keeps muon_lr, and the search stops after one more key
+    tuning, final, _ = _search(tmp_path / "free", data_dir, optimum=0.08, tune=tune, lr_optimum=2.4e-3)
+    stages = tuning["arms"]["unconstrained"]["stages"]
+    assert [(s["key"], s["best"]) for s in stages] == [("muon_lr", 0.08), ("lr", 2.4e-3), ("muon_lr", 0.08)]
+    assert final["muon_lr"] == 0.08 and TuneProtocol.from_dict({"grids": {}, "select_seeds": [9]}).max_passes == 1
 
 
 def test_a_tuned_lr_keeps_the_schedules_shape(tmp_path, data_dir):
@@ -258,6 +311,7 @@ def test_a_tuned_study_of_two_keys_end_to_end(data_dir, tmp_path):
     shared `lr` grid alone; the report shows a row per key."""
     out = tmp_path / "s"
     grids = ["--tune", "muon_lr=0.01,0.02,0.04", "--tune", "lr=1e-3,2e-3,4e-3", "--tune-max-extend", "0"]
+    grids += ["--tune-passes", "1"]  # one pass over the keys (later passes: test_later_passes_...)
     assert tiny_study(data_dir, out, "--presets", "adamw,hetero", *grids, "--seeds", "1") == 0
     arms = read_json(out / "study.json")["tuning"]["arms"]
     first, second = arms["hetero"]["stages"]
@@ -284,5 +338,6 @@ def test_a_dry_run_prints_each_arms_grids_and_the_least_number_of_runs(data_dir,
     assert "  adamw: lr 0.001, 0.002, 0.004, 0.008\n" in out
     # (6 - 1 + 4 values) x 2 selection seeds at half of 40 steps (lr 6e-4, the study's, is the best muon_lr's run);
     # 2 arms x 3 confirmation seeds at 40
-    assert "selection: at least 18 runs of 20 steps (seeds 1000, 1001; each grid may grow by 2); " in out
+    assert "selection: at least 18 runs of 20 steps (seeds 1000, 1001; each grid may grow by 2; " in out
+    assert "several keys: up to 3 passes); " in out
     assert "confirmation: 6 runs of 40 steps" in out and not (tmp_path / "x").exists()
