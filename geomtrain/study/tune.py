@@ -62,7 +62,7 @@ __all__ = [
 SELECT_SEED_START = 1000  # "--select-seeds 2" -> 1000, 1001: apart from the usual confirmation seeds 0, 1, 2
 DEFAULT_FRACTION = 0.5  # selection runs train half the horizon
 DEFAULT_MAX_EXTEND = 2  # points a grid may grow by at its edges before the search stops there
-DEFAULT_MAX_PASSES = 3  # passes over several keys; one pass stopped where a neighbouring muon_lr was 0.01-0.03 better
+DEFAULT_MAX_PASSES = 3  # passes over several keys: once a later key moves, an earlier key's choice may not be best
 ALL_ARMS = "*"
 
 
@@ -400,12 +400,14 @@ class _ArmSearch:
             grid = self.grids[len(self.stages)]
             now = _current_value(study, self.arm, grid["key"])
             return _KeySearch(grid["key"], list(grid["values"]), dict(current), at_fixed, now)
+        if n < 2 or len(self.stages) >= n * protocol.max_passes:
+            return None
         kept = 0
         for done in reversed(self.stages[n:]):
             if done.outcome.get("best") != done.base_value:
                 break
             kept += 1
-        if n < 2 or kept >= n - 1 or len(self.stages) >= n * protocol.max_passes:
+        if kept >= n - 1:
             return None
         key = self.grids[len(self.stages) % n]["key"]
         grid = next(s.values for s in reversed(self.stages) if s.key == key)
