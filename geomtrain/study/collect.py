@@ -138,8 +138,10 @@ def read_run(run_dir: Path, max_train_points: int = 100) -> dict:
     st = status.get("status", "missing")
     muon = [m["muon"] for m in trains if isinstance(m.get("muon"), dict)]
     diverged_step = {"diverged": status.get("diverged_step"), "failed": status.get("failed_step")}.get(st)
+    commit = ((read_json(run_dir / "env.json", {}) or {}).get("git") or {}).get("commit")
     return {
         "status": st,
+        "commit": commit[:7] if commit else None,  # the code that trained it (paired runs should share it)
         "step": status.get("step"),
         "diverged_step": diverged_step,
         "reason": status.get("reason"),

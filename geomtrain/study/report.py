@@ -160,6 +160,27 @@ def _num(x, fmt: str) -> str:
     return "-" if x is None else format(x, fmt)
 
 
+def _across_commits(commits: list[str]) -> str:
+    return f" (across commits {', '.join(commits)})" if len(commits) > 1 else ""
+
+
+def _commits_line(runs: list[dict]) -> str | None:
+    """Which arms each commit trained, when a study's runs come from more than one commit (else ``None``)."""
+    by_commit: dict[str, list[str]] = {}
+    for r in runs:
+        if r.get("commit"):
+            arms = by_commit.setdefault(r["commit"], [])
+            if r["variant"] not in arms:
+                arms.append(r["variant"])
+    if len(by_commit) < 2:
+        return None
+    return (
+        "Runs trained at more than one commit (paired rows across them are marked): "
+        + "; ".join(f"{c}: {', '.join(arms)}" for c, arms in sorted(by_commit.items()))
+        + "."
+    )
+
+
 def format_comparisons(rows: list[dict]) -> str:
     """Paired comparisons (`geomtrain.study.stats.compare_arms` rows) as Markdown."""
     head = ["arm", "reference", "seeds", "differences per seed", "mean", "95% interval", "verdict", "steps to target"]
@@ -178,7 +199,7 @@ def format_comparisons(rows: list[dict]) -> str:
                 diffs or "-",
                 _num(c.get("mean"), "+.4f"),
                 interval,
-                c["verdict"],
+                c["verdict"] + _across_commits(c.get("commits") or []),
                 f"{steps}, {c['reached_target']} reached",
             ]
         )
@@ -285,6 +306,7 @@ def results_markdown(summary: dict) -> str:
             format_comparisons(summary["comparisons"]),
             "",
         ]
+        md += [line, ""] if (line := _commits_line(summary["runs"])) else []
     if any(r.get("solver_evals_per_step") is not None for r in summary["table"]):
         md += [
             "Direction solver over the logged steps (all seeds): polar evaluations per step summed over "

@@ -14,7 +14,9 @@ A seed on which the arm diverged and the reference finished makes the verdict ``
 on which only the reference diverged, ``better``; a seed on which both diverged is left out.
 
 Beside final loss: the steps the arm takes to reach the reference's final loss on the same seed
-(linear between evaluations) and the time that is at the arm's median step time.
+(linear between evaluations) and the time that is at the arm's median step time. Each row also
+names the commits that trained its paired runs: a study resumed at a newer commit can pair runs of
+two code versions, and the report marks such a row *across commits*.
 """
 
 from __future__ import annotations
@@ -147,6 +149,7 @@ def compare_arms(arm: str, reference: str, runs: Sequence[dict], delta: float = 
             if ms:
                 seconds.append(reach * ms / 1000)
     interval = paired_interval(diffs)
+    commits = {r.get("commit") for s in seeds for r in (mine[s], ref[s])} - {None}
     return {
         "arm": arm,
         "reference": reference,
@@ -160,4 +163,5 @@ def compare_arms(arm: str, reference: str, runs: Sequence[dict], delta: float = 
         "reached_target": f"{len(steps)}/{len(diffs)}",
         "steps_to_target": _mean(steps),
         "seconds_to_target": _mean(seconds),
+        "commits": sorted(commits),  # of the paired runs; more than one: the pairs span code versions
     }

@@ -27,6 +27,8 @@ def test_collect_reads_every_run_of_the_study(tiny_study_folder):
         assert r["eval"] == {"step": [3, 6], "val": [round_sig(m["val_loss"]) for m in evals]}
         assert r["final_val"] == r["eval"]["val"][-1]
         assert r["train"]["step"] == [1, 2, 3, 4, 5, 6]
+        env = json.loads((tiny_study_folder / "runs" / r["variant"] / "s0" / "env.json").read_text())
+        assert r["commit"] == (((env.get("git") or {}).get("commit") or "")[:7] or None)  # the code that trained it
     hetero = summary["runs"][1]
     assert (hetero["attn"], hetero["mlp"]) == ("stiefel", "dgram")
     assert len(hetero["diag"]["sigma_max"]["attn_q"]) == 2  # one per evaluation
