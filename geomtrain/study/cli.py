@@ -27,7 +27,7 @@ from .plan import (
     plan,
     shared_config,
 )
-from .tune import TuneProtocol, describe_tuning, parse_tune, selection_seeds, validate_selection
+from .tune import DEFAULT_FRACTION, TuneProtocol, describe_tuning, parse_tune, selection_seeds, validate_selection
 
 __all__ = ["DEFAULT_TOKENIZER", "add_study_parser", "add_report_parser", "command_argv", "main"]
 
@@ -211,7 +211,7 @@ def _add_comparison_options(p: argparse.ArgumentParser, rec: list) -> None:
     tune_help = "tune each arm on --select-seeds, then confirm on --seeds (repeatable: keys searched in turn)"
     _add(g, rec, "--tune", action="append", default=[], metavar="[PRESET:]KEY=V1,V2,V3", help=tune_help)
     _add(g, rec, "--select-seeds", default="1", help="--tune: a count (2 -> 1000,1001) or a list (default: 1)")
-    _add(g, rec, "--tune-fraction", type=float, default=0.5, help="--tune: selection horizon / --iters (default: 0.5)")
+    _add(g, rec, "--tune-fraction", type=float, default=DEFAULT_FRACTION, help="selection steps / --iters (default: 1)")
     _add(g, rec, "--tune-max-extend", type=int, default=2, help="--tune: points a grid may grow by (default: 2)")
     _add(g, rec, "--tune-passes", type=int, default=3, help="--tune, several keys: most passes over them (default: 3)")
     _add(g, rec, "--reference", default="unconstrained", help="an arm, or +SOLVER, or both: what arms pair with")

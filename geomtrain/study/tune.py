@@ -4,8 +4,10 @@ An *arm* is one thing compared (a preset, with a solver: ``hetero``, ``hetero+ex
 ``geomtrain study --tune muon_lr=0.005,0.01,0.02,0.04,0.08`` the study runs in two phases:
 
 1. **Selection.** Each arm trains at every grid value on the *selection seeds*, for
-   ``fraction`` of the horizon (``max_iters``, ``warmup_iters`` and ``eval_interval`` scaled
-   together). Its score at a value is the mean final val loss over those seeds (a diverged run
+   ``fraction`` of the horizon (default the whole of it; ``max_iters``, ``warmup_iters`` and
+   ``eval_interval`` scaled together). A shorter selection run is cheaper but biased: the best
+   rate falls as the horizon grows, so it prefers rates above the horizon's own best. Its score
+   at a value is the mean final val loss over those seeds (a diverged run
    scores +inf). When the best value is at an end of the grid, the grid grows by one point past
    that end (geometric when the grid is, else by its end step) and the new runs train, until the
    best value is interior or the arm has grown ``max_extend`` times (recorded as stopped at the
@@ -60,7 +62,8 @@ __all__ = [
 ]
 
 SELECT_SEED_START = 1000  # "--select-seeds 2" -> 1000, 1001: apart from the usual confirmation seeds 0, 1, 2
-DEFAULT_FRACTION = 0.5  # selection runs train half the horizon
+DEFAULT_FRACTION = 1.0  # selection runs train the whole horizon: the best rate falls as the horizon grows, so a
+# shorter selection run prefers rates above the horizon's own best (Fair comparisons: "The selection horizon")
 DEFAULT_MAX_EXTEND = 2  # points a grid may grow by at its edges before the search stops there
 DEFAULT_MAX_PASSES = 3  # passes over several keys: once a later key moves, an earlier key's choice may not be best
 ALL_ARMS = "*"

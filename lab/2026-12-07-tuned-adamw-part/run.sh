@@ -19,6 +19,9 @@
 #   second-pass  the `check` step for the four constrained presets of docs/results/tuned-lr-w128 with the scaled
 #             floor: each at half and twice its chosen `muon_lr`, at its chosen `lr` (`min_lr` = lr / 10), selection
 #             seed and horizon: lab/.../results/second-pass-<preset>
+#   horizon   the selection seed at the full horizon: each preset whose choice the later passes of `presets` moved,
+#             at its one-pass and its later-pass rates (`muon_lr`, `lr`; `min_lr` = lr / 10), seed 1000, 500 steps:
+#             lab/.../results/horizon-<preset>-<muon_lr>-<lr> (does the half-horizon selection prefer higher rates?)
 #   w64       the `presets` study at n_embd 64 (the width plot's narrowest point with both rates tuned):
 #             docs/results/tuned-lr-w64
 #   pack | unpack [STUDY]   a study (default tuned-lr-w128; tuned-lr-w64 for `w64`) to or from state/STUDY.tar.xz
@@ -36,7 +39,7 @@ case "${1:-}" in
     pack) "$G" study pack "docs/results/${2:-tuned-lr-w128}" "$here/state/${2:-tuned-lr-w128}.tar.xz"; exit 0 ;;
     unpack) "$G" study unpack "$here/state/${2:-tuned-lr-w128}.tar.xz" "docs/results/${2:-tuned-lr-w128}"; exit 0 ;;
 esac
-for s in ${@:-presets check floor second-pass w64}; do case "$s" in
+for s in ${@:-presets check floor second-pass horizon w64}; do case "$s" in
     presets) "$G" study "${common[@]}" --iters 500 --seeds 3 "${both[@]}" \
         --out docs/results/tuned-lr-w128 --runs-dir runs/tuned-lr-w128 ;;
     w64) "$G" study "${common[@]}" --iters 500 --seeds 3 "${both[@]}" --set n_embd=64 \
@@ -53,5 +56,11 @@ for s in ${@:-presets check floor second-pass w64}; do case "$s" in
     check) "$G" study "${common[@]}" --iters 250 --seeds 1000, --presets unconstrained \
         --sweep muon_lr=0.005,0.02 --set lr=0.0096 --set warmup_iters=25 --set eval_interval=12 \
         --out "$here/results/second-pass" --runs-dir runs/tuned-lr-second-pass ;;
-    *) echo "unknown step $s; valid: presets check floor second-pass w64, pack, unpack" >&2; exit 2 ;;
+    horizon) for arm in hetero:0.04:0.0384 hetero:0.08:0.0768 unconstrained:0.01:0.0192 unconstrained:0.02:0.0192 \
+            all-dgram:0.01:0.0096 all-dgram:0.02:0.0192 hetero-inv:0.01:0.0192 hetero-inv:0.02:0.0384; do
+        IFS=: read -r p m l <<< "$arm"
+        "$G" study "${common[@]}" --iters 500 --seeds 1000, --presets "$p" --set muon_lr="$m" --set lr="$l" \
+            --set min_lr="$(python3 -c "print('%g' % ($l / 10))")" --out "$here/results/horizon-$p-$m-$l" \
+            --runs-dir "runs/tuned-lr-horizon-$p-$m-$l"; done ;;
+    *) echo "unknown step $s; valid: presets check floor second-pass horizon w64, pack, unpack" >&2; exit 2 ;;
 esac; done

@@ -118,7 +118,7 @@ def _fake_study(
 
 
 def test_the_grid_grows_until_the_best_value_is_interior(tmp_path, data_dir):
-    study, _, train_jobs, trained = _fake_study(tmp_path, data_dir)
+    study, _, train_jobs, trained = _fake_study(tmp_path, data_dir, fraction=0.5)
     record = {"invocations": [{"id": "me"}], "timing": {"runs": {}}}
     assert run_tuning(study, record, train_jobs, lambda: None, print_fn=lambda *a: None) == 0
     arm = record["tuning"]["arms"]["unconstrained"]
@@ -336,8 +336,8 @@ def test_a_dry_run_prints_each_arms_grids_and_the_least_number_of_runs(data_dir,
     out = capsys.readouterr().out
     assert "  hetero: muon_lr 0.01, 0.02, 0.04, then lr 0.0003, 0.0006, 0.0012\n" in out
     assert "  adamw: lr 0.001, 0.002, 0.004, 0.008\n" in out
-    # (6 - 1 + 4 values) x 2 selection seeds at half of 40 steps (lr 6e-4, the study's, is the best muon_lr's run);
-    # 2 arms x 3 confirmation seeds at 40
-    assert "selection: at least 18 runs of 20 steps (seeds 1000, 1001; each grid may grow by 2; " in out
+    # (6 - 1 + 4 values) x 2 selection seeds at the whole horizon, 40 steps (the default; lr 6e-4, the study's, is the
+    # best muon_lr's run); 2 arms x 3 confirmation seeds at 40
+    assert "selection: at least 18 runs of 40 steps (seeds 1000, 1001; each grid may grow by 2; " in out
     assert "several keys: up to 3 passes); " in out
     assert "confirmation: 6 runs of 40 steps" in out and not (tmp_path / "x").exists()
