@@ -1,0 +1,35 @@
+#!/usr/bin/env bash
+# Every arm at its own tuned rates, selected at the whole horizon: the both-rates studies of 2026-12-07-tuned-adamw-part
+# (`muon_lr` and `lr` per Muon arm, `lr` for `adamw`, later passes until no key moves, `min_lr` = lr / 10) again with
+# selection runs of the confirmation's length (500 steps; the tuner's default `--tune-fraction 1` since 6fa29a7),
+# where those studies selected at 250. `mini` model (4 layers, 4 heads, context 64, data/classics-bpe4k), selection
+# seed 1000, confirmation seeds 0, 1, 2. One run at a time (JOBS=2 for two), one torch thread.
+# Resumable: rerun a step to continue; `pack`/`unpack` move an unfinished study to another machine.
+#
+#   lab/2026-12-07-whole-horizon/run.sh [STEP ...]     # from the repository root
+#
+# Steps (in the order they run by default):
+#   w64       n_embd 64: docs/results/tuned-whole-w64
+#   w128      n_embd 128 (the main settings): docs/results/tuned-whole-w128
+#   pack | unpack STUDY   a study to or from state/STUDY.tar.xz
+set -euo pipefail
+case "${1:-}" in  # --help: the header above, and nothing run
+    -h | --help) echo "usage: lab/2026-12-07-whole-horizon/run.sh [STEP ...]"; sed -n '2,/^set /s/^#\( \|$\)//p' "$0"; exit 0 ;;
+esac
+cd "$(dirname "$0")/../.."
+G=${GEOMTRAIN:-.venv/bin/geomtrain}
+here=lab/2026-12-07-whole-horizon
+both=(--tune muon_lr=0.005,0.01,0.02,0.04,0.08 --tune lr=2.4e-3,4.8e-3,9.6e-3,1.92e-2,3.84e-2 --select-seeds 1
+    --tune-max-extend 4 --tune-fraction 1)
+common=(--model mini --set block_size=64 --iters 500 --seeds 3 --jobs "${JOBS:-1}" --threads 1
+    --data-dir data/classics-bpe4k)
+case "${1:-}" in
+    pack) "$G" study pack "docs/results/$2" "$here/state/$2.tar.xz"; exit 0 ;;
+    unpack) "$G" study unpack "$here/state/$2.tar.xz" "docs/results/$2"; exit 0 ;;
+esac
+for s in ${@:-w64 w128}; do case "$s" in
+    w64) "$G" study "${common[@]}" "${both[@]}" --set n_embd=64 --out docs/results/tuned-whole-w64 \
+        --runs-dir runs/tuned-whole-w64 ;;
+    w128) "$G" study "${common[@]}" "${both[@]}" --out docs/results/tuned-whole-w128 --runs-dir runs/tuned-whole-w128 ;;
+    *) echo "unknown step $s; valid: w64 w128, pack STUDY, unpack STUDY" >&2; exit 2 ;;
+esac; done
