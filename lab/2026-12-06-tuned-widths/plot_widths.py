@@ -26,7 +26,7 @@ BOTH = {64: "tuned-lr-w64", 128: "tuned-lr-w128", 256: "tuned-w256"}  # studies 
 ARMS = ("all-stiefel", "hetero", "hetero-inv", "all-dgram", "adamw")
 PANELS = {  # title: (width -> study folder, the arms drawn; adamw against Muon only at equal tuning)
     "muon_lr tuned (AdamW part at lr 6e-4)": ({64: "tuned-w64", 128: "tuned-w128"}, ARMS[:-1]),
-    "both rates tuned": (BOTH, ARMS[:-1]),
+    "both rates tuned (later passes)": (BOTH, ARMS[:-1]),
     "adamw, both rates tuned": (BOTH, ARMS[-1:]),
 }
 WIDTHS = (64, 128, 256)
