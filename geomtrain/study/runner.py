@@ -229,6 +229,13 @@ def _check_previous(study: StudyPlan, previous: dict | None) -> None:
     if diff or previous.get("suite") != study.suite:
         what = "; ".join(diff[:3]) or f"suite {previous.get('suite')} -> {study.suite}"
         raise StudyError(f"{study.out} holds a study with other settings ({what}); use another --out")
+    fraction_was = ((previous.get("options") or {}).get("tune") or {}).get("fraction")
+    fraction_now = (study.options.get("tune") or {}).get("fraction")
+    if None not in (fraction_was, fraction_now) and fraction_was != fraction_now:  # not the runs it chose from
+        raise StudyError(
+            f"{study.out} selects at --tune-fraction {fraction_was:g} (its selection runs have that length); "
+            "pass it to continue this study, or use another --out"
+        )
     before = (previous.get("data") or {}).get("splits")
     now = data_record(study.base["data_dir"])["splits"]
     if before and before != now:  # e.g. a study moved to a machine that prepared another corpus

@@ -17,7 +17,8 @@ esac
 cd "$(dirname "$0")/../.."
 G=${GEOMTRAIN:-.venv/bin/geomtrain}
 here=lab/2026-12-06-tuned-widths
-tune=(--tune muon_lr=0.005,0.01,0.02,0.04,0.08 --tune adamw:lr=3e-4,6e-4,1.2e-3,2.4e-3,4.8e-3 --select-seeds 1)
+tune=(--tune muon_lr=0.005,0.01,0.02,0.04,0.08 --tune adamw:lr=3e-4,6e-4,1.2e-3,2.4e-3,4.8e-3 --select-seeds 1
+    --tune-fraction 0.5)  # half the horizon: the tuner's default when these suites ran (ctx128: the whole horizon)
 common=(--model mini --set block_size=64 --seeds 3 --jobs "${JOBS:-2}" --threads 1 --data-dir data/classics-bpe4k)
 constrained=all-stiefel,all-dgram,hetero,hetero-inv
 study() { local name=$1; shift; "$G" study "${common[@]}" "${tune[@]}" --out "docs/results/$name" "$@"; }
@@ -35,6 +36,6 @@ for s in ${@:-w64 w128 exact128 w256 ctx128}; do case "$s" in
     w256) study tuned-w256 --iters 2000 --tune-fraction 0.25 --set n_embd=256 --runs-dir runs/tuned-w256 \
         --tune lr=4.8e-3,9.6e-3,1.92e-2 --tune-max-extend 4 ;;
     ctx128) study tuned-exact-ctx128 --iters 500 --presets "$constrained" --solvers default,exact --reference +exact \
-        --set block_size=128 --runs-dir runs/tuned-ctx128 ;;
+        --set block_size=128 --runs-dir runs/tuned-ctx128 --tune-fraction 1 ;;
     *) echo "unknown step $s; valid: w64 w128 exact128 w256 ctx128, pack SUITE, unpack SUITE" >&2; exit 2 ;;
 esac; done

@@ -33,7 +33,7 @@ cd "$(dirname "$0")/../.."
 G=${GEOMTRAIN:-.venv/bin/geomtrain}
 here=lab/2026-12-07-tuned-adamw-part
 both=(--tune muon_lr=0.005,0.01,0.02,0.04,0.08 --tune lr=2.4e-3,4.8e-3,9.6e-3,1.92e-2,3.84e-2 --select-seeds 1
-    --tune-max-extend 4)
+    --tune-max-extend 4 --tune-fraction 0.5)  # half the horizon: the tuner's default when these studies ran
 common=(--model mini --set block_size=64 --jobs "${JOBS:-1}" --threads 1 --data-dir data/classics-bpe4k)
 case "${1:-}" in
     pack) "$G" study pack "docs/results/${2:-tuned-lr-w128}" "$here/state/${2:-tuned-lr-w128}.tar.xz"; exit 0 ;;
