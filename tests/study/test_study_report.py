@@ -144,3 +144,31 @@ def test_run_record_counts_the_polished_directions_per_matrix(tmp_path):
     solver = read_run(tmp_path)["solver"]
     assert solver["unconverged_steps"] == 3
     assert solver["unconverged_matrices"] == {"h.0.attn.c_proj.weight": 2, "h.1.attn.c_proj.weight": 1}
+
+
+def test_a_comparison_across_commits_is_marked_and_the_commits_listed():
+    from geomtrain.study.report import format_comparisons, results_markdown
+    from geomtrain.study.stats import compare_arms
+
+    def run(variant, seed, final, commit):
+        evals = {"step": [50, 100], "val": [5.0, final]}
+        return {
+            "variant": variant,
+            "seed": seed,
+            "status": "finished",
+            "final_val": final,
+            "eval": evals,
+            "commit": commit,
+        }
+
+    runs = [run("ref", s, 4.0, "aaaaaaa") for s in range(3)]
+    runs += [run("arm", s, 3.9 + 0.01 * s, "aaaaaaa") for s in range(3)]
+    runs.append(run("arm", 7, 3.0, "ccccccc"))  # unpaired
+    assert "across commits" not in format_comparisons([compare_arms("arm", "ref", runs)])
+    runs[4]["commit"] = "bbbbbbb"
+    row = compare_arms("arm", "ref", runs)
+    assert "better (across commits aaaaaaa, bbbbbbb)" in format_comparisons([row])
+    summary = {"study": {}, "table": [], "runs": runs, "comparisons": [row]}
+    assert "more than one commit (paired rows across them are marked): aaaaaaa: ref, arm; bbbbbbb: arm; " in (
+        results_markdown(summary)
+    )

@@ -4,7 +4,6 @@ import math
 
 import pytest
 
-from geomtrain.study.report import format_comparisons, results_markdown
 from geomtrain.study.stats import compare_arms, paired_interval, steps_to_target, t_quantile_975, verdict
 
 
@@ -78,19 +77,11 @@ def test_compare_arms_pairs_by_seed():
     assert row["verdict"] == "worse" and row["arm_only_diverged"] == 1 and row["per_seed"][0]["diff"] is None
 
 
-def test_compare_arms_names_the_commits_of_its_paired_runs_and_the_report_marks_a_row_across_them():
+def test_compare_arms_names_the_commits_of_its_paired_runs():
     runs = [{**_run("ref", s, 4.0), "commit": "aaaaaaa"} for s in range(3)]
     runs += [{**_run("arm", s, 3.9 + 0.01 * s), "commit": "aaaaaaa"} for s in range(3)]
     runs.append({**_run("arm", 7, 3.0), "commit": "ccccccc"})  # unpaired: its commit does not count
-    row = compare_arms("arm", "ref", runs)
-    assert row["commits"] == ["aaaaaaa"]
-    assert "across commits" not in format_comparisons([row])
+    assert compare_arms("arm", "ref", runs)["commits"] == ["aaaaaaa"]
     runs[4]["commit"] = "bbbbbbb"  # the arm's seed 1 trained by newer code (a study resumed at another commit)
-    row = compare_arms("arm", "ref", runs)
-    assert row["commits"] == ["aaaaaaa", "bbbbbbb"]
-    assert "better (across commits aaaaaaa, bbbbbbb)" in format_comparisons([row])
-    summary = {"study": {}, "table": [], "runs": runs, "comparisons": [row]}
-    assert "more than one commit (paired rows across them are marked): aaaaaaa: ref, arm; bbbbbbb: arm; " in (
-        results_markdown(summary)
-    )
+    assert compare_arms("arm", "ref", runs)["commits"] == ["aaaaaaa", "bbbbbbb"]
     assert compare_arms("arm", "ref", [{k: v for k, v in r.items() if k != "commit"} for r in runs])["commits"] == []
