@@ -32,16 +32,19 @@ from .tune import DEFAULT_FRACTION, TuneProtocol, describe_tuning, parse_tune, s
 __all__ = ["DEFAULT_TOKENIZER", "add_study_parser", "add_report_parser", "command_argv", "main"]
 
 DEFAULT_TOKENIZER = "bpe4k"  # the study's default corpus: data/classics-bpe4k (docs/results.md)
+# what defines a tuned study's selection, recorded at any value (a default of these has changed before)
+TUNE_PROTOCOL = ("select_seeds", "tune_fraction", "tune_max_extend", "tune_passes")
 
 
 # ----------------------------------------------------------------------------- shared options
-def command_argv(args: argparse.Namespace) -> list[str]:
-    """The command's arguments, rebuilt from the parsed ``args`` in the parser's order (only those
-    that differ from their default): what ``study.json`` records as the command line."""
+def command_argv(args: argparse.Namespace, always: tuple[str, ...] = ()) -> list[str]:
+    """The command's arguments, rebuilt from the parsed ``args`` in the parser's order (those that
+    differ from their default, and the options named in ``always`` at any value, so the command
+    still replays if a default changes): what ``study.json`` records as the command line."""
     out: list[str] = []
     for action in args.recorded_actions:
         value = getattr(args, action.dest, action.default)
-        if value == action.default:
+        if value == action.default and action.dest not in always:
             continue
         flag = action.option_strings[0]
         if action.nargs == 0:  # store_true
@@ -186,13 +189,7 @@ def add_study_parser(subparsers) -> argparse.ArgumentParser:
     )
     _add(p, rec, "--granularity", default="module", help=f"autoassign: {' | '.join(GRANULARITIES)} (default: module)")
     _add(p, rec, "--drop-checkpoints", action="store_true", help="delete ckpt.pt of runs that are done (saves disk)")
-    _add(
-        p,
-        rec,
-        "--no-report",
-        action="store_true",
-        help="train only; write the report later with `geomtrain report OUT`",
-    )
+    _add(p, rec, "--no-report", action="store_true", help="train only; write the report later: geomtrain report OUT")
     _add(p, rec, "--dry-run", action="store_true", help="print the plan (variants, seeds, config) and stop")
     _add(p, rec, "--quiet", action="store_true", help="only the final table")
     p.set_defaults(handler=run_study_command, recorded_actions=rec)
@@ -282,7 +279,7 @@ def run_study_command(args) -> int:
         seeds=parse_seeds(args.seeds),
         base=base,
         runs_dir=args.runs_dir,
-        argv=command_argv(args),
+        argv=command_argv(args, always=TUNE_PROTOCOL if args.tune else ()),
         options=options,
         solvers=_comma_list(args.solvers),
     )

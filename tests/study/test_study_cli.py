@@ -55,6 +55,28 @@ def test_parsers_register_and_dispatch_the_modes():
     assert command_argv(overhead) == ["--solvers", "tangent", "--steps", "2", "--out", "o"]
 
 
+def test_a_tuned_study_records_its_protocol_flags_at_any_value():
+    """A tuned study's recorded command names the selection protocol even at its defaults, so it
+    replays (and resumes) unchanged after a default moves (``--tune-fraction`` went 0.5 -> 1)."""
+    from geomtrain.study.cli import TUNE_PROTOCOL, command_argv
+
+    root = argparse.ArgumentParser(prog="geomtrain")
+    add_study_parser(root.add_subparsers(dest="command", required=True))
+    tuned = root.parse_args(["study", "--out", "o", "--tune", "muon_lr=0.01,0.02,0.04"])
+    argv = command_argv(tuned, always=TUNE_PROTOCOL)
+    assert argv == ["--tune", "muon_lr=0.01,0.02,0.04", "--select-seeds", "1", "--tune-fraction", "1.0"] + [
+        "--tune-max-extend",
+        "2",
+        "--tune-passes",
+        "3",
+        "--out",
+        "o",
+    ]
+    assert root.parse_args(["study", *argv]).tune_fraction == tuned.tune_fraction
+    plain = root.parse_args(["study", "--out", "o"])  # without --tune the protocol flags stay out
+    assert command_argv(plain) == ["--out", "o"]
+
+
 def test_study_without_out_is_an_error(capsys):
     assert cli_main(["study", "--model", "tiny", "--dry-run"]) == 2
     assert "required: --out" in capsys.readouterr().err

@@ -328,7 +328,9 @@ def test_a_tuned_study_of_two_keys_end_to_end(data_dir, tmp_path):
     grids = ["--tune", "muon_lr=0.01,0.02,0.04", "--tune", "lr=1e-3,2e-3,4e-3", "--tune-max-extend", "0"]
     grids += ["--tune-passes", "1"]  # one pass over the keys (later passes: test_later_passes_...)
     assert tiny_study(data_dir, out, "--presets", "adamw,hetero", *grids, "--seeds", "1") == 0
-    arms = read_json(out / "study.json")["tuning"]["arms"]
+    record = read_json(out / "study.json")
+    assert " --tune-fraction 1.0 " in record["command"]  # the protocol at its defaults too (command_argv)
+    arms = record["tuning"]["arms"]
     first, second = arms["hetero"]["stages"]
     assert (first["key"], second["key"], second["fixed"]) == ("muon_lr", "lr", {"muon_lr": first["best"]})
     assert arms["adamw"]["key"] == "lr" and "stages" not in arms["adamw"]
