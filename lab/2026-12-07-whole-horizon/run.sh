@@ -11,6 +11,9 @@
 # Steps (in the order they run by default):
 #   w64       n_embd 64: docs/results/tuned-whole-w64
 #   w128      n_embd 128 (the main settings): docs/results/tuned-whole-w128
+#   w256      n_embd 256, 2,000 steps, the issue's reduced set for a width over ~24 CPU-hours: `unconstrained`,
+#             `all-stiefel`, `hetero`, `adamw`, each key on a 3-point grid (c/2, c, 2c) about the arm's choice at
+#             width 128 (w128 must have finished selecting), grown at an edge: docs/results/tuned-whole-w256
 #   pack | unpack STUDY   a study to or from state/STUDY.tar.xz
 set -euo pipefail
 case "${1:-}" in  # --help: the header above, and nothing run
@@ -21,15 +24,31 @@ G=${GEOMTRAIN:-.venv/bin/geomtrain}
 here=lab/2026-12-07-whole-horizon
 both=(--tune muon_lr=0.005,0.01,0.02,0.04,0.08 --tune lr=2.4e-3,4.8e-3,9.6e-3,1.92e-2,3.84e-2 --select-seeds 1
     --tune-max-extend 4 --tune-fraction 1)
-common=(--model mini --set block_size=64 --iters 500 --seeds 3 --jobs "${JOBS:-1}" --threads 1
-    --data-dir data/classics-bpe4k)
+common=(--model mini --set block_size=64 --seeds 3 --jobs "${JOBS:-1}" --threads 1 --data-dir data/classics-bpe4k)
+grids_about() {  # --tune ARM:KEY=c/2,c,2c for each key an arm of study $1 chose (its last choice per key)
+    python3 - "docs/results/$1/study.json" <<'PY'
+import json, sys
+tuning = json.load(open(sys.argv[1]))["tuning"]
+if "arms" not in tuning:
+    sys.exit(f"{sys.argv[1]}: its selection has not finished; run its step first")
+for arm in ("unconstrained", "all-stiefel", "hetero", "adamw"):
+    record = tuning["arms"][arm]
+    chosen = {stage["key"]: stage["best"] for stage in record.get("stages", [record])}  # later passes win
+    print(" ".join(f"--tune {arm}:{key}={c / 2:g},{c:g},{2 * c:g}" for key, c in chosen.items()))
+PY
+}
 case "${1:-}" in
     pack) "$G" study pack "docs/results/$2" "$here/state/$2.tar.xz"; exit 0 ;;
     unpack) "$G" study unpack "$here/state/$2.tar.xz" "docs/results/$2"; exit 0 ;;
 esac
-for s in ${@:-w64 w128}; do case "$s" in
-    w64) "$G" study "${common[@]}" "${both[@]}" --set n_embd=64 --out docs/results/tuned-whole-w64 \
+for s in ${@:-w64 w128 w256}; do case "$s" in
+    w64) "$G" study "${common[@]}" --iters 500 "${both[@]}" --set n_embd=64 --out docs/results/tuned-whole-w64 \
         --runs-dir runs/tuned-whole-w64 ;;
-    w128) "$G" study "${common[@]}" "${both[@]}" --out docs/results/tuned-whole-w128 --runs-dir runs/tuned-whole-w128 ;;
-    *) echo "unknown step $s; valid: w64 w128, pack STUDY, unpack STUDY" >&2; exit 2 ;;
+    w128) "$G" study "${common[@]}" --iters 500 "${both[@]}" --out docs/results/tuned-whole-w128 --runs-dir runs/tuned-whole-w128 ;;
+    w256) grids=$(grids_about tuned-whole-w128)
+        # shellcheck disable=SC2086  # the grids are words
+        "$G" study "${common[@]}" --iters 2000 $grids --select-seeds 1 --tune-max-extend 4 --tune-fraction 1 \
+            --presets adamw,unconstrained,all-stiefel,hetero --set n_embd=256 --out docs/results/tuned-whole-w256 \
+            --runs-dir runs/tuned-whole-w256 ;;
+    *) echo "unknown step $s; valid: w64 w128 w256, pack STUDY, unpack STUDY" >&2; exit 2 ;;
 esac; done
