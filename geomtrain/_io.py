@@ -223,13 +223,24 @@ def sha256_file(path: str | os.PathLike, chunk: int = 1 << 22) -> str:
 
 
 # ----------------------------------------------------------------------------- environment
-def git_commit() -> dict:
-    """``{"commit", "dirty"}`` of the checkout this package runs from (``None`` outside git)."""
-    root = Path(__file__).resolve().parent.parent
+# the folders whose untracked files are code (a new module); elsewhere an untracked file is output or data
+CODE_FOLDERS = ("geomtrain", "manifolds")
+
+
+def git_commit(root: Path | None = None) -> dict:
+    """``{"commit", "dirty"}`` of the checkout at ``root`` (default: the one this package runs from;
+    ``None`` outside git). Dirty: a tracked file changed, or an untracked file in the package folders
+    (the run folders, reports and data a study writes into its checkout leave it clean)."""
+    root = root or Path(__file__).resolve().parent.parent
     try:
         run = lambda *a: subprocess.run(["git", *a], cwd=root, capture_output=True, text=True, timeout=5).stdout.strip()  # noqa: E731
         commit = run("rev-parse", "HEAD")
-        return {"commit": commit or None, "dirty": bool(run("status", "--porcelain")) if commit else None}
+        if not commit:
+            return {"commit": None, "dirty": None}
+        changed = run("status", "--porcelain", "--untracked-files=no") or run(
+            "status", "--porcelain", "--", *CODE_FOLDERS
+        )
+        return {"commit": commit, "dirty": bool(changed)}
     except (OSError, subprocess.SubprocessError):
         return {"commit": None, "dirty": None}
 

@@ -1,9 +1,10 @@
 """Each preset's tuned gap to `unconstrained` against width, with its paired 95% interval (issue 52's figure).
 
-Three panels: the Muon arms with `muon_lr` alone tuned (their AdamW part at the shared `lr`; docs/results/tuned-w64,
--w128); with both rates tuned (docs/results/tuned-lr-w64, -lr-w128, and tuned-w256, which tunes both); and `adamw`
-against `unconstrained` at that equal tuning, on its own axis (its gap is several times the presets'). Reads the
-`summary.json` of every suite present, writes docs/results/tuned-widths.png and prints the table it plots.
+Four panels: the Muon arms with `muon_lr` alone tuned (their AdamW part at the shared `lr`; docs/results/tuned-w64,
+-w128) and with both rates tuned (docs/results/tuned-lr-w64, -lr-w128), both selected at half the horizon; both rates
+tuned and selected at the whole horizon (docs/results/tuned-whole-w64, -w128, -w256; lab/2026-12-07-whole-horizon);
+and `adamw` against `unconstrained` at that equal tuning, on its own axis (its gap is several times the presets').
+Reads the `summary.json` of every suite present, writes docs/results/tuned-widths.png and prints the table it plots.
 Run from the repository root:
 
     .venv/bin/python lab/2026-12-06-tuned-widths/plot_widths.py
@@ -22,12 +23,13 @@ import matplotlib.pyplot as plt  # noqa: E402
 
 from geomtrain.study.stats import paired_interval  # noqa: E402
 
-BOTH = {64: "tuned-lr-w64", 128: "tuned-lr-w128", 256: "tuned-w256"}  # studies with both rates of each arm tuned
+WHOLE = {64: "tuned-whole-w64", 128: "tuned-whole-w128", 256: "tuned-whole-w256"}  # both rates, whole horizon
 ARMS = ("all-stiefel", "hetero", "hetero-inv", "all-dgram", "adamw")
 PANELS = {  # title: (width -> study folder, the arms drawn; adamw against Muon only at equal tuning)
-    "muon_lr tuned (AdamW part at lr 6e-4)": ({64: "tuned-w64", 128: "tuned-w128"}, ARMS[:-1]),
-    "both rates tuned (later passes)": (BOTH, ARMS[:-1]),
-    "adamw, both rates tuned": (BOTH, ARMS[-1:]),
+    "muon_lr tuned, half-horizon selection": ({64: "tuned-w64", 128: "tuned-w128"}, ARMS[:-1]),
+    "both rates tuned, half-horizon selection": ({64: "tuned-lr-w64", 128: "tuned-lr-w128"}, ARMS[:-1]),
+    "both rates tuned, whole-horizon selection": (WHOLE, ARMS[:-1]),
+    "adamw, both rates, whole horizon": (WHOLE, ARMS[-1:]),
 }
 WIDTHS = (64, 128, 256)
 RESULTS = Path("docs/results")
@@ -78,7 +80,7 @@ def draw(ax, title: str, data: dict[str, list[tuple[int, dict]]]) -> None:
 
 def main() -> None:
     argparse.ArgumentParser(description=__doc__.splitlines()[0]).parse_args()
-    fig, axes = plt.subplots(1, len(PANELS), figsize=(15, 4))
+    fig, axes = plt.subplots(1, len(PANELS), figsize=(19, 4))
     for ax, (title, (suites, arms)) in zip(axes, PANELS.items()):
         draw(ax, title, gaps(suites, arms))
     axes[0].set_ylabel("final val loss − unconstrained (paired, 95% CI)")

@@ -3,6 +3,8 @@
 import json
 import math
 import os
+import shutil
+import subprocess
 
 import numpy as np
 import pytest
@@ -13,6 +15,7 @@ from geomtrain._io import (
     append_jsonl,
     atomic_write,
     atomic_write_json,
+    git_commit,
     read_json,
     read_jsonl,
     to_jsonable,
@@ -124,3 +127,26 @@ def test_file_lock_takes_over_the_file_of_a_dead_holder(tmp_path):
     assert lock.acquire() is None and lock.took_over == 4194305
     assert path.read_text() == str(os.getpid())
     lock.release()
+
+
+@pytest.mark.skipif(shutil.which("git") is None, reason="needs git")
+def test_git_commit_is_dirty_for_changed_code_not_for_a_studys_output(tmp_path):
+    def git(*args):
+        subprocess.run(["git", "-c", "user.name=t", "-c", "user.email=t@t", *args], cwd=tmp_path, check=True)
+
+    (tmp_path / "geomtrain").mkdir()
+    (tmp_path / "geomtrain" / "model.py").write_text("x = 1\n")
+    git("init", "-q")
+    git("add", ".")
+    git("commit", "-qm", "code")
+    assert git_commit(tmp_path)["dirty"] is False and len(git_commit(tmp_path)["commit"]) == 40
+    (tmp_path / "docs" / "results" / "study").mkdir(parents=True)  # what a study writes: untracked, not code
+    (tmp_path / "docs" / "results" / "study" / "study.json").write_text("{}")
+    (tmp_path / "data").symlink_to(tmp_path / "docs")
+    assert git_commit(tmp_path)["dirty"] is False
+    (tmp_path / "geomtrain" / "new_module.py").write_text("")  # a new module changes what runs
+    assert git_commit(tmp_path)["dirty"] is True
+    (tmp_path / "geomtrain" / "new_module.py").unlink()
+    (tmp_path / "geomtrain" / "model.py").write_text("x = 2\n")  # so does an edit
+    assert git_commit(tmp_path)["dirty"] is True
+    assert git_commit(tmp_path.parent / "not-a-checkout-here") == {"commit": None, "dirty": None}
