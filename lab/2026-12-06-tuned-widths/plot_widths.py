@@ -73,6 +73,7 @@ def draw(ax, title: str, data: dict[str, list[tuple[int, dict]]]) -> None:
     ax.axhline(0, color="k", lw=0.8)
     ax.set_xscale("log", base=2)
     ax.set_xticks(list(WIDTHS), [str(w) for w in WIDTHS])
+    ax.set_xlim(WIDTHS[0] / 1.25, WIDTHS[-1] * 1.25)  # every panel the same widths, however many it has points at
     ax.set_xlabel("n_embd (mini: 4 layers, context 64)")
     ax.set_title(title, fontsize=10)
     ax.legend(fontsize=8)
