@@ -211,7 +211,8 @@ def _add_comparison_options(p: argparse.ArgumentParser, rec: list) -> None:
     _add(g, rec, "--tune-fraction", type=float, default=DEFAULT_FRACTION, help="selection steps / --iters (default: 1)")
     _add(g, rec, "--tune-max-extend", type=int, default=2, help="--tune: points a grid may grow by (default: 2)")
     _add(g, rec, "--tune-passes", type=int, default=3, help="--tune, several keys: most passes over them (default: 3)")
-    _add(g, rec, "--reference", default="unconstrained", help="an arm, or +SOLVER, or both: what arms pair with")
+    ref_help = "what arms pair with: an arm, or +SOLVER, or both (default: unconstrained, where the study has it)"
+    _add(g, rec, "--reference", default=None, help=ref_help)
     _add(g, rec, "--delta", type=float, default=0.005, help="'level' within ±DELTA (default: 0.005)")
 
 

@@ -16,7 +16,7 @@ from pathlib import Path
 import numpy as np
 
 from .._io import read_json, read_jsonl
-from .plan import SUMMARY_FORMAT, StudyError
+from .plan import SUMMARY_FORMAT, StudyError, references_of
 
 __all__ = [
     "MATRIX_KINDS",
@@ -27,7 +27,6 @@ __all__ = [
     "load_summary",
     "resolve_runs_dir",
     "study_and_runs",
-    "references_of",
     "comparisons",
 ]
 
@@ -329,18 +328,6 @@ def collect(out: str | Path, runs_dir: str | Path | None = None) -> dict:
         "table": make_table(variants, runs),
         "comparisons": comparisons(variants, runs, study.get("options") or {}),
     }
-
-
-def references_of(names: list[str], reference: str) -> list[tuple[str, str]]:
-    """``(arm, reference)`` pairs for a ``--reference`` text: an arm's name (every other arm
-    against it), ``+SOLVER`` (each arm ``P`` against ``P+SOLVER``), or several, comma-separated."""
-    pairs = []
-    for ref in (r.strip() for r in reference.split(",") if r.strip()):
-        if ref.startswith("+"):
-            pairs += [(n, n + ref) for n in names if n + ref in names]
-        elif ref in names:
-            pairs += [(n, ref) for n in names if n != ref]
-    return list(dict.fromkeys(pairs))
 
 
 def comparisons(variants: list[dict], runs: list[dict], options: dict) -> list[dict]:

@@ -33,6 +33,7 @@ __all__ = [
     "bounded_variants",
     "solver_variants",
     "check_solver_names",
+    "references_of",
     "CONSTRAINED_PRESETS",
     "parse_sweep",
     "parse_seeds",
@@ -330,9 +331,12 @@ def plan(
         variants = sweep_variants(variants, key, values, getattr(shared, key, base.get(key)))
     out = Path(out)
     options = dict(options or {})
+    if options.get("reference"):
+        _check_reference([v.name for v in variants], options["reference"])
     if options.get("tune"):
         if sweep or suite != "presets":
             raise StudyError("--tune runs on the presets suite without --sweep (it sweeps on its own)")
+        _check_tune_scopes(variants, options["tune"].get("grids", {}))
     return StudyPlan(
         out=out,
         runs_dir=Path(runs_dir) if runs_dir else out / "runs",
@@ -343,6 +347,40 @@ def plan(
         argv=list(argv),
         options=options,
     ).validate()
+
+
+def references_of(names: list[str], reference: str) -> list[tuple[str, str]]:
+    """``(arm, reference)`` pairs for a ``--reference`` text: an arm's name (every other arm
+    against it), ``+SOLVER`` (each arm ``P`` against ``P+SOLVER``), or several, comma-separated."""
+    pairs = []
+    for ref in (r.strip() for r in reference.split(",") if r.strip()):
+        if ref.startswith("+"):
+            pairs += [(n, n + ref) for n in names if n + ref in names]
+        elif ref in names:
+            pairs += [(n, ref) for n in names if n != ref]
+    return list(dict.fromkeys(pairs))
+
+
+def _check_reference(names: list[str], reference: str) -> None:
+    """``StudyError`` for a part of ``--reference`` that pairs no arm (the study would end without comparisons)."""
+    for ref in (r.strip() for r in reference.split(",") if r.strip()):
+        if not references_of(names, ref):
+            raise StudyError(
+                f"--reference {ref!r} pairs no arm of this study; valid: one of {', '.join(names)}, "
+                "or +SOLVER for a solver of --solvers (comma-separated for several)"
+            )
+
+
+def _check_tune_scopes(variants: Sequence[Variant], grids: dict) -> None:
+    """``StudyError`` for a ``--tune PRESET:KEY=...`` grid whose preset has no arm here (it would tune nothing)."""
+    from .tune import ALL_ARMS
+
+    presets = list(dict.fromkeys(v.preset for v in variants))
+    for scope in grids:
+        if scope != ALL_ARMS and scope not in presets:
+            raise StudyError(
+                f"--tune {scope}:...: {scope} is not an arm of this study; its presets: {', '.join(presets)}"
+            )
 
 
 def check_solver_names(solvers: Sequence[str]) -> None:

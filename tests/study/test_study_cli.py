@@ -22,6 +22,12 @@ from geomtrain.study import add_report_parser, add_study_parser
         (["--jobs", "0"], "--jobs must be >= 1; got 0"),
         (["--suite", "bounded", "--bounds", "0"], "--bounds must be numbers > 0"),
         (["--tokenizer", "morse"], "argument --tokenizer: invalid choice: 'morse'"),
+        (["--reference", "nope"], "--reference 'nope' pairs no arm of this study; valid: one of adamw, unconstrained"),
+        (["--presets", "hetero,all-stiefel", "--reference", "+exact"], "--reference '+exact' pairs no arm"),
+        (
+            ["--presets", "hetero", "--tune", "all-dgram:muon_lr=0.01,0.02,0.04"],
+            "--tune all-dgram:...: all-dgram is not an arm of this study; its presets: hetero",
+        ),
     ],
 )
 def test_bad_input_is_one_line_exit_2(data_dir, tmp_path, capsys, argv, needle):

@@ -4,7 +4,7 @@ import pytest
 
 from geomtrain.study import StudyError, plan, sweep_variants
 from geomtrain.study import main as study_main
-from geomtrain.study.plan import format_value, parse_seeds, parse_sweep, preset_variants
+from geomtrain.study.plan import format_value, parse_seeds, parse_sweep, preset_variants, references_of
 
 
 def test_sweep_variants_and_dry_run(data_dir, tmp_path, capsys):
@@ -95,3 +95,21 @@ def test_plan_validates_every_run_before_training(tmp_path):
         plan(tmp_path / "s", base={**base, "model": "huge"})
     with pytest.raises(StudyError, match="does not combine with --suite autoassign"):
         plan(tmp_path / "s", suite="autoassign", sweep=("muon_lr", [0.1]), base=base)
+
+
+def test_a_given_reference_must_pair_an_arm_the_default_need_not(tmp_path):
+    """Every comma-separated part of ``reference`` pairs some arm, or the plan fails before any run (a study
+    would otherwise train for hours and end without comparisons); without one nothing is checked."""
+    base = {"model": "tiny", "data_dir": "nowhere", "max_iters": 4}
+    two = dict(presets=["hetero", "all-stiefel"], base=base, solvers=["default", "exact"])
+    study = plan(tmp_path / "s", options={"reference": "+exact,all-stiefel"}, **two)
+    assert references_of([v.name for v in study.variants], "+exact,all-stiefel") == [
+        ("hetero", "hetero+exact"),
+        ("all-stiefel", "all-stiefel+exact"),
+        ("hetero", "all-stiefel"),
+        ("hetero+exact", "all-stiefel"),
+        ("all-stiefel+exact", "all-stiefel"),
+    ]
+    plan(tmp_path / "s", options={}, **two)  # no unconstrained arm, no reference given: no comparisons, no error
+    with pytest.raises(StudyError, match=r"^--reference '\+tangent' pairs no arm of this study; valid: one of hetero,"):
+        plan(tmp_path / "s", options={"reference": "+exact,+tangent"}, **two)
