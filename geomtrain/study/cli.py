@@ -489,6 +489,7 @@ def _add_pack_parsers(modes) -> None:
     p.add_argument("out", metavar="STUDY", help="the study's --out folder")
     p.add_argument("archive", metavar="ARCHIVE", help="the .tar.xz to write")
     p.add_argument("--runs-dir", default=None, help="where its runs are (default: as recorded in study.json)")
+    p.add_argument("--restart-unfinished", action="store_true", help="leave out runs not done: they start again")
     p.set_defaults(handler=run_pack_command, recorded_actions=[])
     p = modes.add_parser(
         "unpack",
@@ -508,7 +509,7 @@ def run_pack_command(args) -> int:
     """``geomtrain study pack``: :func:`geomtrain.study.pack.pack`."""
     from .pack import pack
 
-    manifest = pack(args.out, args.archive, args.runs_dir)
+    manifest = pack(args.out, args.archive, args.runs_dir, args.restart_unfinished)
     size = Path(args.archive).stat().st_size
     print(f"packed {len(manifest['files'])} files of {args.out} into {args.archive} ({size / 1e6:.1f} MB)")
     return 0

@@ -4,7 +4,9 @@ A study that takes longer than a machine is kept (a session, a preemptible node)
 elsewhere from one archive. :func:`pack` writes the study folder and its runs folder into one
 ``.tar.xz`` holding what resuming needs: every file, less the run locks, temporary files and the
 ``ckpt.pt`` of runs that are done (finished, diverged, failed: the report reads their metrics,
-and resuming skips them), so an interrupted ``--jobs 2`` study packs to about two checkpoints.
+and resuming skips them), so an interrupted ``--jobs 2`` study packs to about two checkpoints;
+with ``restart_unfinished`` not those either: the runs that are not done stay out whole and
+train again from step 0 on the next machine (a smaller archive, for a record kept in git).
 A ``manifest.json`` member lists every other member with its SHA-256. The archive is written
 atomically and read back against the manifest before it replaces an older one.
 
@@ -52,32 +54,42 @@ def _live_lock(runs: Path) -> tuple[Path, int] | None:
     return None
 
 
-def _files(root: Path) -> list[Path]:
+def _files(root: Path, restart_unfinished: bool = False) -> list[Path]:
     """Regular files under ``root`` (sorted), less `_skipped` ones and the ``ckpt.pt`` of runs
-    that are done."""
+    that are done (with ``restart_unfinished``: less every file of a run that is not done)."""
     out = []
     for path in sorted(root.rglob("*")):
         if not path.is_file() or path.is_symlink() or _skipped(path):
             continue
-        if path.name == "ckpt.pt" and (read_json(path.parent / "status.json") or {}).get("status") in TERMINAL_STATUSES:
+        status = read_json(path.parent / "status.json")  # None: not a run folder, or a run not begun
+        done = (status or {}).get("status") in TERMINAL_STATUSES
+        if path.name == "ckpt.pt" and done:
+            continue
+        if restart_unfinished and status is not None and not done:
             continue
         out.append(path)
     return out
 
 
-def pack(out: str | os.PathLike, archive: str | os.PathLike, runs_dir: str | os.PathLike | None = None) -> dict:
+def pack(
+    out: str | os.PathLike,
+    archive: str | os.PathLike,
+    runs_dir: str | os.PathLike | None = None,
+    restart_unfinished: bool = False,
+) -> dict:
     """Write study folder ``out`` and its runs folder (``runs_dir``, default as recorded in
-    ``study.json``) into ``archive`` (``.tar.xz``); return the manifest. ``StudyError`` when there
-    is no study there or one of its runs is being trained right now."""
+    ``study.json``) into ``archive`` (``.tar.xz``); return the manifest. ``restart_unfinished``:
+    leave the runs that are not done out whole (they start again). ``StudyError`` when there is no
+    study there or one of its runs is being trained right now."""
     out = Path(out)
     study, runs = study_and_runs(out, runs_dir)
     live = _live_lock(runs)
     if live:
         raise StudyError(f"{live[0]} is being trained (pid {live[1]}): stop the study (Ctrl-C) before packing it")
     inside = runs.resolve().is_relative_to(out.resolve())  # then the runs travel as study/<their path>
-    members = [(f"study/{p.relative_to(out).as_posix()}", p) for p in _files(out)]
+    members = [(f"study/{p.relative_to(out).as_posix()}", p) for p in _files(out, restart_unfinished)]
     if not inside:
-        members += [(f"runs/{p.relative_to(runs).as_posix()}", p) for p in _files(runs)]
+        members += [(f"runs/{p.relative_to(runs).as_posix()}", p) for p in _files(runs, restart_unfinished)]
     manifest = {
         "format": PACK_FORMAT,
         "created": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),

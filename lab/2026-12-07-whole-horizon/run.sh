@@ -18,7 +18,7 @@
 #             part at the shared `lr`), each grid 3+ points about 2026-12-06-tuned-widths' half-horizon choices
 #             (docs/results/tuned-exact-w128), grown at an edge: docs/results/tuned-whole-exact-ctx64
 #   ctx128    the same at context 128: docs/results/tuned-whole-exact-ctx128
-#   pack | unpack STUDY   a study to or from state/STUDY.tar.xz
+#   pack | unpack STUDY   a study to or from state/STUDY.tar.xz (runs not done stay out: they start again)
 set -euo pipefail
 case "${1:-}" in  # --help: the header above, and nothing run
     -h | --help) echo "usage: lab/2026-12-07-whole-horizon/run.sh [STEP ...]"; sed -n '2,/^set /s/^#\( \|$\)//p' "$0"; exit 0 ;;
@@ -47,7 +47,7 @@ for preset in sys.argv[2:]:
 PY
 }
 case "${1:-}" in
-    pack) "$G" study pack "docs/results/$2" "$here/state/$2.tar.xz"; exit 0 ;;
+    pack) "$G" study pack --restart-unfinished "docs/results/$2" "$here/state/$2.tar.xz"; exit 0 ;;  # runs not done: out
     unpack) "$G" study unpack "$here/state/$2.tar.xz" "docs/results/$2"; exit 0 ;;
 esac
 for s in ${@:-w64 w128 exact128 ctx128 w256}; do case "$s" in

@@ -61,6 +61,22 @@ def test_packed_study_resumes_elsewhere_to_the_same_losses(data_dir, interrupted
     assert _final_losses(new_out) == _final_losses(reference)
 
 
+def test_restart_unfinished_leaves_those_runs_out_and_they_train_again(data_dir, interrupted, tmp_path):
+    out, runs, reference = interrupted
+    archive = tmp_path / "small.tar.xz"
+    assert study_main(["pack", str(out), str(archive), "--restart-unfinished"]) == 0
+    with tarfile.open(archive) as tar:
+        names = tar.getnames()
+    assert not [n for n in names if n.startswith("runs/hetero/")]  # interrupted at step 3: out whole
+    assert "runs/adamw/s0/metrics.jsonl" in names and "study/study.json" in names  # done: as without the flag
+    new_out, new_runs = tmp_path / "b" / "study", tmp_path / "b" / "runs"
+    assert study_main(["unpack", str(archive), str(new_out), "--runs-dir", str(new_runs)]) == 0
+    assert not (new_runs / "hetero").exists()  # so it trains from step 0
+    assert tiny_study(data_dir, new_out, "--presets", "adamw,hetero", "--runs-dir", str(new_runs)) == 0
+    assert json.loads((new_runs / "hetero" / "s0" / "status.json").read_text())["status"] == "finished"
+    assert _final_losses(new_out) == _final_losses(reference)  # a seeded run from scratch: the same losses
+
+
 def test_runs_inside_the_study_folder_travel_with_it(data_dir, tmp_path):
     out = tmp_path / "study"
     assert tiny_study(data_dir, out, "--presets", "adamw", "--set", "stop_after=2") == 0  # runs in out/runs
