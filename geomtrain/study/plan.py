@@ -336,7 +336,6 @@ def plan(
     if options.get("tune"):
         if sweep or suite != "presets":
             raise StudyError("--tune runs on the presets suite without --sweep (it sweeps on its own)")
-        _check_tune_scopes(variants, options["tune"].get("grids", {}))
     return StudyPlan(
         out=out,
         runs_dir=Path(runs_dir) if runs_dir else out / "runs",
@@ -368,18 +367,6 @@ def _check_reference(names: list[str], reference: str) -> None:
             raise StudyError(
                 f"--reference {ref!r} pairs no arm of this study; valid: one of {', '.join(names)}, "
                 "or +SOLVER for a solver of --solvers (comma-separated for several)"
-            )
-
-
-def _check_tune_scopes(variants: Sequence[Variant], grids: dict) -> None:
-    """``StudyError`` for a ``--tune PRESET:KEY=...`` grid whose preset has no arm here (it would tune nothing)."""
-    from .tune import ALL_ARMS
-
-    presets = list(dict.fromkeys(v.preset for v in variants))
-    for scope in grids:
-        if scope != ALL_ARMS and scope not in presets:
-            raise StudyError(
-                f"--tune {scope}:...: {scope} is not an arm of this study; its presets: {', '.join(presets)}"
             )
 
 

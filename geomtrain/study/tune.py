@@ -264,8 +264,15 @@ def confirmation_variant(arm: Variant, chosen: dict, protocol: TuneProtocol, bas
 
 def validate_selection(study: StudyPlan) -> StudyPlan:
     """Every value of every grid gets a config (and so is validated) before any training, each key's with the keys
-    before it at their grids' first values; ``StudyError`` names the arm and value. Returns ``study``."""
+    before it at their grids' first values; ``StudyError`` names the arm and value, or a preset's grid that matches
+    no arm. Returns ``study``."""
     protocol = TuneProtocol.from_dict(study.options["tune"]).check(study.seeds)
+    presets = list(dict.fromkeys(v.preset for v in study.variants))
+    for scope in protocol.grids:  # a preset's grid that tunes no arm: refused, not confirmed untuned
+        if scope != ALL_ARMS and scope not in presets:
+            raise StudyError(
+                f"--tune {scope}:...: {scope} is not an arm of this study; its presets: {', '.join(presets)}"
+            )
     for arm in study.variants:
         fixed: dict = {}
         for grid in protocol.grids_of(arm):
