@@ -57,11 +57,13 @@ def _live_lock(runs: Path) -> tuple[Path, int] | None:
 def _files(root: Path, restart_unfinished: bool = False) -> list[Path]:
     """Regular files under ``root`` (sorted), less `_skipped` ones and the ``ckpt.pt`` of runs
     that are done (with ``restart_unfinished``: less every file of a run that is not done)."""
-    out = []
+    out, statuses = [], {}  # folder -> its status.json (None: not a run folder, or a run not begun), read once
     for path in sorted(root.rglob("*")):
         if not path.is_file() or path.is_symlink() or _skipped(path):
             continue
-        status = read_json(path.parent / "status.json")  # None: not a run folder, or a run not begun
+        if path.parent not in statuses:
+            statuses[path.parent] = read_json(path.parent / "status.json")
+        status = statuses[path.parent]
         done = (status or {}).get("status") in TERMINAL_STATUSES
         if path.name == "ckpt.pt" and done:
             continue

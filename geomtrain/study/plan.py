@@ -348,11 +348,15 @@ def plan(
     ).validate()
 
 
+def _reference_parts(reference: str) -> list[str]:
+    return [r.strip() for r in reference.split(",") if r.strip()]
+
+
 def references_of(names: list[str], reference: str) -> list[tuple[str, str]]:
     """``(arm, reference)`` pairs for a ``--reference`` text: an arm's name (every other arm
     against it), ``+SOLVER`` (each arm ``P`` against ``P+SOLVER``), or several, comma-separated."""
     pairs = []
-    for ref in (r.strip() for r in reference.split(",") if r.strip()):
+    for ref in _reference_parts(reference):
         if ref.startswith("+"):
             pairs += [(n, n + ref) for n in names if n + ref in names]
         elif ref in names:
@@ -362,7 +366,7 @@ def references_of(names: list[str], reference: str) -> list[tuple[str, str]]:
 
 def _check_reference(names: list[str], reference: str) -> None:
     """``StudyError`` for a part of ``--reference`` that pairs no arm (the study would end without comparisons)."""
-    for ref in (r.strip() for r in reference.split(",") if r.strip()):
+    for ref in _reference_parts(reference):
         if not references_of(names, ref):
             raise StudyError(
                 f"--reference {ref!r} pairs no arm of this study; valid: one of {', '.join(names)}, "
