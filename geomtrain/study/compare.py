@@ -26,7 +26,7 @@ from pathlib import Path
 from .._io import atomic_write_json, atomic_write_text, read_json
 from .collect import load_summary, make_table
 from .plan import StudyError
-from .stats import DEFAULT_DELTA, VERDICT_RULE, paired_interval, verdict
+from .stats import DEFAULT_DELTA, VERDICT_RULE, compare_arms
 
 __all__ = [
     "COMPARE_FILE",
@@ -220,6 +220,7 @@ def compare_rows(studies: Sequence[tuple[str, str | Path, dict]]) -> list[dict]:
                     "final_by_seed": {
                         str(r["seed"]): r["final_val"] for r in runs_by.get(name, []) if r.get("final_val") is not None
                     },
+                    "seed_runs": runs_by.get(name, []),  # every run, diverged and unfinished too: the pairing
                 }
             )
     return rows
@@ -297,11 +298,25 @@ def compare_markdown(rows: Sequence[dict], command: str) -> str:
     return "\n".join(lines) + "\n"
 
 
+def _left_out(c: dict) -> str:
+    """The seeds of a pair that gave no difference, and why (one diverged side decides the verdict)."""
+    parts = [
+        (c["arm_only_diverged"], "diverged in this study only"),
+        (c["reference_only_diverged"], "diverged in the first study only"),
+        (sum(bool(p.get("unfinished")) for p in c["per_seed"]), "unfinished"),
+    ]
+    both = len(c["per_seed"]) - sum(p["diff"] is not None for p in c["per_seed"]) - sum(n for n, _ in parts)
+    parts.append((both, "diverged in both"))
+    text = "; ".join(f"{n} {why}" for n, why in parts if n)
+    return f" ({text})" if text else ""
+
+
 def paired_lines(rows: Sequence[dict], delta: float = DEFAULT_DELTA) -> list[str]:
     """Markdown lines: per variant, each study's final val loss minus the first study's, seed by seed
     (the same seed shares data order, validation batches and initial weights): mean ± std over the
     seeds both finished, on how many the other study is lower, the 95% interval and the verdict of
-    `geomtrain.study.stats` (the study report's rule). Empty without shared seeds."""
+    `geomtrain.study.stats.compare_arms` (the study report's rule, divergence on one side included).
+    Empty without shared seeds."""
     labels = list(dict.fromkeys(r["study"] for r in rows))
     cell = {(r["study"], r["variant"]): r for r in rows}
     out = []
@@ -310,19 +325,18 @@ def paired_lines(rows: Sequence[dict], delta: float = DEFAULT_DELTA) -> list[str
             a, b = cell.get((labels[0], v)), cell.get((lab, v))
             if a is None or b is None:
                 continue
-            seeds = sorted(set(a["final_by_seed"]) & set(b["final_by_seed"]), key=int)
-            if not seeds:
+            pair = [{**r, "variant": "arm"} for r in b["seed_runs"]]
+            pair += [{**r, "variant": "reference"} for r in a["seed_runs"]]
+            c = compare_arms("arm", "reference", pair, delta)
+            d = [p["diff"] for p in c["per_seed"] if p["diff"] is not None]
+            if not c["seeds"]:
                 continue
-            d = [b["final_by_seed"][k] - a["final_by_seed"][k] for k in seeds]
-            mean = sum(d) / len(d)
-            std = math.sqrt(sum((x - mean) ** 2 for x in d) / (len(d) - 1)) if len(d) > 1 else None
-            spread = f" ± {std:.4f}" if std is not None else ""
-            lower = sum(x < 0 for x in d)
-            iv = paired_interval(d)
-            interval = "-" if iv["low"] is None else f"[{iv['low']:+.4f}, {iv['high']:+.4f}]"
+            std = math.sqrt(sum((x - c["mean"]) ** 2 for x in d) / (len(d) - 1)) if len(d) > 1 else None
+            mean = "-" if c["mean"] is None else f"{c['mean']:+.4f}" + (f" ± {std:.4f}" if std is not None else "")
+            interval = "-" if c["low"] is None else f"[{c['low']:+.4f}, {c['high']:+.4f}]"
             out.append(
-                f"| `{v}` | {lab} − {labels[0]} | {mean:+.4f}{spread} | {lower}/{len(d)} | {interval} "
-                f"| {verdict(iv, delta)} |"
+                f"| `{v}` | {lab} − {labels[0]} | {mean}{_left_out(c)} | {sum(x < 0 for x in d)}/{len(d)} "
+                f"| {interval} | {c['verdict']} |"
             )
     if not out:
         return []
@@ -378,7 +392,7 @@ def best_of_sweep(rows: Sequence[dict], study: str) -> list[dict] | None:
 
 
 def compare_csv(rows: Sequence[dict]) -> str:
-    keys = [k for k in rows[0] if k != "final_by_seed"] if rows else []  # per-seed values: compare.md
+    keys = [k for k in rows[0] if k not in ("final_by_seed", "seed_runs")] if rows else []  # per seed: compare.md
     out = [",".join(keys)]
     for r in rows:
         out.append(",".join("" if r[k] is None else str(r[k]) for k in keys))

@@ -181,12 +181,18 @@ def _commits_line(runs: list[dict]) -> str | None:
     )
 
 
+def _seed_difference(p: dict) -> str:
+    if p.get("unfinished"):
+        return "unfinished"
+    return "div." if p["diff"] is None else f"{p['diff']:+.4f}"
+
+
 def format_comparisons(rows: list[dict]) -> str:
     """Paired comparisons (`geomtrain.study.stats.compare_arms` rows) as Markdown."""
     head = ["arm", "reference", "seeds", "differences per seed", "mean", "95% interval", "verdict", "steps to target"]
     body = []
     for c in rows:
-        diffs = ", ".join("div." if p["diff"] is None else f"{p['diff']:+.4f}" for p in c["per_seed"])
+        diffs = ", ".join(_seed_difference(p) for p in c["per_seed"])
         interval = "-" if c["low"] is None else f"[{c['low']:+.4f}, {c['high']:+.4f}]"
         steps = _num(c.get("steps_to_target"), ".0f")
         if c.get("seconds_to_target") is not None:

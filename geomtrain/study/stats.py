@@ -11,7 +11,9 @@ study record before its runs) is
 - ``unresolved`` otherwise, or with fewer than two paired seeds.
 
 A seed on which the arm diverged and the reference finished makes the verdict ``worse``; a seed
-on which only the reference diverged, ``better``; a seed on which both diverged is left out.
+on which only the reference diverged, ``better``; a seed on which both diverged is left out. A
+seed where either run has not ended (still training, interrupted, or not started: a study part
+way) is left out and counted as ``unfinished``: it is no evidence either way.
 
 Beside final loss: the steps the arm takes to reach the reference's final loss on the same seed
 (linear between evaluations) and the time that is at the arm's median step time. Each row also
@@ -41,7 +43,9 @@ VERDICT_RULE = (
     "95% interval mean ± t(0.975, n-1)·sd/√n; better: interval < 0; worse: interval > 0; "
     "level: interval within ±delta; else unresolved (also with n < 2). A seed where only the arm "
     "diverged makes it worse, only the reference, better; both diverged: the seed is left out."
-)
+)  # a seed whose pair has not ended is left out too (`compare_arms`): only a study part way has one
+
+_ENDED_BADLY = ("diverged", "failed")  # the run stopped for good without a final loss
 
 # Two-sided 95% quantiles t(0.975, df) of Student's t, df = 1..30 (standard tables; a test checks
 # them against scipy.stats.t.ppf to 1e-3).
@@ -118,6 +122,10 @@ def _final(run: dict) -> float | None:
     return run.get("final_val") if run.get("status") == "finished" else None
 
 
+def _ended(run: dict) -> bool:
+    return run.get("status") == "finished" or run.get("status") in _ENDED_BADLY
+
+
 def _mean(xs: list[float]) -> float | None:
     return sum(xs) / len(xs) if xs else None
 
@@ -132,6 +140,9 @@ def compare_arms(arm: str, reference: str, runs: Sequence[dict], delta: float = 
     diffs, per_seed, steps, seconds = [], [], [], []
     arm_only = ref_only = 0
     for s in seeds:
+        if not (_ended(mine[s]) and _ended(ref[s])):
+            per_seed.append({"seed": s, "diff": None, "unfinished": True})  # no evidence either way
+            continue
         a, b = _final(mine[s]), _final(ref[s])
         if a is None and b is not None:
             arm_only += 1

@@ -142,3 +142,24 @@ def test_compare_refuses_to_pair_across_commits_unless_told(tmp_path, capsys):
     assert "| 95% interval | verdict |" in md and "| level |" in md  # a study against itself: all zero, level
     assert json.loads((tmp_path / "cmp" / "compare.json").read_text())["across_commits"] is True
     assert cli_main(["report", str(tmp_path / "cmp")]) == 0  # the rebuild keeps the permission
+
+
+def test_compare_applies_the_rule_to_a_seed_that_diverged_in_one_study(tmp_path):
+    """The report's rule across folders: a seed lost to divergence on one side decides, it is not dropped."""
+    other = tmp_path / "other"
+    shutil.copytree(RESULTS / "main", other)
+    summary = json.loads((other / "summary.json").read_text())
+    for r in summary["runs"]:
+        if r["variant"] == "hetero" and r["seed"] == 0:
+            r["status"], r["final_val"] = "diverged", None
+        if r["variant"] == "all-stiefel" and r["seed"] == 1:
+            r["status"], r["final_val"] = "interrupted", None
+    (other / "summary.json").write_text(json.dumps(summary))
+    compare(tmp_path / "cmp", [("one", RESULTS / "main"), ("two", other)], "test", print_fn=lambda *a: None)
+    md = (tmp_path / "cmp" / "compare.md").read_text()
+    assert "| `hetero` | two − one | +0.0000 ± 0.0000 (1 diverged in this study only) | 0/2 |" in md
+    assert "| `hetero` | two − one |" in md and md.split("| `hetero` | two − one |")[1].split("\n")[0].endswith(
+        "| worse |"
+    )
+    row = md.split("| `all-stiefel` | two − one |")[1].split("\n")[0]
+    assert "(1 unfinished)" in row and row.endswith("| level |")  # the two finished seeds, identical

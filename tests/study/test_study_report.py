@@ -172,3 +172,22 @@ def test_a_comparison_across_commits_is_marked_and_the_commits_listed():
     assert "more than one commit (paired rows across them are marked): aaaaaaa: ref, arm; bbbbbbb: arm; " in (
         results_markdown(summary)
     )
+
+
+def test_a_study_part_way_shows_its_unfinished_seeds_and_judges_the_rest():
+    from geomtrain.study.report import format_comparisons
+    from geomtrain.study.stats import compare_arms
+
+    def run(variant, seed, final, status="finished"):
+        return {
+            "variant": variant,
+            "seed": seed,
+            "status": status,
+            "final_val": final,
+            "eval": {"step": [100], "val": [final]},
+        }
+
+    runs = [run("ref", 0, 4.0), run("ref", 1, 4.1), run("ref", 2, None, "interrupted")]
+    runs += [run("arm", 0, 3.9), run("arm", 1, 4.0), run("arm", 2, 3.5), run("arm", 3, None, "diverged")]
+    table = format_comparisons([compare_arms("arm", "ref", runs)])
+    assert "| arm | ref | 3 | -0.1000, -0.1000, unfinished | -0.1000 | [-0.1000, -0.1000] | better |" in table

@@ -85,3 +85,19 @@ def test_compare_arms_names_the_commits_of_its_paired_runs():
     runs[4]["commit"] = "bbbbbbb"  # the arm's seed 1 trained by newer code (a study resumed at another commit)
     assert compare_arms("arm", "ref", runs)["commits"] == ["aaaaaaa", "bbbbbbb"]
     assert compare_arms("arm", "ref", [{k: v for k, v in r.items() if k != "commit"} for r in runs])["commits"] == []
+
+
+def test_compare_arms_leaves_out_a_seed_whose_run_has_not_ended():
+    """A study part way: an interrupted or missing run is no evidence; only a divergence decides."""
+    runs = [_run("ref", s, 4.0 + 0.01 * s) for s in range(3)]
+    runs += [_run("arm", s, 3.99 + 0.01 * s) for s in range(3)]
+    for status in ("running", "interrupted", "missing"):
+        runs[0]["status"], runs[0]["final_val"] = status, None  # the reference's seed 0 not done
+        row = compare_arms("arm", "ref", runs)
+        assert row["verdict"] == "better" and row["reference_only_diverged"] == 0  # seeds 1, 2 still decide
+        assert row["per_seed"][0] == {"seed": 0, "diff": None, "unfinished": True}
+        assert row["n"] == 2
+    runs[1]["status"], runs[1]["final_val"] = "interrupted", None  # one finished pair left: no verdict yet
+    assert compare_arms("arm", "ref", runs)["verdict"] == "unresolved"
+    runs[2]["status"], runs[2]["final_val"] = "diverged", None  # the reference diverged: that decides
+    assert compare_arms("arm", "ref", runs)["verdict"] == "better"
