@@ -17,7 +17,8 @@
 #   exact128  training's default solver against `exact` on the four constrained presets, `muon_lr` alone (the AdamW
 #             part at the shared `lr`), each grid 3+ points about 2026-12-06-tuned-widths' half-horizon choices
 #             (docs/results/tuned-exact-w128), grown at an edge: docs/results/tuned-whole-exact-ctx64
-#   ctx128    the same at context 128: docs/results/tuned-whole-exact-ctx128
+#   ctx128    the same at context 128, each grid 3+ points about exact128's choices (exact128 must have finished
+#             selecting): docs/results/tuned-whole-exact-ctx128
 #   pack | unpack STUDY   a study to or from state/STUDY.tar.xz (runs not done stay out: they start again)
 set -euo pipefail
 case "${1:-}" in  # --help: the header above, and nothing run
@@ -59,8 +60,8 @@ for s in ${@:-w64 w128 exact128 ctx128 w256}; do case "$s" in
         "$G" study "${common[@]}" --iters 2000 $grids --select-seeds 1 --tune-max-extend 4 --tune-fraction 1 \
             --presets adamw,unconstrained,all-stiefel,hetero --set n_embd=256 --out docs/results/tuned-whole-w256 \
             --runs-dir runs/tuned-whole-w256 ;;
-    exact128 | ctx128) grids=$(grids_about tuned-exact-w128 ${constrained//,/ })
-        [ "$s" = exact128 ] && ctx=64 || ctx=128
+    exact128 | ctx128) [ "$s" = exact128 ] && ctx=64 about=tuned-exact-w128 || ctx=128 about=tuned-whole-exact-ctx64
+        grids=$(grids_about $about ${constrained//,/ })
         # shellcheck disable=SC2086  # the grids are words
         "$G" study "${common[@]/block_size=64/block_size=$ctx}" --iters 500 $grids --select-seeds 1 --tune-max-extend 4 \
             --tune-fraction 1 --presets "$constrained" --solvers default,exact --reference +exact \
