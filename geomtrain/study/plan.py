@@ -185,8 +185,8 @@ def parse_sweep(text: str | None) -> tuple[str, list] | None:
     return key, [parse_value(key, v) for v in values.split(",") if v.strip()]
 
 
-def parse_seeds(text: str) -> list[int]:
-    """``"3"`` -> [0, 1, 2]; ``"0,5,7"`` -> those seeds."""
+def parse_seeds(text: str, flag: str = "--seeds") -> list[int]:
+    """``"3"`` -> [0, 1, 2]; ``"0,5,7"`` -> those seeds (each >= 0; ``flag`` names the option in errors)."""
     try:
         if "," in text:
             seeds = [int(s) for s in text.split(",") if s.strip()]
@@ -195,12 +195,14 @@ def parse_seeds(text: str) -> list[int]:
             if n < 1:
                 raise ValueError
             seeds = list(range(n))
+        if not seeds or min(seeds) < 0:
+            raise ValueError
     except ValueError:
         raise StudyError(
-            f"--seeds {text!r}: give a count >= 1 (3) or a comma-separated list of seeds (0,1,2)"
+            f"{flag} {text!r}: give a count >= 1 (3) or a comma-separated list of seeds >= 0 (0,1,2)"
         ) from None
     if len(set(seeds)) != len(seeds):
-        raise StudyError(f"--seeds {text!r} repeats a seed")
+        raise StudyError(f"{flag} {text!r} repeats a seed")
     return seeds
 
 

@@ -112,7 +112,7 @@ class TuneProtocol:
         """The grids ``[{"key", "values"}, ...]`` that tune ``arm``, in search order: the shared ones (less the
         ``muon_*`` ones where the arm has no Muon matrices), each replaced by its preset's grid of the same key, then
         the preset's grids of other keys; empty: confirmed untuned."""
-        skip_muon = arm.preset == "adamw"
+        skip_muon = not _trains_muon(arm.preset)
         shared = [g for g in self.grids.get(ALL_ARMS, []) if not (skip_muon and g["key"].startswith("muon_"))]
         own = {g["key"]: g for g in self.grids.get(arm.preset, [])}
         return [own.pop(g["key"], g) for g in shared] + list(own.values())
@@ -134,6 +134,11 @@ class TuneProtocol:
         return self
 
 
+def _trains_muon(preset: str) -> bool:
+    """Whether a preset's arms have Muon matrices (``muon_*`` keys act on them); the AdamW baseline has none."""
+    return preset != "adamw"
+
+
 def parse_tune(texts: Sequence[str]) -> dict[str, list[dict]]:
     """``["muon_lr=0.01,0.02,0.04", "adamw:lr=3e-4,6e-4,1.2e-3"]`` -> ``{"*": [{"key": "muon_lr", "values":
     [0.01, 0.02, 0.04]}], "adamw": [{...}]}`` (values typed by `geomtrain.config.parse_value`, sorted; a scope's
@@ -151,6 +156,8 @@ def parse_tune(texts: Sequence[str]) -> dict[str, list[dict]]:
             raise StudyError(f"--tune {text!r} must look like [PRESET:]KEY=V1,V2,..., e.g. muon_lr=0.01,0.02,0.04")
         if scope != ALL_ARMS and scope not in PRESETS:
             raise StudyError(f"--tune {text!r}: unknown preset {scope!r}; valid: {', '.join(PRESETS)}")
+        if not _trains_muon(scope) and key.startswith("muon_"):
+            raise StudyError(f"--tune {text!r}: {scope} trains no matrix with Muon, so {key} changes nothing; tune lr")
         if any(g["key"] == key for g in grids.get(scope, [])):
             raise StudyError(f"--tune gives two grids of {key} for {'every arm' if scope == ALL_ARMS else scope}")
         parsed = sorted({parse_value(key, v.strip()) for v in values.split(",") if v.strip()})
@@ -166,7 +173,7 @@ def selection_seeds(text: str) -> list[int]:
     """``"2"`` -> [1000, 1001] (from `SELECT_SEED_START`); ``"7,8"`` -> those seeds."""
     from .plan import parse_seeds
 
-    seeds = parse_seeds(text)
+    seeds = parse_seeds(text, "--select-seeds")
     return seeds if "," in text else [SELECT_SEED_START + s for s in seeds]
 
 

@@ -78,6 +78,8 @@ def test_config_text_goes_through_the_one_parser():
     assert parse_seeds("3") == [0, 1, 2] and parse_seeds("0,5,7") == [0, 5, 7]
     with pytest.raises(StudyError, match="repeats a seed"):
         parse_seeds("1,1")
+    with pytest.raises(StudyError, match="list of seeds >= 0"):  # the data order and init need seeds >= 0
+        parse_seeds("-1,0")
 
 
 def test_plan_validates_every_run_before_training(tmp_path):

@@ -36,6 +36,7 @@ def test_parse_tune_scopes_and_errors():
         ("muon_lr=0.01,0.02", "at least 3 values"),
         ("nope:lr=1,2,3", "unknown preset 'nope'"),
         ("muon_lr=a,b,c", "expects a number"),
+        ("adamw:muon_lr=0.01,0.02,0.04", "adamw trains no matrix with Muon, so muon_lr changes nothing; tune lr"),
     ]:
         with pytest.raises((StudyError, ValueError), match=match):
             parse_tune([bad])
@@ -52,6 +53,9 @@ def test_parse_tune_scopes_and_errors():
 
 def test_selection_seeds_are_apart_from_confirmation_seeds():
     assert selection_seeds("2") == [1000, 1001] and selection_seeds("5,6") == [5, 6]
+    for bad in ("0", "5,-3", ","):  # the error names the option the user gave
+        with pytest.raises(StudyError, match=f"^--select-seeds '{bad}': give a count >= 1"):
+            selection_seeds(bad)
     protocol = TuneProtocol(grids={}, select_seeds=[0, 7])
     with pytest.raises(StudyError, match="selection seeds 0 are also confirmation seeds"):
         protocol.check([0, 1, 2])
