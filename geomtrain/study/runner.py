@@ -222,6 +222,21 @@ def save_record(out: Path, record: dict, added: tuple[str, float] | None = None)
         lock.release()
 
 
+def _check_selection(study: StudyPlan, was: dict) -> None:
+    """A tuned study continues on the selection runs it chose from: the same length and the same seeds."""
+    now = study.options.get("tune") or {}
+    if None not in (was.get("fraction"), now.get("fraction")) and was["fraction"] != now["fraction"]:
+        raise StudyError(
+            f"{study.out} selects at --tune-fraction {was['fraction']:g} (its selection runs have that length); "
+            "pass it to continue this study, or use another --out"
+        )
+    if None not in (was.get("select_seeds"), now.get("select_seeds")) and was["select_seeds"] != now["select_seeds"]:
+        raise StudyError(
+            f"{study.out} selects on seeds {','.join(map(str, was['select_seeds']))} (its choices were made there); "
+            "pass --select-seeds with them to continue this study, or use another --out"
+        )
+
+
 def _check_previous(study: StudyPlan, previous: dict | None) -> None:
     if not previous:
         return
@@ -229,13 +244,7 @@ def _check_previous(study: StudyPlan, previous: dict | None) -> None:
     if diff or previous.get("suite") != study.suite:
         what = "; ".join(diff[:3]) or f"suite {previous.get('suite')} -> {study.suite}"
         raise StudyError(f"{study.out} holds a study with other settings ({what}); use another --out")
-    fraction_was = ((previous.get("options") or {}).get("tune") or {}).get("fraction")
-    fraction_now = (study.options.get("tune") or {}).get("fraction")
-    if None not in (fraction_was, fraction_now) and fraction_was != fraction_now:  # not the runs it chose from
-        raise StudyError(
-            f"{study.out} selects at --tune-fraction {fraction_was:g} (its selection runs have that length); "
-            "pass it to continue this study, or use another --out"
-        )
+    _check_selection(study, ((previous.get("options") or {}).get("tune") or {}))
     before = (previous.get("data") or {}).get("splits")
     now = data_record(study.base["data_dir"])["splits"]
     if before and before != now:  # e.g. a study moved to a machine that prepared another corpus

@@ -311,8 +311,8 @@ def test_a_tuned_study_end_to_end(data_dir, tmp_path):
 
 @pytest.mark.slow
 def test_a_tuned_study_continues_only_at_its_own_selection_horizon(data_dir, tmp_path, capsys):
-    """A study selected at half the horizon (the default before 1) refuses to continue at another fraction, naming
-    its own, before anything is written; with that fraction it continues."""
+    """A study selected at half the horizon (the default before 1) refuses to continue at another fraction or on
+    other selection seeds, naming its own, before anything is written; with them it continues."""
     out = tmp_path / "s"
     args = ["--presets", "unconstrained", "--tune", "muon_lr=0.01,0.02,0.04", "--tune-max-extend", "0", "--seeds", "1"]
     assert tiny_study(data_dir, out, *args, "--tune-fraction", "0.5") == 0
@@ -320,6 +320,10 @@ def test_a_tuned_study_continues_only_at_its_own_selection_horizon(data_dir, tmp
     assert tiny_study(data_dir, out, *args) == 2
     err = capsys.readouterr().err
     assert "selects at --tune-fraction 0.5 (its selection runs have that length); pass it to continue" in err
+    assert (out / "study.json").read_bytes() == before
+    assert tiny_study(data_dir, out, *args, "--tune-fraction", "0.5", "--select-seeds", "7,8") == 2
+    err = capsys.readouterr().err  # other selection seeds would choose anew beside the confirmed runs
+    assert "selects on seeds 1000 (its choices were made there); pass --select-seeds with them to continue" in err
     assert (out / "study.json").read_bytes() == before
     assert tiny_study(data_dir, out, *args, "--tune-fraction", "0.5") == 0
 
