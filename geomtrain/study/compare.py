@@ -328,11 +328,11 @@ def paired_lines(rows: Sequence[dict], delta: float = DEFAULT_DELTA) -> list[str
             pair = [{**r, "variant": "arm"} for r in b["seed_runs"]]
             pair += [{**r, "variant": "reference"} for r in a["seed_runs"]]
             c = compare_arms("arm", "reference", pair, delta)
-            d = [p["diff"] for p in c["per_seed"] if p["diff"] is not None]
             if not c["seeds"]:
                 continue
-            std = math.sqrt(sum((x - c["mean"]) ** 2 for x in d) / (len(d) - 1)) if len(d) > 1 else None
-            mean = "-" if c["mean"] is None else f"{c['mean']:+.4f}" + (f" ± {std:.4f}" if std is not None else "")
+            d = [p["diff"] for p in c["per_seed"] if p["diff"] is not None]
+            spread = "" if c["se"] is None else f" ± {c['se'] * math.sqrt(c['n']):.4f}"  # the sample sd
+            mean = "-" if c["mean"] is None else f"{c['mean']:+.4f}{spread}"
             interval = "-" if c["low"] is None else f"[{c['low']:+.4f}, {c['high']:+.4f}]"
             out.append(
                 f"| `{v}` | {lab} − {labels[0]} | {mean}{_left_out(c)} | {sum(x < 0 for x in d)}/{len(d)} "

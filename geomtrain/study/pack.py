@@ -32,8 +32,7 @@ from pathlib import Path, PurePosixPath
 
 from .._io import FileLock, atomic_write_bytes, read_json, sha256_file
 from .collect import study_and_runs
-from .plan import StudyError
-from .runner import TERMINAL_STATUSES
+from .plan import TERMINAL_STATUSES, StudyError
 
 __all__ = ["PACK_FORMAT", "pack", "unpack"]
 

@@ -39,6 +39,7 @@ __all__ = [
     "parse_seeds",
     "shared_config",
     "plan",
+    "TERMINAL_STATUSES",
 ]
 
 PRESET_ORDER = ("adamw", "unconstrained", "all-stiefel", "all-dgram", "hetero", "hetero-inv")
@@ -49,6 +50,7 @@ BOUNDED_REFERENCES = ("all-stiefel", "all-dgram", "hetero", "hetero-inv")
 DEFAULT_BOUNDS = (1.0, 2.0)
 AUTOASSIGN_REFERENCES = ("all-stiefel", "hetero")
 SUMMARY_FORMAT = 1  # version of the study.json / summary.json layout
+TERMINAL_STATUSES = ("finished", "diverged", "failed")  # a run's status.json once it has ended for good
 
 
 class StudyError(ValueError):

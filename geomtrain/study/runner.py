@@ -23,12 +23,11 @@ from ..checkpoint import CheckpointError
 from ..config import INVOCATION_KEYS
 from ..runfolder import RunFolder, RunFolderError
 from .collect import collect
-from .plan import SUMMARY_FORMAT, StudyError, StudyPlan, Variant
+from .plan import SUMMARY_FORMAT, TERMINAL_STATUSES, StudyError, StudyPlan, Variant
 from .report import format_table, write_report
 from .tune import run_tuning
 
 __all__ = [
-    "TERMINAL_STATUSES",
     "claim_lock",
     "run_state",
     "train_one",
@@ -38,8 +37,6 @@ __all__ = [
     "run_study",
     "save_record",
 ]
-
-TERMINAL_STATUSES = ("finished", "diverged", "failed")
 
 
 def _now() -> str:

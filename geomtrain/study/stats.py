@@ -26,6 +26,8 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 
+from .plan import TERMINAL_STATUSES
+
 __all__ = [
     "DEFAULT_DELTA",
     "VERDICT_RULE",
@@ -44,8 +46,6 @@ VERDICT_RULE = (
     "level: interval within ±delta; else unresolved (also with n < 2). A seed where only the arm "
     "diverged makes it worse, only the reference, better; both diverged: the seed is left out."
 )  # a seed whose pair has not ended is left out too (`compare_arms`): only a study part way has one
-
-_ENDED_BADLY = ("diverged", "failed")  # the run stopped for good without a final loss
 
 # Two-sided 95% quantiles t(0.975, df) of Student's t, df = 1..30 (standard tables; a test checks
 # them against scipy.stats.t.ppf to 1e-3).
@@ -123,7 +123,7 @@ def _final(run: dict) -> float | None:
 
 
 def _ended(run: dict) -> bool:
-    return run.get("status") == "finished" or run.get("status") in _ENDED_BADLY
+    return run.get("status") in TERMINAL_STATUSES
 
 
 def _mean(xs: list[float]) -> float | None:
